@@ -1,0 +1,55 @@
+"""The Runner protocol and its result object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol, Sequence
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a command did. A runner never raises for a non-zero exit; callers decide."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def first_error_line(self) -> str:
+        for line in (self.stderr or self.stdout).splitlines():
+            if line.strip():
+                return line.strip()
+        return f"exit code {self.returncode}" if not self.timed_out else "timed out"
+
+
+class Runner(Protocol):
+    """Runs argv lists on one machine (this one, or a cluster's login node)."""
+
+    name: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        timeout: float = 60.0,
+        *,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+    ) -> RunResult:
+        """Run ``argv`` (no shell), with extra environment ``env``, and return its result.
+
+        Raises :class:`chainrun.errors.RemoteError` only when the machine cannot be reached
+        at all; a command that runs and fails is a RunResult with a non-zero returncode.
+        """
+        ...
+
+    def write_file(self, path: str, content: str, mode: int = 0o644) -> None:
+        """Write a text file atomically on the runner's machine (parents created)."""
+        ...
+
+    def close(self) -> None: ...

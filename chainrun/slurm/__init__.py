@@ -1,0 +1,1 @@
+"""Argv builders and pure parsers for the text Slurm prints."""

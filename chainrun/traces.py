@@ -1,0 +1,234 @@
+"""Read job histories into one canonical table, whatever printed them.
+
+Two inputs are accepted, told apart by their first line:
+- the fixed-width text ``sacct`` prints (header line, a line of dashes, then one job per
+  line, fields split on whitespace), as in the LS6 trace (../shared/traces/ls6-a100);
+- a ``sacct -P`` dump (``|``-separated, header line first).
+
+Columns are found by header name (case-insensitive, aliases below), never by position.
+The result is a pandas DataFrame with these columns, one row per allocation (job steps
+such as ``123.batch`` are dropped):
+
+===============  ======================================================================
+job_id           str
+user             str (User, or UID in pseudonymised traces)
+name             str
+partition        str ("" when the input has none)
+qos              str ("" when unknown)
+account          str ("" when unknown)
+submit           float, epoch seconds
+eligible         float, epoch seconds; equals submit when the input has no Eligible
+start            float, epoch seconds; NaN if the job never started
+end              float, epoch seconds; NaN while running or never started
+timelimit_s      float, requested limit in seconds; NaN if UNLIMITED/unknown
+nodes            int
+gpus             int (AllocTRES/ReqTRES gres/gpu; else nodes * gpus_per_node)
+cpus             int (0 when unknown)
+state            str, base state (COMPLETED, TIMEOUT, FAILED, CANCELLED, PENDING, ...)
+exit_code        str, ``code:signal``
+eligible_known   bool, False when Eligible was missing and copied from Submit
+priority         float or NaN -- known only after the fact: never a model feature
+===============  ======================================================================
+
+Times without a zone are read as UTC, so they keep the cluster's wall clock (hour of
+day, weekday) exactly as it printed them; only differences and calendar fields are used.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chainrun.errors import UsageError
+from chainrun.slurm.timefmt import parse_slurm_duration
+
+if TYPE_CHECKING:  # pandas is heavy: imported inside functions only
+    import pandas as pd
+
+# canonical column -> accepted header names (lower case)
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "job_id": ("jobid", "jobidraw", "job_id"),
+    "user": ("user", "uid", "username"),
+    "name": ("jobname", "name"),
+    "partition": ("partition",),
+    "qos": ("qos",),
+    "account": ("account",),
+    "submit": ("submit", "submittime"),
+    "eligible": ("eligible", "eligibletime"),
+    "start": ("start", "starttime"),
+    "end": ("end", "endtime"),
+    "timelimit": ("timelimitraw", "timelimitr", "timelimit"),
+    "nodes": ("nnodes", "allocnodes", "reqnodes", "nodes"),
+    "cpus": ("ncpus", "alloccpus", "reqcpus"),
+    "alloc_tres": ("alloctres",),
+    "req_tres": ("reqtres",),
+    "state": ("state",),
+    "exit_code": ("exitcode",),
+    "priority": ("priority",),
+}
+REQUIRED = ("job_id", "user", "submit", "start", "end", "timelimit")
+CANONICAL_COLUMNS = (
+    "job_id", "user", "name", "partition", "qos", "account", "submit", "eligible", "start", "end",
+    "timelimit_s", "nodes", "gpus", "cpus", "state", "exit_code", "eligible_known", "priority",
+)
+_GPU_RE = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
+# a job whose run reaches its limit (+ the controller's 30-90 s reaction) timed out
+_TIMEOUT_SLACK_S = 120.0
+
+
+class TraceFormatError(UsageError):
+    """The file is not a job history we can read."""
+
+
+def read_trace(path: str | Path, *, gpus_per_node: int = 3) -> "pd.DataFrame":
+    """Read a trace file (sacct text or ``sacct -P`` dump) into the canonical table."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise TraceFormatError(f"trace file not found: {p}") from None
+    except IsADirectoryError:
+        raise TraceFormatError(f"trace path is a folder, not a file: {p}") from None
+    except OSError as e:
+        raise TraceFormatError(f"cannot read trace {p}: {e.strerror}") from None
+    return parse_trace_text(text, source=str(p), gpus_per_node=gpus_per_node)
+
+
+def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 3) -> "pd.DataFrame":
+    """Parse the text of a trace; see the module doc for the formats and columns."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise TraceFormatError(f"{source}: empty trace")
+    header = lines[0]
+    if "|" in header:
+        names = [h.strip() for h in header.split("|")]
+        rows = [ln.split("|") for ln in lines[1:]]
+    else:
+        names = header.split()
+        body = lines[1:]
+        if body and set(body[0].replace(" ", "").replace("\t", "")) <= {"-"}:
+            body = body[1:]
+        rows = [ln.split() for ln in body]
+    cols = _map_columns(names, source)
+    return _build_frame(rows, names, cols, source, gpus_per_node)
+
+
+def _map_columns(names: list[str], source: str) -> dict[str, int]:
+    lowered = [n.strip().lower() for n in names]
+    found: dict[str, int] = {}
+    for canon, aliases in _ALIASES.items():
+        for a in aliases:
+            if a in lowered:
+                found[canon] = lowered.index(a)
+                break
+    missing = [c for c in REQUIRED if c not in found]
+    if missing:
+        raise TraceFormatError(
+            f"{source}: no column for {', '.join(missing)} in the header line",
+            hint="expected sacct output with a header, e.g. sacct -P --format=JobID,User,Submit,Eligible,Start,End,TimelimitRaw,NNodes,State",
+        )
+    return found
+
+
+def _build_frame(rows, names, cols, source, gpus_per_node) -> "pd.DataFrame":
+    import numpy as np
+    import pandas as pd
+
+    width = len(names)
+    good = [r for r in rows if len(r) == width]
+    if not good:
+        raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
+    raw = pd.DataFrame(good, columns=[f"c{i}" for i in range(width)], dtype=str)
+
+    def col(canon: str, default: str = "") -> "pd.Series":
+        return raw[f"c{cols[canon]}"].str.strip() if canon in cols else pd.Series(default, index=raw.index)
+
+    job_id = col("job_id")
+    keep = ~job_id.str.contains(r"\.", regex=True)  # drop steps (123.batch, 123.0)
+    raw = raw[keep].reset_index(drop=True)
+    job_id = job_id[keep].reset_index(drop=True)
+
+    out = pd.DataFrame({"job_id": job_id})
+    out["user"] = col("user")
+    out["name"] = col("name")
+    out["partition"] = col("partition")
+    out["qos"] = col("qos")
+    out["account"] = col("account")
+    for c in ("submit", "eligible", "start", "end"):
+        out[c] = _times(col(c)) if c in cols else np.nan
+    out["eligible_known"] = "eligible" in cols
+    if "eligible" not in cols:
+        out["eligible"] = out["submit"]
+    else:
+        out["eligible"] = out["eligible"].fillna(out["submit"])
+    out["timelimit_s"] = _limits(col("timelimit"), raw_minutes=names[cols["timelimit"]].lower() in ("timelimitraw", "timelimitr"))
+    out["nodes"] = pd.to_numeric(col("nodes", "1"), errors="coerce").fillna(1).astype(int)
+    out["cpus"] = pd.to_numeric(col("cpus", "0"), errors="coerce").fillna(0).astype(int)
+    tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
+    gpus = tres.str.extract(_GPU_RE, expand=False)
+    has_tres = "alloc_tres" in cols or "req_tres" in cols
+    out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
+    out["gpus"] = out["gpus"].fillna(out["nodes"] * gpus_per_node).astype(int)
+    out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
+    out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
+    state = col("state").str.split().str[0].fillna("").str.upper()  # "CANCELLED by 123" -> CANCELLED
+    out["state"] = state.where(state != "", _infer_state(out))
+    bad = out["submit"].isna()
+    if bad.all():
+        raise TraceFormatError(f"{source}: no row has a readable Submit time")
+    return out[~bad].sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)[list(CANONICAL_COLUMNS)]
+
+
+def _times(s: "pd.Series") -> "pd.Series":
+    import numpy as np
+    import pandas as pd
+
+    s = s.str.strip()
+    digits = s.str.fullmatch(r"\d+")
+    epoch = pd.to_numeric(s.where(digits), errors="coerce")
+    iso = pd.to_datetime(s.where(~digits), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
+    iso_s = (iso - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1)
+    out = epoch.fillna(iso_s)
+    return out.where(out > 0, np.nan).astype(float)
+
+
+def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
+    import numpy as np
+    import pandas as pd
+
+    if raw_minutes:
+        return pd.to_numeric(s, errors="coerce").astype(float) * 60.0
+
+    def one(v: str) -> float:
+        try:
+            d = parse_slurm_duration(v)
+        except ValueError:
+            return np.nan
+        return np.nan if d is None else d
+
+    return s.map(one).astype(float)
+
+
+def _infer_state(df: "pd.DataFrame") -> "pd.Series":
+    """State for traces without one: not started, running, timed out, failed or completed."""
+    import numpy as np
+    import pandas as pd
+
+    ran = df["end"] - df["start"]
+    code = df["exit_code"].str.split(":").str[0]
+    sig = df["exit_code"].str.split(":").str[-1]
+    state = pd.Series("COMPLETED", index=df.index)
+    state[(code != "0") | (sig != "0")] = "FAILED"
+    state[ran >= df["timelimit_s"] - 1.0] = "TIMEOUT"  # ran to its limit (the controller adds 30-90 s)
+    state[df["start"].notna() & df["end"].isna()] = "RUNNING"
+    state[df["start"].isna()] = np.where(df["end"].isna()[df["start"].isna()], "PENDING", "CANCELLED")
+    return state
+
+
+def read_any(source: str | Path | io.TextIOBase, **kw) -> "pd.DataFrame":
+    """Read from a path or an open text stream."""
+    if isinstance(source, io.TextIOBase):
+        return parse_trace_text(source.read(), **kw)
+    return read_trace(source, **kw)
