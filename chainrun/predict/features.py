@@ -1,0 +1,193 @@
+"""Features of a queue-wait question, as a pure function of job tables.
+
+``build_features(queries, universe, ...)`` answers "what did the cluster look like at
+time t for this request?" for every query row. The same code serves training (queries
+are the history's own jobs at their eligible time, universe is the whole history) and
+prediction (one query at ``now``; universe is recent history plus the live snapshot of
+pending/running jobs). Only facts known at t are used: a job counts as pending at t if
+it became eligible before t and had neither started nor ended by t; as running if it
+started before t and had not ended by t; its wait counts once it started (start < t:
+strict, so a job that starts the second it is submitted never sees its own wait). Future start/end times are only ever compared with t, never used as values --
+tests/predict/test_features.py changes every future value and checks nothing moves.
+Priority (set after the fact) is never read.
+
+All sweeps are sorted arrays + searchsorted + cumsums: O(n log n), no Python loop per row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chainrun.predict.prep import SPAN
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+FEATURES: tuple[str, ...] = (
+    # the request
+    "nodes", "gpus", "cpus", "log_limit", "partition_code", "qos_code",
+    # calendar (cluster wall clock)
+    "hour", "weekday",
+    # the user's recent waits and usage
+    "user_n_prev", "user_med_wait20", "user_mean_wait20", "user_last_wait",
+    "user_nodes_started_7d", "user_nodeh_req_7d", "user_running_nodes", "user_pending_jobs", "user_pending_nodes",
+    # the cluster's queue at t (NaN when the history does not show all users)
+    "q_pending_jobs", "q_pending_nodes", "q_pending_nodeh", "q_pending_mean_age_h",
+    "q_running_jobs", "q_running_nodes", "q_running_left_nodeh", "q_pending_nodes_frac", "q_running_nodes_frac",
+    "c_med_wait50", "c_mean_wait50", "c_last_wait", "c_started_6h",
+)
+QUEUE_FEATURES = tuple(f for f in FEATURES if f.startswith(("q_", "c_")))
+USER_WINDOW = 20
+CLUSTER_WINDOW = 50
+_DAY = 86400.0
+
+
+def log_wait(w):
+    """Target scale: log10 of the wait, waits under a second counted as one second."""
+    import numpy as np
+
+    return np.log10(np.maximum(np.asarray(w, float), 1.0))
+
+
+def build_features(
+    queries: "pd.DataFrame",
+    universe: "pd.DataFrame",
+    *,
+    capacity: float,
+    all_users: bool,
+    categories: dict[str, dict[str, int]],
+) -> "np.ndarray":
+    """Feature matrix (len(queries) x len(FEATURES)), float64, NaN for unknown.
+
+    ``queries``: columns user, t, nodes, gpus, cpus, timelimit_s, partition, qos.
+    ``universe``: a prepared table (see prep.prepare): user, t_elig, start, end, nodes,
+    timelimit_s, wait. ``capacity``: nodes of the cluster (for the *_frac features).
+    """
+    import numpy as np
+    import pandas as pd
+
+    n = len(queries)
+    X = np.full((n, len(FEATURES)), np.nan)
+    col = {f: i for i, f in enumerate(FEATURES)}
+    t = queries["t"].to_numpy(float)
+
+    X[:, col["nodes"]] = queries["nodes"].to_numpy(float)
+    X[:, col["gpus"]] = queries["gpus"].to_numpy(float)
+    cpus = queries["cpus"].to_numpy(float)
+    X[:, col["cpus"]] = np.where(cpus > 0, cpus, np.nan)  # 0 = not recorded
+    X[:, col["log_limit"]] = np.log10(np.maximum(queries["timelimit_s"].to_numpy(float), 60.0))
+    for name in ("partition", "qos"):
+        m = categories.get(name, {})
+        X[:, col[f"{name}_code"]] = queries[name].astype(str).map(lambda v, m=m: m.get(v, np.nan)).to_numpy(float)
+    ts = pd.to_datetime(t, unit="s")
+    X[:, col["hour"]] = ts.hour + ts.minute / 60.0
+    X[:, col["weekday"]] = ts.weekday
+
+    # users share one code space between queries and universe
+    users = pd.Index(pd.unique(pd.concat([universe["user"], queries["user"]]).astype(str)))
+    u_code = users.get_indexer(universe["user"].astype(str)).astype(float)
+    q_code = users.get_indexer(queries["user"].astype(str)).astype(float)
+    qk = q_code * SPAN + t  # (user, t) query keys
+
+    elig = universe["t_elig"].to_numpy(float)
+    start = universe["start"].to_numpy(float)
+    end = universe["end"].to_numpy(float)
+    nodes = universe["nodes"].to_numpy(float)
+    limit = universe["timelimit_s"].to_numpy(float)
+    limit = np.where(np.isnan(limit), np.nanmedian(limit) if np.isfinite(limit).any() else 86400.0, limit)
+    wait = universe["wait"].to_numpy(float)
+    big = SPAN - 1.0
+
+    # --- pending: eligible < t and left the queue (start or end, whichever first) > t
+    leave = np.fmin(np.where(np.isnan(start), np.inf, start), np.where(np.isnan(end), np.inf, end))
+    pend = leave > elig  # else it was never pending
+    p_in, p_out = elig[pend], np.minimum(leave[pend], big)
+    pw = np.column_stack([np.ones(pend.sum()), nodes[pend], nodes[pend] * limit[pend] / 3600.0, p_in])
+    # --- running: start <= t < end
+    ran = ~np.isnan(start)
+    r_in, r_out = start[ran], np.minimum(np.where(np.isnan(end[ran]), np.inf, np.maximum(end[ran], start[ran])), big)
+    rw = np.column_stack([np.ones(ran.sum()), nodes[ran], nodes[ran] * (start[ran] + limit[ran]) / 3600.0])
+
+    # per-user queue state (own jobs are always visible)
+    up = _active(u_code[pend] * SPAN + p_in, u_code[pend] * SPAN + p_out, pw[:, :2], qk, in_side="left")
+    X[:, col["user_pending_jobs"]], X[:, col["user_pending_nodes"]] = up[:, 0], up[:, 1]
+    ur = _active(u_code[ran] * SPAN + r_in, u_code[ran] * SPAN + r_out, rw[:, 1:2], qk, in_side="left")
+    X[:, col["user_running_nodes"]] = ur[:, 0]
+
+    if all_users:
+        cp = _active(p_in, p_out, pw, t, in_side="left")
+        cr = _active(r_in, r_out, rw, t, in_side="left")
+        X[:, col["q_pending_jobs"]], X[:, col["q_pending_nodes"]], X[:, col["q_pending_nodeh"]] = cp[:, 0], cp[:, 1], cp[:, 2]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            X[:, col["q_pending_mean_age_h"]] = np.where(cp[:, 0] > 0, (t - cp[:, 3] / np.maximum(cp[:, 0], 1)) / 3600.0, 0.0)
+        X[:, col["q_running_jobs"]], X[:, col["q_running_nodes"]] = cr[:, 0], cr[:, 1]
+        X[:, col["q_running_left_nodeh"]] = cr[:, 2] - cr[:, 1] * t / 3600.0
+        cap = max(float(capacity), 1.0)
+        X[:, col["q_pending_nodes_frac"]] = cp[:, 1] / cap
+        X[:, col["q_running_nodes_frac"]] = cr[:, 1] / cap
+
+    # --- waits of started jobs, known from their start on
+    s_idx = np.flatnonzero(ran)
+    lw = log_wait(wait[s_idx])
+    lw = np.where(np.isnan(wait[s_idx]), np.nan, lw)
+    # per user, ordered by (user, start)
+    ukeys = u_code[s_idx] * SPAN + start[s_idx]
+    o = np.argsort(ukeys, kind="stable")
+    ukeys, ulw, ucode_s = ukeys[o], lw[o], u_code[s_idx][o]
+    unodes, unodeh = nodes[s_idx][o], (nodes * limit)[s_idx][o] / 3600.0
+    pos = np.searchsorted(ukeys, qk, side="left") - 1  # last job of this user started before t
+    same = (pos >= 0) & (ucode_s[np.clip(pos, 0, None)] == q_code) if len(ukeys) else np.zeros(n, bool)
+    first_of_user = np.searchsorted(ukeys, q_code * SPAN, side="left")
+    X[:, col["user_n_prev"]] = np.where(same, pos - first_of_user + 1, 0)
+    if len(ukeys):
+        g = pd.Series(ulw).groupby(ucode_s)
+        med = g.rolling(USER_WINDOW, min_periods=1).median().reset_index(level=0, drop=True).sort_index().to_numpy()
+        mean = g.rolling(USER_WINDOW, min_periods=1).mean().reset_index(level=0, drop=True).sort_index().to_numpy()
+        pc = np.clip(pos, 0, None)
+        X[:, col["user_med_wait20"]] = np.where(same, med[pc], np.nan)
+        X[:, col["user_mean_wait20"]] = np.where(same, mean[pc], np.nan)
+        X[:, col["user_last_wait"]] = np.where(same, ulw[pc], np.nan)
+        c_nodes = np.concatenate([[0.0], np.cumsum(unodes)])
+        c_nodeh = np.concatenate([[0.0], np.cumsum(unodeh)])
+        lo = np.searchsorted(ukeys, qk - 7 * _DAY, side="right")
+        hi = pos + 1
+        X[:, col["user_nodes_started_7d"]] = np.where(same, c_nodes[hi] - c_nodes[lo], 0.0)
+        X[:, col["user_nodeh_req_7d"]] = np.where(same, c_nodeh[hi] - c_nodeh[lo], 0.0)
+    else:
+        for f in ("user_nodes_started_7d", "user_nodeh_req_7d"):
+            X[:, col[f]] = 0.0
+
+    if all_users and len(s_idx):
+        o = np.argsort(start[s_idx], kind="stable")
+        cs, clw = start[s_idx][o], lw[o]
+        s = pd.Series(clw)
+        cmed = s.rolling(CLUSTER_WINDOW, min_periods=1).median().to_numpy()
+        cmean = s.rolling(CLUSTER_WINDOW, min_periods=1).mean().to_numpy()
+        cpos = np.searchsorted(cs, t, side="left") - 1
+        okc = cpos >= 0
+        pc = np.clip(cpos, 0, None)
+        X[:, col["c_med_wait50"]] = np.where(okc, cmed[pc], np.nan)
+        X[:, col["c_mean_wait50"]] = np.where(okc, cmean[pc], np.nan)
+        X[:, col["c_last_wait"]] = np.where(okc, clw[pc], np.nan)
+        X[:, col["c_started_6h"]] = cpos + 1 - np.searchsorted(cs, t - 6 * 3600.0, side="left")
+    return X
+
+
+def _active(k_in, k_out, w, q, *, in_side: str):
+    """Sum of weights ``w`` over items with k_in before q and k_out > q, for each query key q.
+
+    ``in_side="left"`` counts k_in < q, ``"right"`` counts k_in <= q; an item leaves at
+    k_out <= q. Items must have k_out >= k_in.
+    """
+    import numpy as np
+
+    w = np.asarray(w, float).reshape(len(k_in), -1)
+    if len(k_in) == 0:
+        return np.zeros((len(q), w.shape[1]))
+    oi, oo = np.argsort(k_in, kind="stable"), np.argsort(k_out, kind="stable")
+    ci = np.vstack([np.zeros(w.shape[1]), np.cumsum(w[oi], axis=0)])
+    co = np.vstack([np.zeros(w.shape[1]), np.cumsum(w[oo], axis=0)])
+    a = np.searchsorted(k_in[oi], q, side=in_side)
+    b = np.searchsorted(k_out[oo], q, side="right")
+    return ci[a] - co[b]
