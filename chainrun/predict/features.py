@@ -35,6 +35,7 @@ FEATURES: tuple[str, ...] = (
     # the cluster's queue at t (NaN when the history does not show all users)
     "q_pending_jobs", "q_pending_nodes", "q_pending_nodeh", "q_pending_mean_age_h",
     "q_running_jobs", "q_running_nodes", "q_running_left_nodeh", "q_pending_nodes_frac", "q_running_nodes_frac",
+    "q_backlog_h", "q_free_nodes_frac", "q_pending_max_age_h",
     "c_med_wait50", "c_mean_wait50", "c_last_wait", "c_started_6h",
 )
 QUEUE_FEATURES = tuple(f for f in FEATURES if f.startswith(("q_", "c_")))
@@ -126,6 +127,10 @@ def build_features(
         cap = max(float(capacity), 1.0)
         X[:, col["q_pending_nodes_frac"]] = cp[:, 1] / cap
         X[:, col["q_running_nodes_frac"]] = cr[:, 1] / cap
+        # hours the whole cluster needs to drain what is queued and what runs (by limits)
+        X[:, col["q_backlog_h"]] = (cp[:, 2] + np.maximum(X[:, col["q_running_left_nodeh"]], 0.0)) / cap
+        X[:, col["q_free_nodes_frac"]] = np.maximum(cap - cr[:, 1], 0.0) / cap
+        X[:, col["q_pending_max_age_h"]] = _oldest_pending_age_h(p_in, p_out, t)
 
     # --- waits of started jobs, known from their start on
     s_idx = np.flatnonzero(ran)
@@ -172,6 +177,32 @@ def build_features(
         X[:, col["c_last_wait"]] = np.where(okc, clw[pc], np.nan)
         X[:, col["c_started_6h"]] = cpos + 1 - np.searchsorted(cs, t - 6 * 3600.0, side="left")
     return X
+
+
+def _oldest_pending_age_h(k_in, k_out, q):
+    """Hours since the oldest job still pending at each q became eligible (0 if none).
+
+    Walk the queries in time order with a heap of pending jobs keyed by eligible time:
+    O((n + m) log n), exact, and still only a comparison with each job's leave time.
+    """
+    import heapq
+
+    import numpy as np
+
+    oi = np.argsort(k_in, kind="stable")
+    ins, outs = k_in[oi], k_out[oi]
+    res = np.zeros(len(q))
+    heap: list[tuple[float, float]] = []
+    j = 0
+    for i in np.argsort(q, kind="stable"):
+        t = q[i]
+        while j < len(ins) and ins[j] < t:
+            heapq.heappush(heap, (ins[j], outs[j]))
+            j += 1
+        while heap and heap[0][1] <= t:  # left the queue by t
+            heapq.heappop(heap)
+        res[i] = (t - heap[0][0]) / 3600.0 if heap else 0.0
+    return res
 
 
 def _active(k_in, k_out, w, q, *, in_side: str):
