@@ -104,7 +104,9 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
     header = lines[0]
     if "|" in header:
         names = [h.strip() for h in header.split("|")]
-        rows = [ln.split("|") for ln in lines[1:]]
+        # a job name may contain "|": when JobName is the last column, keep the rest of the line in it
+        last = len(names) - 1 if names[-1].lower() in ("jobname", "name") else -1
+        rows = [ln.split("|", last) if last > 0 else ln.split("|") for ln in lines[1:]]
     else:
         names = header.split()
         body = lines[1:]
@@ -167,6 +169,8 @@ def _build_frame(rows, names, cols, source, gpus_per_node) -> "pd.DataFrame":
     out["nodes"] = pd.to_numeric(col("nodes", "1"), errors="coerce").fillna(1).astype(int)
     out["cpus"] = pd.to_numeric(col("cpus", "0"), errors="coerce").fillna(0).astype(int)
     tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
+    if "alloc_tres" in cols and "req_tres" in cols:  # a pending job has no AllocTRES yet
+        tres = tres.where(tres != "", col("req_tres"))
     gpus = tres.str.extract(_GPU_RE, expand=False)
     has_tres = "alloc_tres" in cols or "req_tres" in cols
     out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
@@ -198,8 +202,9 @@ def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
     import numpy as np
     import pandas as pd
 
-    if raw_minutes:
-        return pd.to_numeric(s, errors="coerce").astype(float) * 60.0
+    if raw_minutes:  # UNLIMITED, Partition_Limit -> NaN; so are NO_VAL/INFINITE (2**32-2, 2**32-1)
+        m = pd.to_numeric(s, errors="coerce").astype(float)
+        return m.where(m < 4294967294.0, np.nan) * 60.0
 
     def one(v: str) -> float:
         try:

@@ -1,0 +1,155 @@
+"""Queue-delay model commands: ``model refresh|status|eval`` and ``predict``.
+
+Heavy imports (pandas, lightgbm) happen inside the commands, so ``chainrun --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster name: which history and model to use.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+model_app = typer.Typer(help="The queue-delay model: learn waits from sacct, show it, measure it.",
+                        no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(model_app, name="model")
+    app.command("predict", help="Predict how long a job submitted now would wait (p10/p50/p90).")(predict)
+
+
+def _runner():
+    # the SSH runner for remote clusters plugs in here later; the model commands need only run()
+    from chainrun.runner.local import LocalRunner
+
+    return LocalRunner()
+
+
+def _fmt(seconds: float) -> str:
+    s = float(seconds)
+    if s < 60:
+        return f"{s:.0f}s"
+    if s < 3600:
+        return f"{s / 60:.0f}m"
+    if s < 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
+@model_app.command("refresh", help="Read new sacct history, retrain the model and save it.")
+def refresh(
+    cluster: ClusterOpt = "local",
+    install_cron: Annotated[bool, typer.Option("--install-cron", help="Also put a refresh line (every 6 h) in your crontab; safe to repeat.")] = False,
+    print_cron: Annotated[bool, typer.Option("--print-cron", help="Only print the crontab line, change nothing.")] = False,
+    lookback: Annotated[Optional[str], typer.Option("--lookback", help="History to read on the first refresh, e.g. 60d.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.cli.render import envelope
+    from chainrun.durations import parse_duration
+    from chainrun.predict import service
+
+    if print_cron:
+        typer.echo(service.cron_line(cluster))
+        return
+    lookback_days = parse_duration(lookback, what="--lookback") / 86400.0 if lookback else None
+    res = service.refresh(_runner(), cluster=cluster, lookback_days=lookback_days)
+    if install_cron:
+        line, changed = service.install_cron(_runner(), cluster)
+        res["cron"] = {"line": line, "changed": changed}
+    if json_out:
+        typer.echo(envelope("model refresh", res))
+        return
+    who = "all users" if res["all_users"] else "your jobs only"
+    typer.echo(f"{res['cluster']}: {res['new_rows']} sacct rows read ({who}), {res['history_rows']} in history, "
+               f"trained on {res['train_rows']} jobs in {res['seconds']['total']:.1f}s; "
+               f"per-user models: {', '.join(res['user_models']) or 'none'}")
+    typer.echo(f"saved to {res['model_dir']}")
+    if install_cron:
+        typer.echo(("installed cron line: " if res["cron"]["changed"] else "cron line already there: ") + res["cron"]["line"])
+    else:
+        typer.echo("to refresh automatically: chainrun model refresh --install-cron")
+
+
+@model_app.command("status", help="Show the saved model: when trained, on what, which model answers for you.")
+def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
+    import time
+
+    from chainrun.cli.render import console, envelope
+    from chainrun.predict import service
+
+    st = service.status(cluster)
+    if json_out:
+        typer.echo(envelope("model status", st))
+        return
+    m = st["model"]
+    if m is None:
+        typer.echo(f"{cluster}: no model yet (run: chainrun model refresh --cluster {cluster})")
+        raise typer.Exit(3)
+    from rich.table import Table
+
+    w = m["training_window"] or {}
+    t = Table(title=f"queue-delay model for {cluster}", show_header=False)
+    t.add_row("trained", time.strftime("%Y-%m-%d %H:%M", time.localtime(m["trained_at"])) + f" ({m['fit_seconds']}s)")
+    t.add_row("training jobs", f"{w.get('rows')} from {w.get('users')} users, "
+              f"{time.strftime('%Y-%m-%d', time.gmtime(w.get('since', 0)))} .. {time.strftime('%Y-%m-%d', time.gmtime(w.get('until', 0)))}")
+    t.add_row("history", f"{st['history'].get('rows', 0)} jobs, " + ("all users" if m["all_users"] else "own jobs only (no queue features)"))
+    t.add_row("capacity", f"{m['capacity_nodes']:.0f} nodes (estimated from history)")
+    t.add_row("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)")
+    t.add_row("answers for you", f"{m['answers_for_you']} ({m['user']})")
+    t.add_row("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items()))
+    t.add_row("files", st["model_dir"])
+    console().print(t)
+
+
+@model_app.command("eval", help="Train on the past of a trace and measure predictions on its future, against baselines.")
+def eval_cmd(
+    trace: Annotated[Optional[str], typer.Option("--trace", help="sacct text or sacct -P dump (default: the cached history).")] = None,
+    train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on jobs submitted before this date (default: 80 % of the span).")] = None,
+    test_until: Annotated[Optional[str], typer.Option("--test-until", help="Test on jobs submitted from --train-until to this date (default: the end).")] = None,
+    cluster: ClusterOpt = "local",
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.cli.render import console
+    from chainrun.predict import service
+
+    res = service.eval_trace(trace, cluster=cluster, train_until=train_until, test_until=test_until)
+    if json_out:  # the bare object (not the envelope): external checks read this shape
+        typer.echo(json.dumps(res, indent=1))
+        return
+    from rich.table import Table
+
+    t = Table(title=f"test {res['test']['from']} .. {res['test']['to']}: {res['test']['n']} jobs "
+                    f"(train {res['train']['n']} jobs from {res['train']['from']})")
+    for c in ("model", "within 2x", "MAE log10", "pinball p10", "p50", "p90", "p10-p90 coverage"):
+        t.add_column(c, justify="left" if c == "model" else "right")
+    for name, m in res["models"].items():
+        t.add_row(name, f"{m['within_2x']:.3f}", f"{m['mae_log10']:.3f}", f"{m['pinball']['p10']:.3f}",
+                  f"{m['pinball']['p50']:.3f}", f"{m['pinball']['p90']:.3f}", f"{m['coverage_p10_p90']:.3f}")
+    console().print(t)
+
+
+def predict(
+    nodes: Annotated[int, typer.Option("--nodes", "-N", help="Nodes the job asks for.")] = 1,
+    gpus: Annotated[int, typer.Option("--gpus", "-G", help="GPUs in total.")] = 0,
+    time_: Annotated[str, typer.Option("--time", "-t", help="Time limit, e.g. 24h, 90m, 1-00:00:00.")] = "1h",
+    partition: Annotated[str, typer.Option("--partition", "-p", help="Partition (default: the cluster's default).")] = "",
+    qos: Annotated[str, typer.Option("--qos", help="QOS, if you use one.")] = "",
+    cpus: Annotated[int, typer.Option("--cpus", help="CPUs in total (0: not given).")] = 0,
+    cluster: ClusterOpt = "local",
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.cli.render import envelope
+    from chainrun.durations import parse_duration
+    from chainrun.predict import service
+
+    limit = parse_duration(time_, what="--time")
+    p = service.predict_now(_runner(), cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
+                            partition=partition, qos=qos)
+    if json_out:
+        typer.echo(envelope("predict", {"p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model}))
+        return
+    typer.echo(f"expected wait {_fmt(p.p50)} (80 % between {_fmt(p.p10)} and {_fmt(p.p90)}); model: {p.model}")

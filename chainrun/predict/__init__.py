@@ -1,0 +1,35 @@
+"""Queue-delay prediction: how long will a job wait in the Slurm queue?
+
+Public interface (used by the chain submitter and the simulator)::
+
+    from chainrun.predict import WaitRequest, Prediction, load_predictor, fit_predictor
+
+    predictor = fit_predictor(history_df)      # canonical frame (chainrun.traces columns)
+    pred = predictor.predict(request, snapshot_df, history_df)
+    pred.p10, pred.p50, pred.p90, pred.model   # seconds; "cluster" or "user:<name>"
+    pred.quantile(0.75)                        # interpolated from the three
+    predictor.save(directory); load_predictor(directory)
+
+``WaitRequest(user, nodes, gpus, cpus, timelimit_s, partition="", qos="", submit=None)``:
+``submit`` is "now" in epoch seconds on the same clock as the frames (None: time.time());
+``cpus=0`` means unknown.
+
+``snapshot_df``: canonical rows of the jobs pending or running at ``submit`` (state
+"PENDING"/"RUNNING"); for pending rows start/end are ignored, for running rows end is.
+Leave out jobs pending for a dependency or a hold: they are not ahead of anyone
+(:func:`chainrun.predict.ingest.live_snapshot` builds it from one ``squeue`` call).
+``history_df``: canonical rows of jobs known before ``submit`` (finished ones at least);
+facts after ``submit`` are masked, so passing a whole trace is safe, only slower.
+
+``fit_predictor(history, *, since=None, until=None, per_user="auto", all_users=None)``
+trains on jobs whose wait was known before ``until`` (default: all) and became eligible
+after ``since`` (default: the data's own warm-up, first start + 7 days). ``all_users``
+defaults to "more than one user in the history"; without it the queue features are empty.
+Models are LightGBM quantile boosters (p10/p50/p90 of log10 wait, anchored on the user's
+recent waits), saved as LightGBM text + ``meta.json``; :func:`load_predictor` raises
+:class:`chainrun.errors.ModelError` for a model built on another feature list.
+"""
+
+from chainrun.predict.model import Prediction, Predictor, WaitRequest, fit_predictor, load_predictor
+
+__all__ = ["Prediction", "Predictor", "WaitRequest", "fit_predictor", "load_predictor"]

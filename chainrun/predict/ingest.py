@@ -1,0 +1,191 @@
+"""Job history from sacct (incremental, cached) and the live queue from squeue.
+
+History: ``sacct -X -P -n --format=SACCT_FORMAT -S .. -E ..`` over windows of a few days,
+from the last refresh (minus a day, so jobs that were pending or running then are read
+again with their final state) up to now. Everyone's jobs with ``-a`` when the cluster
+allows it; otherwise our own (then queue-state features are left empty, consistently at
+training and prediction time). Times are asked for as epoch seconds
+(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock. The cache is a CSV of
+the canonical columns (chainrun.traces) plus a small JSON beside it; no pickle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.traces import CANONICAL_COLUMNS, parse_trace_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from chainrun.runner.base import Runner
+
+# JobName last: a name may contain the "|" separator (traces.py keeps the rest of the line)
+SACCT_FORMAT = (
+    "JobIDRaw,User,Partition,QOS,Account,Submit,Eligible,Start,End,TimelimitRaw,NNodes,NCPUS,"
+    "AllocTRES,ReqTRES,State,ExitCode,JobName"
+)
+WINDOW_DAYS = 7.0
+LOOKBACK_DAYS = 60.0
+OVERLAP_S = 86400.0
+_ENV = {"SLURM_TIME_FORMAT": "%s"}
+# pending for a reason that is not the queue: these are not ahead of anyone
+HELD_REASONS = ("Dependency", "DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BeginTime",
+                "PartitionTimeLimit", "PartitionNodeLimit", "InvalidAccount", "InvalidQOS")
+
+
+@dataclass
+class FetchResult:
+    frame: "pd.DataFrame"
+    all_users: bool
+    calls: int
+
+
+def history_paths(cluster: str, base: Path | None = None) -> tuple[Path, Path]:
+    from chainrun.paths import ensure_private_dir, home
+
+    d = ensure_private_dir((base or home()) / "history")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster) or "default"
+    return d / f"{safe}.csv", d / f"{safe}.json"
+
+
+def sacct_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
+    argv = ["sacct", "-X", "-P", "-n", f"--format={SACCT_FORMAT}", "-S", _local(start), "-E", _local(end)]
+    if all_users:
+        argv.append("-a")
+    if cluster:
+        argv += ["-M", cluster]
+    return argv
+
+
+def parse_sacct_rows(text: str) -> "pd.DataFrame":
+    """Canonical frame from ``sacct -P -n --format=SACCT_FORMAT`` output (no header line)."""
+    import pandas as pd
+
+    header = "|".join(SACCT_FORMAT.split(","))
+    body = text.strip("\n")
+    if not body.strip():
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in CANONICAL_COLUMNS})
+    return parse_trace_text(header + "\n" + body, source="sacct")
+
+
+def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | None = None,
+                  window_days: float = WINDOW_DAYS, timeout: float = 300.0) -> FetchResult:
+    """sacct over [since, now] in windows; everyone's jobs if ``-a`` works, else our own."""
+    import pandas as pd
+
+    frames = []
+    all_users = True
+    calls = 0
+    t = since
+    while t < now:
+        t_end = min(now, t + window_days * 86400.0)
+        res = None
+        if all_users:
+            res = runner.run(sacct_argv(t, t_end, all_users=True, cluster=cluster), timeout, env=_ENV)
+            calls += 1
+            if not res.ok and not res.timed_out and res.returncode != 127:
+                all_users = False  # the site does not let us see others: fall back to our jobs
+                res = None
+        if res is None:
+            res = runner.run(sacct_argv(t, t_end, all_users=False, cluster=cluster), timeout, env=_ENV)
+            calls += 1
+        if not res.ok:
+            msg = f"sacct failed: {res.first_error_line()}"
+            if res.returncode == 127:
+                raise SlurmError(msg, hint="is Slurm installed and on PATH here?")
+            raise (TransientSlurmError if res.timed_out else SlurmError)(msg)
+        frames.append(parse_sacct_rows(res.stdout))
+        t = t_end
+    frames = [f for f in frames if len(f)]
+    df = pd.concat(frames, ignore_index=True) if frames else parse_sacct_rows("")
+    if all_users and len(df) and df["user"].nunique() <= 1 and not _is_privileged():
+        # -a was accepted but PrivateData hid everyone else: queue state would be a lie
+        all_users = False
+    return FetchResult(df, all_users, calls)
+
+
+def merge_history(old: "pd.DataFrame | None", new: "pd.DataFrame") -> "pd.DataFrame":
+    """Union by job id; the newest read of a job wins (it may have started or ended since)."""
+    import pandas as pd
+
+    if old is None or not len(old):
+        out = new
+    else:
+        out = pd.concat([old, new], ignore_index=True)
+    out = out.drop_duplicates("job_id", keep="last")
+    return out.sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)
+
+
+def load_cache(cluster: str, base: Path | None = None) -> "tuple[pd.DataFrame | None, dict]":
+    import pandas as pd
+
+    csv, meta = history_paths(cluster, base)
+    info = json.loads(meta.read_text()) if meta.exists() else {}
+    if not csv.exists():
+        return None, info
+    df = pd.read_csv(csv, dtype={"job_id": str, "user": str, "name": str, "partition": str, "qos": str,
+                                 "account": str, "state": str, "exit_code": str}, keep_default_na=False,
+                     na_values={c: [""] for c in ("submit", "eligible", "start", "end", "timelimit_s", "priority")})
+    for c in ("name", "partition", "qos", "account"):
+        df[c] = df[c].fillna("").astype(str)
+    df["eligible_known"] = df["eligible_known"].astype(str).str.lower().isin(["true", "1"])
+    return df, info
+
+
+def save_cache(cluster: str, df: "pd.DataFrame", info: dict, base: Path | None = None) -> Path:
+    csv, meta = history_paths(cluster, base)
+    tmp = csv.with_suffix(".csv.tmp")
+    df[list(CANONICAL_COLUMNS)].to_csv(tmp, index=False)
+    os.replace(tmp, csv)
+    tmpm = meta.with_suffix(".json.tmp")
+    tmpm.write_text(json.dumps(info, indent=1, sort_keys=True))
+    os.replace(tmpm, meta)
+    return csv
+
+
+def live_snapshot(runner: "Runner", *, timeout: float = 60.0) -> "pd.DataFrame":
+    """Pending and running jobs of everyone, from one ``squeue`` call, as canonical rows.
+
+    Jobs pending for a reason other than the queue (dependency, hold, begin time, a limit
+    they can never meet) are left out: they are not ahead of anyone.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from chainrun.slurm.client import SlurmClient
+
+    rows = SlurmClient(runner, timeout=timeout).queue(all_users=True)
+    keep = [r for r in rows if r.state in ("PENDING", "RUNNING")
+            and not (r.state == "PENDING" and r.reason.split(",")[0].strip("()") in HELD_REASONS)]
+    return pd.DataFrame({
+        "job_id": [r.job_id for r in keep], "user": [r.user for r in keep], "name": [r.name for r in keep],
+        "partition": [r.partition for r in keep], "qos": [r.qos for r in keep], "account": "",
+        "submit": [np.nan if r.submit is None else r.submit for r in keep],
+        "eligible": [np.nan if r.submit is None else r.submit for r in keep],
+        "start": [np.nan if (r.start is None or r.state == "PENDING") else r.start for r in keep],
+        "end": np.nan,
+        "timelimit_s": [np.nan if r.time_limit_s is None else r.time_limit_s for r in keep],
+        "nodes": [r.nodes for r in keep], "gpus": [r.gpus for r in keep], "cpus": [r.cpus for r in keep],
+        "state": [r.state for r in keep], "exit_code": "0:0", "eligible_known": True, "priority": np.nan,
+    }, columns=list(CANONICAL_COLUMNS))
+
+
+def _local(epoch: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _is_privileged() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def now() -> float:
+    return time.time()

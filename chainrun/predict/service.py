@@ -1,0 +1,166 @@
+"""What the ``chainrun model ...`` and ``chainrun predict`` commands do (no printing here)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from chainrun.errors import ModelError, SlurmError, UsageError
+
+if TYPE_CHECKING:
+    from chainrun.predict.model import Prediction
+    from chainrun.runner.base import Runner
+
+CRON_MARK = "# chainrun-model-refresh"
+
+
+def model_dir(cluster: str) -> Path:
+    from chainrun.paths import models_dir
+
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster) or "default"
+    return models_dir() / safe
+
+
+def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = None,
+            lookback_days: float | None = None, slurm_cluster: str | None = None) -> dict:
+    """Fetch new sacct rows, merge them into the cache, retrain, save. Returns a summary."""
+    from chainrun.predict import ingest
+    from chainrun.predict.model import fit_predictor
+
+    t0 = time.time()
+    now = time.time() if now is None else now
+    old, info = ingest.load_cache(cluster)
+    if old is not None and info.get("last_refresh"):
+        since = float(info["last_refresh"]) - ingest.OVERLAP_S
+    else:
+        since = now - (lookback_days or ingest.LOOKBACK_DAYS) * 86400.0
+    fetched = ingest.fetch_history(runner, since=since, now=now, cluster=slurm_cluster)
+    hist = ingest.merge_history(old, fetched.frame)
+    all_users = bool(fetched.all_users and info.get("all_users", True))
+    info = {"last_refresh": now, "all_users": all_users, "rows": int(len(hist))}
+    ingest.save_cache(cluster, hist, info)
+    t_fetch = time.time() - t0
+    # a young history has no warm-up to spare: train from its start
+    predictor = fit_predictor(hist, all_users=all_users, since=_since_for(hist))
+    predictor.meta["cluster"] = cluster
+    path = predictor.save(model_dir(cluster))
+    return {
+        "cluster": cluster, "new_rows": int(len(fetched.frame)), "history_rows": int(len(hist)),
+        "all_users": all_users, "sacct_calls": fetched.calls, "model_dir": str(path),
+        "train_rows": predictor.meta["training_window"]["rows"], "user_models": sorted(predictor.meta["user_models"]),
+        "seconds": {"fetch": round(t_fetch, 2), "total": round(time.time() - t0, 2)},
+    }
+
+
+def _since_for(hist) -> float | None:
+    from chainrun.predict.prep import WARMUP_S, warmup_end
+
+    import numpy as np
+
+    if not len(hist):
+        return None
+    span = float(np.nanmax(hist["submit"]) - np.nanmin(hist["submit"]))
+    return warmup_end(hist) if span > 4 * WARMUP_S else float(np.nanmin(hist["submit"]))
+
+
+def status(cluster: str = "default", user: str | None = None) -> dict:
+    from chainrun.predict import ingest
+
+    d = model_dir(cluster)
+    meta_path = d / "meta.json"
+    _, info = ingest.load_cache(cluster)
+    out: dict = {"cluster": cluster, "model_dir": str(d), "history": info, "model": None}
+    if not meta_path.exists():
+        return out
+    try:
+        meta = json.loads(meta_path.read_text())
+    except ValueError as e:
+        raise ModelError(f"unreadable {meta_path}: {e}", hint="run: chainrun model refresh") from None
+    user = user or getpass.getuser()
+    out["model"] = {
+        "trained_at": meta.get("trained_at"), "training_window": meta.get("training_window"),
+        "all_users": meta.get("all_users"), "capacity_nodes": meta.get("capacity"),
+        "user_models": sorted(meta.get("user_models", {})), "versions": meta.get("versions"),
+        "train_metrics": meta.get("train_metrics"), "fit_seconds": meta.get("fit_seconds"),
+        "answers_for_you": f"user:{user}" if user in meta.get("user_models", {}) else "cluster",
+        "user": user,
+    }
+    return out
+
+
+def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: int, timelimit_s: float,
+                partition: str = "", qos: str = "", user: str | None = None, live: bool = True) -> "Prediction":
+    """One prediction for a job submitted now: saved model + cached history + live squeue."""
+    from chainrun.predict import ingest
+    from chainrun.predict.model import WaitRequest, load_predictor
+
+    if nodes < 1 or gpus < 0 or cpus < 0 or timelimit_s <= 0:
+        raise UsageError("--nodes must be >= 1, --gpus and --cpus >= 0, --time > 0")
+    predictor = load_predictor(model_dir(cluster))
+    history, _ = ingest.load_cache(cluster)
+    snapshot = ingest.live_snapshot(runner) if live else None
+    req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,
+                      timelimit_s=timelimit_s, partition=partition, qos=qos, submit=time.time())
+    return predictor.predict(req, snapshot, history)
+
+
+def cron_line(cluster: str) -> str:
+    exe = shutil.which("chainrun") or f"{sys.executable} -m chainrun.cli.main"
+    return f"17 */6 * * * {exe} -q model refresh --cluster {shlex.quote(cluster)} {CRON_MARK} {cluster}"
+
+
+def install_cron(runner: "Runner", cluster: str) -> tuple[str, bool]:
+    """Put the refresh line in the user's crontab, replacing ours for this cluster. Idempotent."""
+    line = cron_line(cluster)
+    cur = runner.run(["crontab", "-l"], 30)
+    if cur.returncode == 127:
+        raise SlurmError("crontab is not installed here", hint="add this line with your scheduler: " + line)
+    existing = cur.stdout.splitlines() if cur.ok else []  # "no crontab for user" is rc 1
+    tag = f"{CRON_MARK} {cluster}"
+    kept = [ln for ln in existing if not ln.rstrip().endswith(tag)]
+    if line in existing and len(kept) == len(existing) - 1:
+        return line, False
+    new = "\n".join([*kept, line]) + "\n"
+    res = runner.run(["crontab", "-"], 30, stdin=new)
+    if not res.ok:
+        raise SlurmError(f"crontab refused the new table: {res.first_error_line()}")
+    return line, True
+
+
+def eval_trace(trace: str | None, *, cluster: str, train_until: str | None, test_until: str | None) -> dict:
+    import numpy as np
+
+    from chainrun.predict import ingest
+    from chainrun.predict.evaluate import evaluate
+    from chainrun.traces import read_trace
+
+    if trace:
+        df = read_trace(trace)
+    else:
+        df, _ = ingest.load_cache(cluster)
+        if df is None:
+            raise ModelError(f"no history cached for cluster {cluster!r}", hint="give --trace FILE or run: chainrun model refresh")
+    sub = df["submit"].to_numpy(float)
+    lo, hi = float(np.nanmin(sub)), float(np.nanmax(sub))
+    tr = parse_date(train_until, "--train-until") if train_until else lo + 0.8 * (hi - lo)
+    te = parse_date(test_until, "--test-until") if test_until else hi + 1.0
+    return evaluate(df, train_until=tr, test_until=te)
+
+
+def parse_date(text: str, what: str) -> float:
+    """A date or ISO time, read as UTC -- the same clock the trace reader uses for naive times."""
+    from datetime import datetime, timezone
+
+    try:
+        d = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"{what}: not a date: {text!r}", hint="use YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS") from None
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=timezone.utc)
+    return d.timestamp()
