@@ -110,11 +110,24 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
     else:
         names = header.split()
         body = lines[1:]
+        spans = None
         if body and set(body[0].replace(" ", "").replace("\t", "")) <= {"-"}:
+            spans = [m.span() for m in re.finditer(r"-+", body[0])]
             body = body[1:]
-        rows = [ln.split() for ln in body]
+        rows = [_split_fixed(ln, len(names), spans) for ln in body]
     cols = _map_columns(names, source)
     return _build_frame(rows, names, cols, source, gpus_per_node)
+
+
+def _split_fixed(line: str, width: int, spans) -> list[str]:
+    """Fields of one fixed-width line: split on whitespace, or by the dash line's column
+    spans when a value holds spaces ("CANCELLED by 0") or is blank (a step's User)."""
+    parts = line.split()
+    if len(parts) == width or not spans or len(spans) != width or "\t" in line:
+        return parts
+    out = [line[a:b].strip() for a, b in spans[:-1]]
+    out.append(line[spans[-1][0]:].strip())
+    return out
 
 
 def _map_columns(names: list[str], source: str) -> dict[str, int]:
@@ -177,7 +190,8 @@ def _build_frame(rows, names, cols, source, gpus_per_node) -> "pd.DataFrame":
     out["gpus"] = out["gpus"].fillna(out["nodes"] * gpus_per_node).astype(int)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
-    state = col("state").str.split().str[0].fillna("").str.upper()  # "CANCELLED by 123" -> CANCELLED
+    # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
+    state = col("state").str.split().str[0].fillna("").str.upper().str.rstrip("+")
     out["state"] = state.where(state != "", _infer_state(out))
     bad = out["submit"].isna()
     if bad.all():

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 QUANTILES = (0.1, 0.5, 0.9)
 FORMAT = 1
+MIN_ROWS = 20  # fewer and the quantiles are noise; a test cluster has a few dozen
 MIN_USER_ROWS = 300  # training rows before a user may get an own model
 MAX_TRAIN_ROWS = 300_000  # most recent rows kept: queues drift, and it bounds refresh cost
 HISTORY_DAYS = 8.0  # history a prediction needs: 7-day usage window + slack
@@ -244,8 +245,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     idx = training_rows(p, since=since, until=until)
     if len(idx) > MAX_TRAIN_ROWS:
         idx = idx[np.argsort(p["t_elig"].to_numpy(float)[idx], kind="stable")[-MAX_TRAIN_ROWS:]]
-    if len(idx) < 50:
-        raise ModelError(f"only {len(idx)} finished jobs to learn from (need 50)",
+    if len(idx) < MIN_ROWS:
+        raise ModelError(f"only {len(idx)} started jobs to learn from (need {MIN_ROWS})",
                          hint="widen the history window, or wait until more jobs have run")
     if all_users is None:
         all_users = p["user"].nunique() > 1

@@ -111,7 +111,8 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
 
 
 def cron_line(cluster: str) -> str:
-    exe = shutil.which("chainrun") or f"{sys.executable} -m chainrun.cli.main"
+    beside = Path(sys.executable).parent / "chainrun"  # the venv's script, even when not on PATH
+    exe = shutil.which("chainrun") or (str(beside) if beside.exists() else f"{sys.executable} -m chainrun.cli.main")
     return f"17 */6 * * * {exe} -q model refresh --cluster {shlex.quote(cluster)} {CRON_MARK} {cluster}"
 
 
