@@ -6,7 +6,7 @@
 # Everything (configs, state, logs, PID files) lives under DIR
 # (default /tmp/chainrun-slurm). Idempotent: daemons whose PID file points at a
 # live process of the right name are left alone. Must run as root.
-# Tunables (environment): CHAINRUN_SLURM_NODES (4), CHAINRUN_SLURM_CPUS (2, per node),
+# Tunables (environment): CHAINRUN_SLURM_NODES (4), CHAINRUN_SLURM_CPUS (4, per node),
 #   CHAINRUN_SLURM_MEM (2000 MB per node), CHAINRUN_SLURM_GPUS (2 fake gpus per node, 0=off),
 #   CHAINRUN_SLURM_MAXTIME (2, minutes, partition "short"), CHAINRUN_SLURM_CLUSTER (chainrun),
 #   CHAINRUN_SLURM_PORT_BASE (6817: ctld=base, dbd=base+2, slurmd n_i=base+3+i),
@@ -18,7 +18,7 @@ set -euo pipefail
 
 DIR=${1:-${CHAINRUN_SLURM_DIR:-/tmp/chainrun-slurm}}
 NODES=${CHAINRUN_SLURM_NODES:-4}
-CPUS=${CHAINRUN_SLURM_CPUS:-2}
+CPUS=${CHAINRUN_SLURM_CPUS:-4}
 MEM=${CHAINRUN_SLURM_MEM:-2000}
 GPUS=${CHAINRUN_SLURM_GPUS:-2}
 MAXTIME=${CHAINRUN_SLURM_MAXTIME:-2}

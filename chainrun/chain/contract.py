@@ -1,0 +1,119 @@
+"""The checkpoint contract between chainrun and a training script.
+
+Pure functions: render the per-chain wrapper from the template, copy the user's
+``#SBATCH`` lines, read the outcome file a segment leaves behind. ``done_main`` is the
+``chainrun-done`` console script a payload may call when training is finished.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from importlib import resources
+from pathlib import Path
+
+from chainrun import __version__
+from chainrun.errors import UsageError
+from chainrun.state.records import CONTINUE, CRASH, DONE, HANDOFF, SKIPPED
+
+DONE_FILE_NAME = "CHAINRUN_DONE"
+HANDOFF_TIMEOUT_S = 900  # how long a successor waits for its predecessor's checkpoint at most
+_SBATCH_RE = re.compile(r"^#SBATCH\s+(.*)$")
+_OUTCOMES = {CONTINUE, CRASH, DONE, HANDOFF, SKIPPED}
+# options chainrun sets itself; the user's values for these are refused or overridden
+OWNED_OPTIONS = ("--job-name", "-J", "--signal", "--time", "-t", "--parsable", "--array", "-a", "--wrap")
+
+
+def wrapper_template() -> str:
+    return resources.files("chainrun").joinpath("templates/wrapper.sh").read_text(encoding="utf-8")
+
+
+def sbatch_lines(script_text: str) -> list[str]:
+    """The ``#SBATCH`` lines of a batch script: those before the first command line, as sbatch reads them."""
+    out = []
+    for line in script_text.splitlines():
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if stripped.startswith("#SBATCH"):
+            out.append(stripped)
+            continue
+        break  # sbatch stops reading directives at the first command
+    return out
+
+
+def sbatch_options(script_text: str) -> list[str]:
+    """The options of the ``#SBATCH`` lines, split like a shell would (comments dropped)."""
+    opts: list[str] = []
+    for line in sbatch_lines(script_text):
+        body = _SBATCH_RE.match(line).group(1)  # type: ignore[union-attr]
+        try:
+            opts += shlex.split(body, comments=True)
+        except ValueError as e:
+            raise UsageError(f"cannot read the line {line!r}: {e}") from None
+    return opts
+
+
+def option_value(opts: list[str], *names: str) -> str | None:
+    """The last value given for an option (``--x=v``, ``--x v``, ``-xv``, ``-x v``)."""
+    value = None
+    for i, o in enumerate(opts):
+        for n in names:
+            if o == n and i + 1 < len(opts):
+                value = opts[i + 1]
+            elif n.startswith("--") and o.startswith(n + "="):
+                value = o[len(n) + 1 :]
+            elif not n.startswith("--") and o.startswith(n) and len(o) > len(n):
+                value = o[len(n) :]
+    return value
+
+
+def render_wrapper(
+    *, chain_id: str, run_dir: str, checkpoint_dir: str, payload: str, signal: str, script_text: str
+) -> str:
+    """The batch script every segment of a chain runs."""
+    values = {
+        "VERSION": __version__,
+        "CHAIN_ID_COMMENT": re.sub(r"[^A-Za-z0-9._-]", "_", chain_id),
+        "SBATCH_LINES": "\n".join(sbatch_lines(script_text)) or "# (no #SBATCH lines in the user's script)",
+        "CHAIN_ID": shlex.quote(chain_id),
+        "CHECKPOINT_DIR": shlex.quote(checkpoint_dir),
+        "SIGNAL": shlex.quote(signal),
+        "RUN_DIR": shlex.quote(run_dir),
+        "PAYLOAD": shlex.quote(payload),
+        "HANDOFF_TIMEOUT": str(HANDOFF_TIMEOUT_S),
+    }
+    text = wrapper_template()
+    for key, val in values.items():
+        text = text.replace(f"@@{key}@@", val)
+    return text
+
+
+def parse_outcome(text: str) -> dict[str, str]:
+    """The ``key=value`` lines a segment's wrapper writes when it ends."""
+    info: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip():
+            info[k.strip()] = v.strip()
+    if info.get("outcome") not in _OUTCOMES:
+        info.pop("outcome", None)
+    return info
+
+
+def control_path(run_dir: str, idx: int, kind: str) -> str:
+    return f"{run_dir}/control/seg-{idx}.{kind}"
+
+
+def done_main(argv: list[str] | None = None) -> None:
+    """``chainrun-done``: tell chainrun that training is finished (run inside a segment)."""
+    ckpt = os.environ.get("CHAINRUN_CHECKPOINT_DIR")
+    target = os.environ.get("CHAINRUN_DONE_FILE") or (ckpt and str(Path(ckpt) / DONE_FILE_NAME))
+    if not target:
+        print("chainrun-done: not inside a chainrun segment (CHAINRUN_DONE_FILE is not set)", file=sys.stderr)
+        sys.exit(2)
+    Path(target).parent.mkdir(parents=True, exist_ok=True)
+    Path(target).write_text(f"segment={os.environ.get('CHAINRUN_SEGMENT', '')}\n", encoding="utf-8")
+    print(f"chainrun-done: marked chain {os.environ.get('CHAINRUN_CHAIN_ID', '')} finished")

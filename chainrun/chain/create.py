@@ -1,0 +1,139 @@
+"""``chainrun submit``: validate a request, lay out the chain's folder, submit segment 0."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+
+from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
+from chainrun.chain.policies import get_policy
+from chainrun.chain.segments import submit_segment, wrapper_path
+from chainrun.durations import format_duration
+from chainrun.errors import SlurmError, UsageError
+from chainrun.runner.base import Runner
+from chainrun.slurm.client import SlurmClient
+from chainrun.state.records import FAILED, Chain, Segment
+from chainrun.state.store import Store
+
+SIGNALS = {"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "URG", "ALRM"}
+_NAME_OK = re.compile(r"[^A-Za-z0-9_-]+")
+DEFAULT_SIGNAL = "USR2@300"
+
+
+@dataclass
+class SubmitRequest:
+    script: str  # absolute path on the cluster
+    script_text: str
+    total_s: int
+    workdir: str
+    segment_s: int | None = None
+    policy: str = "lead"
+    lead_s: int = 1800
+    signal: str = DEFAULT_SIGNAL
+    name: str | None = None
+    retries: int = 1
+    checkpoint_dir: str | None = None
+    sbatch_args: list[str] = field(default_factory=list)
+    cluster: str = "local"
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    chain: Chain
+    first: Segment
+    partition_max_s: float | None
+
+
+def parse_signal(text: str) -> tuple[str, int]:
+    """``USR2@300`` -> ("USR2", 300); ``SIGUSR1@60`` and ``B:USR2@300`` are accepted too."""
+    t = text.strip().upper().removeprefix("B:")
+    sig, sep, secs = t.partition("@")
+    sig = sig.removeprefix("SIG")
+    if sig not in SIGNALS:
+        raise UsageError(f"unsupported signal {text!r}", hint=f"use one of {', '.join(sorted(SIGNALS))}, e.g. USR2@300")
+    if not sep:
+        return sig, 300
+    if not secs.isdigit() or not 0 < int(secs) <= 65535:
+        raise UsageError(f"invalid signal time in {text!r}", hint="seconds before the limit, 1-65535, e.g. USR2@300")
+    return sig, int(secs)
+
+
+def make_chain_id(name: str) -> str:
+    base = _NAME_OK.sub("-", name).strip("-")[:40] or "chain"
+    return f"{base}-{secrets.token_hex(2)}"
+
+
+def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRequest) -> SubmitResult:
+    get_policy(req.policy)  # validates the name
+    signal, signal_lead = parse_signal(req.signal)
+    if req.retries < 0 or req.retries > 100:
+        raise UsageError(f"--retries must be between 0 and 100 (got {req.retries})")
+    _refuse_owned(req.sbatch_args)
+    script_opts = sbatch_options(req.script_text)
+    if option_value(script_opts, "--array", "-a") is not None:
+        raise UsageError("job arrays cannot be chained", hint="remove the #SBATCH --array line")
+
+    partition = (option_value(req.sbatch_args, "--partition", "-p") or option_value(script_opts, "--partition", "-p") or "")
+    parts = slurm.partitions()
+    if partition:
+        first = partition.split(",")[0]
+        if first not in parts:
+            raise UsageError(f"no partition {first!r} on this cluster", hint=f"partitions: {', '.join(parts) or 'none'}")
+        info = parts[first]
+    else:
+        defaults = [p for p in parts.values() if p.is_default]
+        if not defaults:
+            raise UsageError("this cluster has no default partition", hint="pass one: chainrun submit ... -- --partition NAME")
+        info = defaults[0]
+    max_s = info.max_time_s
+    segment = req.segment_s or (int(max_s) if max_s else None)
+    if segment is None:
+        raise UsageError(f"partition {info.name!r} has no time limit", hint="say how long a segment is: --segment 24h")
+    if max_s and segment > max_s:
+        raise UsageError(
+            f"--segment {format_duration(segment)} is longer than partition {info.name!r} allows ({format_duration(max_s)})"
+        )
+    segment = min(segment, req.total_s)
+    if signal_lead >= segment:
+        raise UsageError(
+            f"the signal comes {signal_lead}s before the limit, but a segment lasts only {segment}s",
+            hint="use a smaller --signal time, e.g. USR2@60",
+        )
+
+    chain_id = make_chain_id(req.name or PurePosixPath(req.script).stem)
+    run_dir = f"{req.workdir.rstrip('/')}/chainrun-runs/{chain_id}"
+    ckpt = req.checkpoint_dir or f"{run_dir}/checkpoint"
+    chain = Chain(
+        id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=req.script,
+        workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
+        policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
+        sbatch_args=list(req.sbatch_args), partition=info.name, created=time.time(),
+    )
+    wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=req.script,
+                             signal=signal, script_text=req.script_text)
+    for sub in ("control", "logs"):
+        runner.write_file(f"{run_dir}/{sub}/.keep", "", 0o600)
+    runner.write_file(wrapper_path(chain), wrapper, 0o700)
+    store.add_chain(chain)
+    first = Segment(chain_id=chain_id, idx=0, time_limit_s=min(segment, req.total_s))
+    try:
+        submit_segment(store, slurm, chain, first, note="first segment")
+    except SlurmError as e:
+        chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
+        store.save(chain, [], [(0, "failed", chain.reason)])
+        raise
+    return SubmitResult(chain, first, max_s)
+
+
+def _refuse_owned(args: list[str]) -> None:
+    for a in args:
+        opt = a.split("=", 1)[0]
+        if opt in OWNED_OPTIONS or (opt.startswith("-t") and len(opt) > 2 and opt[2:].isdigit()):
+            raise UsageError(
+                f"{shlex.quote(a)} is set by chainrun for each segment",
+                hint="use --segment/--total for time, --name for the name, --signal for the signal",
+            )

@@ -1,0 +1,266 @@
+"""One watcher tick: reconcile every active chain with Slurm, then move it forward.
+
+Budget per tick, whatever the number of chains: one ``squeue`` and at most one ``sacct``
+(plus ``sbatch``/``scancel`` when something is actually submitted or cancelled). A failed
+Slurm query ends the tick early and changes nothing; the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from chainrun.chain import outcomes
+from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
+from chainrun.chain.segments import job_name, parse_job_name, submit_segment
+from chainrun.durations import to_slurm_minutes
+from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.runner.base import Runner
+from chainrun.slurm.client import SlurmClient
+from chainrun.slurm.parsers import AcctRow, QueueRow
+from chainrun.state.records import (
+    ACTIVE, CANCELLED_OUT, COMPLETED, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, Chain, Segment,
+)
+from chainrun.state.store import Store
+
+log = logging.getLogger(__name__)
+
+MIN_SEGMENT_S = 60  # Slurm's --time granularity: less than this left means the total is reached
+ADOPT_AFTER_S = 60  # a SUBMITTING segment this old with no job in squeue is looked up in sacct
+LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is declared lost
+# pending reasons that never clear by themselves
+HOPELESS_REASONS = {
+    "PartitionTimeLimit", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS", "BadConstraints",
+    "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit", "PartitionNodeLimit", "PartitionDown",
+}
+_QUEUE_PHASE = {
+    "PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
+    "SUSPENDED": RUNNING, "STOPPED": RUNNING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "RESIZING": RUNNING,
+}
+
+Predictor = Callable[[Chain, Segment, list[QueueRow]], WaitEstimate | None]
+
+
+@dataclass
+class TickReport:
+    chains: int = 0
+    submitted: int = 0
+    ended: int = 0
+    slurm_calls: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(
+        self, store: Store, slurm: SlurmClient, runner: Runner, *, predictor: Predictor | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.slurm, self.runner = store, slurm, runner
+        self.predictor = predictor
+        self.clock = clock
+
+    # ------------------------------------------------------------------ tick
+    def tick(self) -> TickReport:
+        report = TickReport()
+        before = dict(self.slurm.calls)
+        chains = self.store.chains(active_only=True)
+        report.chains = len(chains)
+        if chains:
+            try:
+                self._tick(chains, report)
+            except TransientSlurmError as e:
+                report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
+                log.warning("tick skipped: %s", e)
+        report.slurm_calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items() if v - before.get(k, 0)}
+        return report
+
+    def _tick(self, chains: list[Chain], report: TickReport) -> None:
+        queue = self.slurm.queue()
+        by_id = {q.job_id: q for q in queue}
+        by_name = {q.name: q for q in queue}
+        segs = {c.id: self.store.segments(c.id) for c in chains}
+
+        # adopt jobs whose submission we did not get to record
+        for c in chains:
+            for s in segs[c.id]:
+                if s.phase == SUBMITTING and (q := by_name.get(job_name(c.id, s.idx))):
+                    s.job_id, s.phase = q.job_id, PENDING
+                    self.store.save(c, [s], [(s.idx, "adopted", f"found job {q.job_id} for segment {s.idx}")])
+
+        # one sacct for every live job that left squeue, plus old unconfirmed submissions
+        now = self.clock()
+        gone = [s for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id not in by_id]
+        orphans = [(c, s) for c in chains for s in segs[c.id]
+                   if s.phase == SUBMITTING and now - s.intent_at > ADOPT_AFTER_S]
+        acct: dict[str, AcctRow] = {}
+        if gone:
+            since = min((s.submit or s.intent_at or now) for s in gone)
+            acct = {r.job_id: r for r in self.slurm.accounting([s.job_id for s in gone], since=since)}
+        elif orphans:  # rare; on its own sacct call so a tick never needs more than one
+            since = min(s.intent_at for _, s in orphans)
+            rows = self.slurm.accounting_by_name([job_name(c.id, s.idx) for c, s in orphans], since=since)
+            found = {r.name: r for r in rows}
+            for c, s in orphans:
+                if r := found.get(job_name(c.id, s.idx)):
+                    s.job_id, s.phase = r.job_id, PENDING
+                    self.store.save(c, [s], [(s.idx, "adopted", f"found job {r.job_id} for segment {s.idx}")])
+                    gone.append(s)
+                    acct[r.job_id] = r
+                else:  # sbatch never created it: plan it again
+                    s.phase = ENDED
+                    s.outcome = CANCELLED_OUT
+                    s.reason = "submission was not confirmed and no such job exists"
+                    self.store.save(c, [s], [(s.idx, "warning", f"segment {s.idx}: {s.reason}; resubmitting")])
+
+        for c in chains:
+            try:
+                self._advance(c, segs[c.id], by_id, acct, report)
+            except TransientSlurmError:
+                raise
+            except SlurmError as e:  # this chain's request was refused: stop it, keep the others going
+                self._fail(c, segs[c.id], f"Slurm refused a request: {e}")
+                report.warnings.append(f"{c.id}: {e}")
+
+    # ------------------------------------------------------------------ one chain
+    def _advance(self, c: Chain, segs: list[Segment], by_id: dict, acct: dict, report: TickReport) -> None:
+        now = self.clock()
+        for s in segs:
+            if s.phase not in (PENDING, RUNNING):
+                continue
+            q = by_id.get(s.job_id)
+            if q is not None:
+                self._from_queue(c, segs, s, q)
+            elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
+                self._ended(c, segs, s, row)
+                report.ended += 1
+            elif now - max(s.submit or 0, s.intent_at) > LOST_AFTER_S and s.job_id not in acct:
+                s.phase, s.outcome, s.reason = ENDED, "crash", "Slurm has no record of this job"
+                self.store.save(c, [s], [(s.idx, "lost", f"segment {s.idx} (job {s.job_id}): {s.reason}")])
+                self._count_failure(c, segs, s)
+            if c.status != ACTIVE:
+                return
+        outcomes.record_overlaps(segs)
+        self.store.save(c, segs)
+        self._plan(c, segs, report)
+
+    def _from_queue(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
+        phase = _QUEUE_PHASE.get(q.state, s.phase)
+        changed = phase != s.phase or q.state != s.slurm_state
+        s.slurm_state, s.submit = q.state, q.submit or s.submit
+        if phase == RUNNING:
+            s.start, s.end = q.start or s.start, q.end or s.end
+        if changed and phase == RUNNING and s.phase != RUNNING:
+            self.store.add_event(c.id, s.idx, "started", f"segment {s.idx} (job {s.job_id}) started")
+        s.phase = phase
+        if phase == PENDING and q.reason in HOPELESS_REASONS:
+            self._fail(c, segs, f"segment {s.idx} (job {s.job_id}) can never start: {q.reason}")
+
+    def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
+        info = outcomes.read_outcome_file(self.runner, c, s)
+        result = outcomes.classify(c, s, row, info)
+        s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
+        s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
+        s.exit_code, s.credit_s = row.exit_code, result.credit_s
+        s.extra.update({k: v for k, v in info.items() if k in ("payload_start", "payload_end", "handoff_wait", "signaled")})
+        c.credited_s += result.credit_s
+        events = [(s.idx, result.outcome, result.message)]
+        if result.outcome in ("continue", "handoff"):
+            c.consecutive_failures = 0
+        self.store.save(c, [s], events)
+        if result.outcome == "done":
+            self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
+        elif result.outcome == "crash":
+            self._count_failure(c, segs, s)
+        elif result.outcome == "cancelled" and result.external:
+            self._fail(c, segs, result.reason)
+
+    def _count_failure(self, c: Chain, segs: list[Segment], s: Segment) -> None:
+        c.consecutive_failures += 1
+        if c.consecutive_failures > c.retries:
+            self._fail(c, segs, f"segment {s.idx} failed ({s.reason}); no retries left")
+        else:
+            left = c.retries - c.consecutive_failures
+            self.store.save(c, [], [(s.idx, "retry", f"segment {s.idx} failed ({s.reason}); retrying ({left} retries left after this)")])
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, c: Chain, segs: list[Segment], report: TickReport) -> None:
+        now = self.clock()
+        live = [s for s in segs if s.phase in LIVE_PHASES]
+        if any(s.phase == SUBMITTING for s in live):
+            return  # an unconfirmed submission: wait for adoption before planning more
+        expected = sum(s.time_limit_s for s in live)
+        remaining = c.total_s - c.credited_s - expected
+        if not live:
+            if c.total_s - c.credited_s < MIN_SEGMENT_S:
+                self._finish(c, segs, COMPLETED, "total time reached")
+                return
+            self._submit_next(c, segs, remaining, dependency="", note="", estimate=None)
+            report.submitted += 1
+            return
+        if len(live) > 1 or remaining < MIN_SEGMENT_S:
+            return
+        cur = live[0]
+        policy = get_policy(c.policy)
+        handover = (cur.end - c.signal_lead_s) if (cur.phase == RUNNING and cur.end) else None
+        predict = (lambda: self.predictor(c, cur, [])) if self.predictor else None
+        view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict)
+        decision = policy.decide(view)
+        if decision.estimate is not None:
+            cur.extra["last_prediction"] = {"at": now, "wait_s": decision.estimate.seconds, "model": decision.estimate.model}
+            self.store.save(c, [cur])
+        if decision.submit:
+            self._submit_next(c, segs, remaining, dependency=decision.dependency, note=decision.reason,
+                              estimate=decision.estimate)
+            report.submitted += 1
+
+    def _submit_next(self, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
+                     estimate: WaitEstimate | None) -> None:
+        idx = (max(s.idx for s in segs) + 1) if segs else 0
+        wanted = max(remaining, c.signal_lead_s + MIN_SEGMENT_S)
+        limit = min(c.segment_s, to_slurm_minutes(int(wanted)) * 60)  # what Slurm will really grant
+        prev_failed = bool(segs) and segs[-1].outcome == "crash"
+        seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
+                      predicted_wait_s=estimate.seconds if estimate else None,
+                      predicted_model=estimate.model if estimate else "")
+        submit_segment(self.store, self.slurm, c, seg, note=note)
+        segs.append(seg)
+
+    # ------------------------------------------------------------------ endings
+    def _finish(self, c: Chain, segs: list[Segment], status: str, reason: str) -> None:
+        self._cancel_live(c, segs)
+        c.status, c.reason, c.finished = status, reason, self.clock()
+        self.store.save(c, segs, [(None, status.lower(), f"chain {c.id} {status.lower()}: {reason}")])
+
+    def _fail(self, c: Chain, segs: list[Segment], reason: str) -> None:
+        self._finish(c, segs, FAILED, reason)
+
+    def _cancel_live(self, c: Chain, segs: list[Segment]) -> None:
+        live = [s for s in segs if s.phase in LIVE_PHASES]
+        ids = [s.job_id for s in live if s.job_id]
+        if ids:
+            self.slurm.cancel(ids)
+        for s in live:
+            s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, "cancelled by chainrun: chain finished"
+            s.extra["cancel_requested"] = True
+
+
+def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "cancelled by the user") -> list[str]:
+    """Cancel a chain's queued and running segments; returns the job ids cancelled."""
+    from chainrun.state.records import CANCELLED
+
+    segs = store.segments(c.id)
+    live = [s for s in segs if s.phase in LIVE_PHASES]
+    ids = [s.job_id for s in live if s.job_id]
+    if ids:
+        slurm.cancel(ids)
+    for s in live:
+        s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, reason
+        s.extra["cancel_requested"] = True
+    c.status, c.reason, c.finished = CANCELLED, reason, time.time()
+    store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
+    return ids
+
+
+__all__ = ["Engine", "TickReport", "cancel_chain", "parse_job_name"]

@@ -1,0 +1,118 @@
+"""When to submit the next segment: one small interface, one class per policy.
+
+The engine asks a policy only while the chain's current segment is live and its successor
+is not yet submitted. Once the current segment has ended, every policy submits at once
+(that fallback is the whole of `reactive`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from chainrun.errors import UsageError
+from chainrun.state.records import PENDING, RUNNING, Chain, Segment
+
+
+@dataclass(frozen=True)
+class WaitEstimate:
+    """A predicted queue wait for the successor, in seconds, and which model said so."""
+
+    seconds: float
+    model: str
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    now: float
+    chain: Chain
+    current: Segment
+    # when the current segment is expected to stop training: its real end minus the signal lead
+    handover_at: float | None
+    # asks the queue-delay model (may be None when no model is available)
+    predict_wait: Callable[[], WaitEstimate | None] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    submit: bool
+    reason: str = ""
+    dependency: str = ""
+    estimate: WaitEstimate | None = None
+
+
+class Policy(Protocol):
+    name: str
+
+    def decide(self, view: PolicyView) -> Decision: ...
+
+
+class Reactive:
+    """Submit the next segment after the current one has ended (what people do by hand)."""
+
+    name = "reactive"
+
+    def decide(self, view: PolicyView) -> Decision:
+        return Decision(False)
+
+
+class Dependency:
+    """Pre-queue the next segment with ``afterany`` (gains no age and no backfill plan while it waits)."""
+
+    name = "dependency"
+
+    def decide(self, view: PolicyView) -> Decision:
+        cur = view.current
+        if cur.job_id and cur.phase in (PENDING, RUNNING):
+            return Decision(True, "pre-queued behind the current segment", dependency=f"afterany:{cur.job_id}")
+        return Decision(False)
+
+
+class Lead:
+    """Submit the next segment as an independent job a fixed time before the hand-over point."""
+
+    name = "lead"
+
+    def decide(self, view: PolicyView) -> Decision:
+        if view.current.phase != RUNNING or view.handover_at is None:
+            return Decision(False)
+        due = view.handover_at - view.chain.lead_s
+        if view.now >= due:
+            return Decision(True, f"lead {view.chain.lead_s}s before the hand-over point")
+        return Decision(False)
+
+
+class Predicted:
+    """Submit when the predicted wait (at a high quantile) reaches the time the current segment has left.
+
+    Submitting at the p90 makes a late start (interruption) unlikely; starting early costs
+    only the short hand-off, so erring early is the cheaper mistake. Without a model it
+    falls back to the fixed lead.
+    """
+
+    name = "predicted"
+
+    def decide(self, view: PolicyView) -> Decision:
+        if view.current.phase != RUNNING or view.handover_at is None:
+            return Decision(False)
+        est = view.predict_wait() if view.predict_wait else None
+        if est is None:
+            d = Lead().decide(view)
+            return Decision(d.submit, "no model: " + d.reason if d.submit else "", estimate=None)
+        left = view.handover_at - view.now
+        if left <= est.seconds:
+            return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
+        return Decision(False, estimate=est)
+
+
+POLICIES: dict[str, type] = {p.name: p for p in (Reactive, Dependency, Lead, Predicted)}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise UsageError(f"unknown policy {name!r}", hint=f"choose one of {', '.join(POLICIES)}") from None

@@ -1,0 +1,71 @@
+"""Submitting one segment, exactly once: record the intent, call sbatch, record the job.
+
+A segment is written as SUBMITTING before sbatch runs. If chainrun dies between the two,
+the next tick finds the job by its name (``cr.<chain>.<idx>``) and adopts it instead of
+submitting a second copy.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from chainrun.chain.contract import option_value
+from chainrun.durations import to_slurm_time
+from chainrun.errors import TransientSlurmError
+from chainrun.slurm.client import SlurmClient
+from chainrun.state.records import PENDING, SUBMITTING, Chain, Segment
+from chainrun.state.store import Store
+
+_NAME_RE = re.compile(r"^cr\.(?P<chain>[A-Za-z0-9_-]+)\.(?P<idx>\d+)$")
+
+
+def job_name(chain_id: str, idx: int) -> str:
+    return f"cr.{chain_id}.{idx}"
+
+
+def parse_job_name(name: str) -> tuple[str, int] | None:
+    m = _NAME_RE.match(name or "")
+    return (m.group("chain"), int(m.group("idx"))) if m else None
+
+
+def wrapper_path(chain: Chain) -> str:
+    return f"{chain.run_dir}/wrapper.sh"
+
+
+def sbatch_args(chain: Chain, seg: Segment) -> list[str]:
+    """Options for one segment; the user's extra arguments come first so ours win where they overlap."""
+    args = list(chain.sbatch_args)
+    args += [
+        f"--job-name={job_name(chain.id, seg.idx)}",
+        f"--time={to_slurm_time(seg.time_limit_s)}",
+        f"--signal=B:{chain.signal}@{chain.signal_lead_s}",
+        f"--chdir={chain.workdir}",
+    ]
+    user_opts = chain.sbatch_args
+    if option_value(user_opts, "--output", "-o") is None:
+        args.append(f"--output={chain.run_dir}/logs/seg-{seg.idx}-%j.out")
+    if seg.dependency:
+        args.append(f"--dependency={seg.dependency}")
+    return args
+
+
+def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment, *, note: str = "") -> Segment:
+    """Submit ``seg`` (already planned: idx, time limit, dependency). Returns it with its job id.
+
+    Raises SlurmError when sbatch refuses; a transient failure leaves the segment
+    SUBMITTING so the next tick can adopt or resubmit it.
+    """
+    seg.phase = SUBMITTING
+    seg.intent_at = time.time()
+    store.save(chain, [seg])
+    try:
+        job_id, cluster = slurm.submit(wrapper_path(chain), sbatch_args(chain, seg), script_args=[str(seg.idx)])
+    except TransientSlurmError:
+        store.add_event(chain.id, seg.idx, "warning", f"sbatch did not answer for segment {seg.idx}; will check and retry")
+        raise
+    seg.job_id, seg.slurm_cluster, seg.phase = job_id, cluster, PENDING
+    seg.submit = seg.submit or time.time()
+    msg = f"segment {seg.idx} submitted as job {job_id}" + (f" ({note})" if note else "")
+    store.save(chain, [seg], [(seg.idx, "submitted", msg)])
+    return seg

@@ -1,0 +1,99 @@
+"""What `status` and `watch` show about a chain: plain data, rendered by the CLI."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from chainrun.state.records import ACTIVE, LIVE_PHASES, RUNNING, Chain, Segment
+
+
+@dataclass(frozen=True)
+class SegmentView:
+    idx: int
+    job_id: str | None
+    phase: str
+    slurm_state: str
+    outcome: str | None
+    reason: str
+    time_limit_s: int
+    submit: float | None
+    eligible: float | None
+    start: float | None
+    end: float | None
+    wait_s: float | None
+    predicted_wait_s: float | None
+    predicted_model: str
+    gap_s: float | None  # start minus the predecessor's end: >0 interruption, <0 overlap
+    overlap_s: float
+    credit_s: float
+    is_retry: bool
+
+
+@dataclass(frozen=True)
+class ChainView:
+    id: str
+    name: str
+    cluster: str
+    policy: str
+    status: str
+    reason: str
+    total_s: int
+    done_s: float
+    segment_s: int
+    segments: int
+    current: int | None
+    current_state: str
+    eta: float | None
+    interruption_s: float
+    overlap_s: float
+    retries_used: int
+    checkpoint_dir: str
+    run_dir: str
+    created: float
+    finished: float | None
+    segment_views: list[SegmentView]
+
+    def to_dict(self, *, with_segments: bool = True) -> dict:
+        d = asdict(self)
+        if not with_segments:
+            d.pop("segment_views")
+        else:
+            d["segments_detail"] = d.pop("segment_views")
+        return d
+
+
+def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> ChainView:
+    now = time.time() if now is None else now
+    live = [s for s in segs if s.phase in LIVE_PHASES]
+    cur = live[0] if live else (segs[-1] if segs else None)
+    done = chain.credited_s
+    running = next((s for s in live if s.phase == RUNNING), None)
+    if running and running.start:
+        done += max(0.0, min(now, running.end or now) - running.start)
+    eta = None
+    if chain.status == ACTIVE:
+        after = max(0.0, chain.total_s - chain.credited_s - sum(s.time_limit_s for s in live))
+        base = running.end if running and running.end else now + sum(s.time_limit_s for s in live)
+        eta = max(now, base) + after
+    views = [_segment_view(s) for s in segs]
+    return ChainView(
+        id=chain.id, name=chain.name, cluster=chain.cluster, policy=chain.policy, status=chain.status,
+        reason=chain.reason, total_s=chain.total_s, done_s=min(float(chain.total_s), done), segment_s=chain.segment_s,
+        segments=len(segs), current=cur.idx if cur else None,
+        current_state=(cur.slurm_state or cur.phase) if cur else "", eta=eta,
+        interruption_s=sum(max(0.0, v.gap_s) for v in views if v.gap_s is not None),
+        overlap_s=sum(v.overlap_s for v in views),
+        retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
+        created=chain.created, finished=chain.finished, segment_views=views,
+    )
+
+
+def _segment_view(s: Segment) -> SegmentView:
+    gap = s.extra.get("gap_s")
+    return SegmentView(
+        idx=s.idx, job_id=s.job_id, phase=s.phase, slurm_state=s.slurm_state, outcome=s.outcome, reason=s.reason,
+        time_limit_s=s.time_limit_s, submit=s.submit, eligible=s.eligible, start=s.start, end=s.end, wait_s=s.wait_s,
+        predicted_wait_s=s.predicted_wait_s, predicted_model=s.predicted_model,
+        gap_s=float(gap) if gap is not None else None, overlap_s=s.overlap_s, credit_s=s.credit_s, is_retry=s.is_retry,
+    )

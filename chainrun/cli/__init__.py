@@ -1,0 +1,1 @@
+"""Thin typer commands: parse, call one core function, render."""

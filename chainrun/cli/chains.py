@@ -1,0 +1,199 @@
+"""Chain commands: submit, status, watch, cancel."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from chainrun.cli.render import clock, console, envelope
+from chainrun.durations import DURATION_HELP, format_duration, parse_duration
+from chainrun.errors import UsageError
+
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: local).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "submit",
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": False},
+        help="Start a chain: split SCRIPT into checkpointed segments and submit the first. "
+        "Arguments after -- are passed to sbatch untouched.",
+    )(submit)
+    app.command("status", help="Show chains, or one chain's segments.")(status)
+    app.command("watch", help="Move chains forward: reconcile with Slurm, submit next segments, handle endings.")(watch)
+    app.command("cancel", help="Cancel a chain's queued and running segments.")(cancel)
+
+
+def submit(
+    ctx: typer.Context,
+    script: Annotated[Path, typer.Argument(help="The batch script to run in every segment (#SBATCH lines honoured).")],
+    total: Annotated[str, typer.Option("--total", help=f"Total run time of the chain: {DURATION_HELP}.")],
+    segment: Annotated[Optional[str], typer.Option("--segment", help="Length of one segment (default: the partition's MaxTime).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="When to submit the next segment: reactive, dependency, lead, predicted.")] = "lead",
+    lead: Annotated[str, typer.Option("--lead", help="With --policy lead: submit this long before the current segment stops.")] = "30m",
+    signal: Annotated[str, typer.Option("--signal", help="Signal sent before the limit, and how many seconds before: SIG@SECONDS.")] = "USR2@300",
+    name: Annotated[Optional[str], typer.Option("--name", help="A name for the chain (default: the script's name).")] = None,
+    retries: Annotated[int, typer.Option("--retries", help="How many consecutive crashed segments to retry before the chain fails.")] = 1,
+    checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Where the payload keeps checkpoints (default: inside the chain's run folder).")] = None,
+    cluster: ClusterOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.chain.create import SubmitRequest, create_chain
+    from chainrun.context import open_context
+
+    total_s = parse_duration(total, what="--total")
+    segment_s = parse_duration(segment, what="--segment") if segment else None
+    lead_s = parse_duration(lead, what="--lead")
+    script_path = script.expanduser().resolve()
+    try:
+        text = script_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"script not found: {script}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{script} is a folder, not a script") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{script} is not a text file") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {script}: {e.strerror}") from None
+    extra = list(ctx.args)
+    req = SubmitRequest(
+        script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
+        policy=policy, lead_s=lead_s, signal=signal, name=name, retries=retries,
+        checkpoint_dir=str(checkpoint_dir.expanduser().resolve()) if checkpoint_dir else None,
+        sbatch_args=extra, cluster=cluster or "local",
+    )
+    c = open_context(cluster)
+    try:
+        res = create_chain(c.store, c.slurm, c.runner, req)
+    finally:
+        c.close()
+    ch = res.chain
+    if json_out:
+        typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
+                                       "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
+                                       "checkpoint_dir": ch.checkpoint_dir}))
+        return
+    n = -(-ch.total_s // ch.segment_s)
+    typer.echo(f"chain {ch.id}: {format_duration(ch.total_s)} in ~{n} segment(s) of {format_duration(ch.segment_s)} "
+               f"on partition {ch.partition}, policy {ch.policy}")
+    typer.echo(f"segment 0 submitted as job {res.first.job_id}")
+    typer.echo(f"checkpoints: {ch.checkpoint_dir}")
+    typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")
+
+
+def status(
+    chain: Annotated[Optional[str], typer.Argument(help="A chain id (or a unique prefix, or its name).")] = None,
+    all_chains: Annotated[bool, typer.Option("--all", "-a", help="Include finished chains.")] = True,
+    cluster: ClusterOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.chain.summary import view_chain
+    from chainrun.context import open_context
+
+    c = open_context(cluster)
+    try:
+        chains = [c.store.chain(chain)] if chain else c.store.chains(active_only=not all_chains)
+        views = [view_chain(ch, c.store.segments(ch.id)) for ch in chains]
+    finally:
+        c.close()
+    if json_out:
+        typer.echo(envelope("status", [v.to_dict(with_segments=bool(chain)) for v in views]))
+        return
+    from chainrun.cli import tables
+
+    out = console()
+    if chain:
+        out.print(tables.chain_detail(views[0]))
+    elif not views:
+        out.print("no chains yet: start one with `chainrun submit SCRIPT --total 72h`")
+    else:
+        out.print(tables.chain_list(views))
+
+
+def watch(
+    once: Annotated[bool, typer.Option("--once", help="One tick, then exit (for cron).")] = False,
+    interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between ticks.")] = 60.0,
+    plain: Annotated[bool, typer.Option("--plain", help="Log lines instead of the live view.")] = False,
+    until_done: Annotated[bool, typer.Option("--until-done", help="Exit when no chain is active any more.")] = False,
+    cluster: ClusterOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.chain.engine import Engine
+    from chainrun.chain.watcher import WatcherBusy, watcher_lock
+    from chainrun.context import open_context
+
+    c = open_context(cluster)
+    try:
+        with watcher_lock(c.home):
+            engine = Engine(c.store, c.slurm, c.runner, predictor=_predictor_for(c))
+            if not plain and not json_out and not once and sys.stdout.isatty():
+                from chainrun.cli.live import live_watch
+
+                live_watch(engine, interval=interval, until_done=until_done)
+                return
+            _plain_watch(c, engine, interval=interval, once=once, until_done=until_done, json_out=json_out)
+    except WatcherBusy as e:
+        if not once:
+            raise
+        typer.echo(f"chainrun: {e}; skipping this tick", err=True)  # cron overlapping a running watcher
+    finally:
+        c.close()
+
+
+def _plain_watch(c, engine, *, interval: float, once: bool, until_done: bool, json_out: bool) -> None:
+    from chainrun.chain.watcher import run_watch
+
+    recent = c.store.events(limit=1)
+    last_event = recent[-1][0] if recent else 0
+
+    def log_tick(report) -> None:
+        nonlocal last_event
+        if json_out:
+            typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
+                                          "ended": report.ended, "slurm_calls": report.slurm_calls,
+                                          "warnings": report.warnings}))
+            return
+        for eid, ev in c.store.events(after_id=last_event):
+            last_event = eid
+            typer.echo(f"{clock(ev.ts)} {ev.chain_id} {ev.kind}: {ev.message}", err=False)
+        for w in report.warnings:
+            typer.echo(f"{clock(time.time())} warning: {w}", err=True)
+
+    run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
+
+
+def cancel(
+    chain: Annotated[str, typer.Argument(help="The chain to cancel.")],
+    cluster: ClusterOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.chain.engine import cancel_chain
+    from chainrun.context import open_context
+
+    c = open_context(cluster)
+    try:
+        ch = c.store.chain(chain)
+        if ch.is_final:
+            raise UsageError(f"chain {ch.id} is already {ch.status.lower()}")
+        ids = cancel_chain(c.store, c.slurm, ch)
+    finally:
+        c.close()
+    if json_out:
+        typer.echo(envelope("cancel", {"chain": ch.id, "cancelled_jobs": ids}))
+    else:
+        typer.echo(f"chain {ch.id} cancelled" + (f" (jobs {', '.join(ids)})" if ids else ""))
+
+
+def _predictor_for(c):
+    """The queue-delay model for the `predicted` policy, if one has been trained (see `chainrun model`)."""
+    try:
+        from chainrun.chain.prediction import make_predictor
+    except ImportError:
+        return None
+    return make_predictor(c)

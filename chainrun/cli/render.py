@@ -1,0 +1,33 @@
+"""Rendering helpers shared by commands: times, the JSON envelope, tables."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from chainrun import __version__
+
+JSON_SCHEMA = 1
+
+
+def envelope(command: str, data: Any) -> str:
+    """Every --json output: a versioned envelope so scripts can rely on its shape."""
+    return json.dumps({"chainrun": __version__, "schema": JSON_SCHEMA, "command": command, "data": data},
+                      indent=2, default=str)
+
+
+def clock(ts: float | None, *, now: float | None = None) -> str:
+    if ts is None:
+        return "-"
+    now = time.time() if now is None else now
+    lt = time.localtime(ts)
+    if abs(now - ts) < 20 * 3600:
+        return time.strftime("%H:%M:%S", lt)
+    return time.strftime("%m-%d %H:%M", lt)
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)

@@ -1,0 +1,126 @@
+"""Slurm commands through a Runner: argv builders, one call each, typed errors.
+
+Every call goes through :meth:`SlurmClient._call`, which counts calls (the watcher's
+budget is one ``squeue`` and at most one ``sacct`` per tick, see bench/watch_rpcs.py),
+asks for epoch timestamps (``SLURM_TIME_FORMAT=%s``: no time-zone guessing, also over
+SSH), and turns "the controller did not answer" into :class:`TransientSlurmError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from typing import Iterable, Sequence
+
+from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.runner.base import Runner, RunResult
+from chainrun.slurm import parsers
+from chainrun.slurm.parsers import AcctRow, PartitionInfo, QueueRow
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT_RE = re.compile(
+    r"socket timed out|timed out|unable to contact slurm controller|connection refused|"
+    r"slurm_load_jobs error: (?:unable|socket)|temporarily unavailable|try again|"
+    r"slurmctld.*(?:not responding|down)|slurmdbd.*(?:not responding|down)|zero bytes were transmitted|"
+    r"resource temporarily|communication connection failure|could not contact",
+    re.IGNORECASE,
+)
+_ENV = {"SLURM_TIME_FORMAT": "%s"}
+
+
+def is_transient(result: RunResult) -> bool:
+    return result.timed_out or bool(_TRANSIENT_RE.search(result.stderr or ""))
+
+
+class SlurmClient:
+    def __init__(self, runner: Runner, *, timeout: float = 60.0) -> None:
+        self.runner = runner
+        self.timeout = timeout
+        self.calls: Counter[str] = Counter()
+
+    # -------------------------------------------------------------- plumbing
+    def _call(self, argv: Sequence[str], *, what: str, stdin: str | None = None) -> RunResult:
+        self.calls[argv[0]] += 1
+        res = self.runner.run(argv, self.timeout, env=_ENV, stdin=stdin)
+        if res.ok:
+            return res
+        msg = f"{what} failed: {res.first_error_line()}"
+        if res.returncode == 127:
+            raise SlurmError(msg, hint="is Slurm installed and on PATH here? (sites with modules: use a login shell)")
+        if is_transient(res):
+            raise TransientSlurmError(msg)
+        raise SlurmError(msg)
+
+    # -------------------------------------------------------------- queries
+    def queue(self, *, all_users: bool = False, user: str | None = None) -> list[QueueRow]:
+        """One squeue call: our jobs (or everyone's with ``all_users``) with the fields we track."""
+        argv = ["squeue", "--format", parsers.SQUEUE_FORMAT]
+        if all_users:
+            argv.append("--all")
+        elif user:
+            argv += ["--user", user]
+        else:
+            argv.append("--me")
+        res = self._call(argv, what="squeue")
+        try:
+            return parsers.parse_squeue(res.stdout)
+        except parsers.SlurmParseError:
+            raise
+        except Exception as e:  # a parser bug must not look like a crash of the watcher
+            raise parsers.SlurmParseError(f"could not read squeue output: {e}") from None
+
+    def accounting(self, job_ids: Iterable[str], *, since: float | None = None) -> list[AcctRow]:
+        """One sacct call for many jobs (allocations only)."""
+        ids = sorted(set(job_ids), key=lambda j: (len(j), j))
+        if not ids:
+            return []
+        argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--jobs", ",".join(ids)]
+        if since is not None:
+            # job ids are reused after a controller reset: look only at jobs from our era
+            argv += ["--starttime", _sacct_time(since)]
+        res = self._call(argv, what="sacct")
+        return parsers.parse_sacct(res.stdout)
+
+    def accounting_by_name(self, names: Iterable[str], *, since: float) -> list[AcctRow]:
+        """One sacct call finding jobs by name: used to adopt a job whose submission we did not record."""
+        names = sorted(set(names))
+        if not names:
+            return []
+        argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--name", ",".join(names),
+                "--starttime", _sacct_time(since)]
+        return parsers.parse_sacct(self._call(argv, what="sacct").stdout)
+
+    def partitions(self) -> dict[str, PartitionInfo]:
+        res = self._call(["scontrol", "show", "partition", "--oneliner"], what="scontrol show partition")
+        return parsers.parse_partitions(res.stdout)
+
+    def config_value(self, key: str) -> str | None:
+        res = self._call(["scontrol", "show", "config"], what="scontrol show config")
+        return parsers.parse_config_value(res.stdout, key)
+
+    # -------------------------------------------------------------- actions
+    def submit(
+        self, script_path: str, sbatch_args: Sequence[str], *, script_args: Sequence[str] = ()
+    ) -> tuple[str, str | None]:
+        """``sbatch --parsable ARGS SCRIPT SCRIPT_ARGS`` -> (job id, cluster or None)."""
+        argv = ["sbatch", "--parsable", *sbatch_args, script_path, *script_args]
+        res = self._call(argv, what="sbatch")
+        return parsers.parse_sbatch_parsable(res.stdout)
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        ids = sorted(set(job_ids))
+        if ids:
+            self._call(["scancel", *ids], what="scancel")
+
+    def signal(self, job_id: str, signal: str) -> None:
+        """Signal the batch shell (``--batch``: a script without steps gets nothing otherwise)."""
+        self._call(["scancel", "--batch", f"--signal={signal}", job_id], what="scancel --signal")
+
+
+def _sacct_time(epoch: float) -> str:
+    # sacct --starttime takes the cluster's local ISO time; a day of slack covers any time zone
+    from datetime import datetime
+
+    return datetime.fromtimestamp(max(0.0, epoch - 86400)).strftime("%Y-%m-%dT%H:%M:%S")

@@ -1,0 +1,292 @@
+"""Pure parsers over the text sbatch, squeue, sacct and scontrol print.
+
+Every tabular parser is keyed by the header line Slurm prints, never by column position,
+so a site that adds or reorders fields does not shift our meaning. Times are whatever
+:mod:`chainrun.slurm.timefmt` accepts (we ask for epoch seconds with
+``SLURM_TIME_FORMAT=%s``, but ISO text parses too). A value we cannot read raises
+:class:`SlurmParseError` naming the field and the value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from chainrun.errors import SlurmError
+from chainrun.slurm.timefmt import parse_slurm_duration, parse_slurm_timestamp
+
+
+class SlurmParseError(SlurmError):
+    """Slurm printed something we do not understand."""
+
+
+_PARSABLE_RE = re.compile(r"^(\d+)(?:_\d+)?(?:;([A-Za-z0-9_.-]+))?$")
+
+
+def parse_sbatch_parsable(stdout: str) -> tuple[str, str | None]:
+    """``sbatch --parsable`` prints ``jobid`` or ``jobid;cluster`` (plus, at some sites, warnings first)."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if m := _PARSABLE_RE.match(line):
+            return m.group(1), m.group(2)
+    raise SlurmParseError(f"sbatch printed no job id: {stdout.strip()[:200]!r}")
+
+
+def parse_table(text: str, *, sep: str = "|", last_may_contain_sep: bool = False) -> list[dict[str, str]]:
+    """Rows of a delimited table with a header line, as dicts keyed by upper-case header names.
+
+    With ``last_may_contain_sep`` the last column (a job name) may itself contain ``sep``.
+    Rows with the wrong number of fields are skipped: they are other users' oddities.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = [h.strip().upper() for h in lines[0].split(sep)]
+    n = len(header)
+    rows = []
+    for line in lines[1:]:
+        parts = line.split(sep, n - 1) if last_may_contain_sep else line.split(sep)
+        if len(parts) != n:
+            continue
+        rows.append(dict(zip(header, (p.strip() for p in parts))))
+    return rows
+
+
+def _ts(row: dict[str, str], key: str) -> float | None:
+    try:
+        return parse_slurm_timestamp(row.get(key))
+    except ValueError:
+        raise SlurmParseError(f"unreadable {key} {row.get(key)!r} for job {row.get('JOBID') or row.get('JOBIDRAW')}") from None
+
+
+def _dur(row: dict[str, str], key: str) -> float | None:
+    try:
+        return parse_slurm_duration(row.get(key))
+    except ValueError:
+        raise SlurmParseError(f"unreadable {key} {row.get(key)!r} for job {row.get('JOBID') or row.get('JOBIDRAW')}") from None
+
+
+def _int(row: dict[str, str], key: str, default: int = 0) -> int:
+    v = (row.get(key) or "").strip()
+    try:
+        return int(v)
+    except ValueError:
+        return default
+
+
+_GPU_RE = re.compile(r"gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
+
+
+def gpus_from_tres(text: str | None) -> int:
+    """GPU count from ``gres:gpu:2``, ``gres/gpu=2``, ``gpu:a100:2`` and the like."""
+    if not text:
+        return 0
+    return sum(int(n) for n in _GPU_RE.findall(text))
+
+
+# ------------------------------------------------------------------ squeue
+
+SQUEUE_FORMAT = "%i|%u|%T|%r|%V|%S|%e|%l|%M|%P|%q|%D|%C|%b|%E|%k|%j"
+"""Fields we ask squeue for; NAME last because a name may contain the separator."""
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    job_id: str
+    user: str
+    state: str
+    reason: str
+    submit: float | None
+    start: float | None  # for pending jobs: the scheduler's estimate, if any
+    end: float | None  # for running jobs: the real expected end (honours --time-min)
+    time_limit_s: float | None
+    elapsed_s: float | None
+    partition: str
+    qos: str
+    nodes: int
+    cpus: int
+    gpus: int
+    dependency: str
+    comment: str
+    name: str
+
+
+def parse_squeue(text: str) -> list[QueueRow]:
+    rows = []
+    for r in parse_table(text, last_may_contain_sep=True):
+        jid = r.get("JOBID", "")
+        if not jid:
+            continue
+        dep = r.get("DEPENDENCY", "")
+        com = r.get("COMMENT", "")
+        rows.append(
+            QueueRow(
+                job_id=jid,
+                user=r.get("USER", ""),
+                state=r.get("STATE", "").split()[0] if r.get("STATE") else "",
+                reason=r.get("REASON", ""),
+                submit=_ts(r, "SUBMIT_TIME"),
+                start=_ts(r, "START_TIME"),
+                end=_ts(r, "END_TIME"),
+                time_limit_s=_dur(r, "TIME_LIMIT"),
+                elapsed_s=_dur(r, "TIME"),
+                partition=r.get("PARTITION", ""),
+                qos=r.get("QOS", ""),
+                nodes=_int(r, "NODES", 1),
+                cpus=_int(r, "CPUS", 0),
+                gpus=gpus_from_tres(r.get("TRES_PER_NODE")) * max(1, _int(r, "NODES", 1)),
+                dependency="" if dep == "(null)" else dep,
+                comment="" if com == "(null)" else com,
+                name=r.get("NAME", ""),
+            )
+        )
+    return rows
+
+
+# ------------------------------------------------------------------ sacct
+
+SACCT_FIELDS = (
+    "JobIDRaw,JobName,User,Partition,QOS,Submit,Eligible,Start,End,Elapsed,TimelimitRaw,"
+    "NNodes,NCPUS,AllocTRES,State,ExitCode,Reason"
+)
+
+
+@dataclass(frozen=True)
+class AcctRow:
+    job_id: str
+    name: str
+    user: str
+    partition: str
+    qos: str
+    submit: float | None
+    eligible: float | None
+    start: float | None
+    end: float | None
+    elapsed_s: float | None
+    time_limit_s: float | None
+    nodes: int
+    cpus: int
+    gpus: int
+    state: str  # base state: "CANCELLED by 0" -> CANCELLED
+    exit_code: int
+    exit_signal: int
+    reason: str
+    state_detail: str  # the full text, e.g. "CANCELLED by 0"
+
+    @property
+    def wait_s(self) -> float | None:
+        if self.start is None or self.eligible is None:
+            return None
+        return max(0.0, self.start - self.eligible)
+
+
+def parse_sacct(text: str) -> list[AcctRow]:
+    """Rows of ``sacct -X -P --format=SACCT_FIELDS`` (header line required); steps are skipped."""
+    rows = []
+    for r in parse_table(text):
+        jid = r.get("JOBIDRAW") or r.get("JOBID") or ""
+        if not jid or "." in jid:
+            continue
+        code, _, sig = (r.get("EXITCODE") or "0:0").partition(":")
+        state_text = r.get("STATE", "")
+        limit = r.get("TIMELIMITRAW")
+        if limit is not None:
+            limit_s = float(int(limit) * 60) if limit.strip().isdigit() else _dur(r, "TIMELIMITRAW")
+        else:
+            limit_s = _dur(r, "TIMELIMIT")
+        rows.append(
+            AcctRow(
+                job_id=jid,
+                name=r.get("JOBNAME", ""),
+                user=r.get("USER", ""),
+                partition=r.get("PARTITION", ""),
+                qos=r.get("QOS", ""),
+                submit=_ts(r, "SUBMIT"),
+                eligible=_ts(r, "ELIGIBLE"),
+                start=_ts(r, "START"),
+                end=_ts(r, "END"),
+                elapsed_s=_dur(r, "ELAPSED"),
+                time_limit_s=limit_s,
+                nodes=_int(r, "NNODES", 1),
+                cpus=_int(r, "NCPUS", 0),
+                gpus=gpus_from_tres(r.get("ALLOCTRES")),
+                state=state_text.split()[0] if state_text else "",
+                exit_code=int(code) if code.strip().isdigit() else 0,
+                exit_signal=int(sig) if sig.strip().isdigit() else 0,
+                reason=r.get("REASON", ""),
+                state_detail=state_text,
+            )
+        )
+    return rows
+
+
+# ------------------------------------------------------------------ scontrol
+
+_KV_RE = re.compile(r"(\S+?)=(.*?)(?=\s+\S+?=|$)")
+
+
+def parse_scontrol_oneliners(text: str) -> list[dict[str, str]]:
+    """``scontrol show ... -o``: one record per line of ``Key=Value`` pairs."""
+    out = []
+    for line in text.splitlines():
+        if "=" not in line:
+            continue
+        out.append({k: v.strip() for k, v in _KV_RE.findall(line.strip())})
+    return out
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    max_time_s: float | None  # None: UNLIMITED
+    default_time_s: float | None
+    is_default: bool
+    state: str
+    total_nodes: int
+
+
+def parse_partitions(text: str) -> dict[str, PartitionInfo]:
+    parts = {}
+    for rec in parse_scontrol_oneliners(text):
+        name = rec.get("PartitionName")
+        if not name:
+            continue
+        try:
+            max_t = parse_slurm_duration(rec.get("MaxTime"))
+            def_t = parse_slurm_duration(rec.get("DefaultTime"))
+        except ValueError as e:
+            raise SlurmParseError(f"partition {name}: {e}") from None
+        parts[name] = PartitionInfo(
+            name=name,
+            max_time_s=max_t,
+            default_time_s=def_t,
+            is_default=rec.get("Default", "NO").upper() == "YES",
+            state=rec.get("State", ""),
+            total_nodes=_int(rec, "TotalNodes", 0),
+        )
+    return parts
+
+
+def parse_config_value(text: str, key: str) -> str | None:
+    """A value from ``scontrol show config`` (``Key = value`` lines)."""
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep and k.strip().lower() == key.lower():
+            return v.strip()
+    return None
+
+
+# ------------------------------------------------------------------ test-only
+
+_TEST_ONLY_RE = re.compile(r"Job (\d+) to start at (\S+) using (\d+) processors on nodes (\S+) in partition (\S+)")
+
+
+def parse_test_only(stderr: str) -> float | None:
+    """Expected start (epoch) from ``sbatch --test-only``'s stderr; None if it printed none."""
+    m = _TEST_ONLY_RE.search(stderr)
+    if not m:
+        return None
+    try:
+        return parse_slurm_timestamp(m.group(2))
+    except ValueError:
+        return None

@@ -1,0 +1,243 @@
+"""The SQLite state store: one file per chainrun home, WAL mode, versioned schema.
+
+Each public method is one transaction. A store from a newer chainrun (higher schema
+version) or a file that is not a chainrun store is refused, never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Iterator
+
+from chainrun.errors import NotFoundError, StateError
+from chainrun.state.records import Chain, Event, Segment
+
+SCHEMA_VERSION = 1
+
+# each entry migrates from version i to i+1; index 0 creates the schema
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE chains (
+        id TEXT PRIMARY KEY, name TEXT NOT NULL, cluster TEXT NOT NULL, script TEXT NOT NULL,
+        workdir TEXT NOT NULL, run_dir TEXT NOT NULL, checkpoint_dir TEXT NOT NULL,
+        total_s INTEGER NOT NULL, segment_s INTEGER NOT NULL, policy TEXT NOT NULL, lead_s INTEGER NOT NULL,
+        signal TEXT NOT NULL, signal_lead_s INTEGER NOT NULL, retries INTEGER NOT NULL,
+        sbatch_args TEXT NOT NULL, partition TEXT NOT NULL,
+        status TEXT NOT NULL, reason TEXT NOT NULL, credited_s REAL NOT NULL,
+        consecutive_failures INTEGER NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, finished REAL
+    );
+    CREATE TABLE segments (
+        chain_id TEXT NOT NULL REFERENCES chains(id), idx INTEGER NOT NULL,
+        phase TEXT NOT NULL, job_id TEXT, slurm_cluster TEXT, slurm_state TEXT NOT NULL,
+        outcome TEXT, reason TEXT NOT NULL, time_limit_s INTEGER NOT NULL, dependency TEXT NOT NULL,
+        intent_at REAL NOT NULL, submit REAL, eligible REAL, start REAL, "end" REAL, exit_code INTEGER,
+        credit_s REAL NOT NULL, overlap_s REAL NOT NULL, predicted_wait_s REAL, predicted_model TEXT NOT NULL,
+        is_retry INTEGER NOT NULL, extra TEXT NOT NULL,
+        PRIMARY KEY (chain_id, idx)
+    );
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, chain_id TEXT NOT NULL,
+        idx INTEGER, kind TEXT NOT NULL, message TEXT NOT NULL
+    );
+    CREATE INDEX events_chain ON events(chain_id, id);
+    CREATE INDEX segments_job ON segments(job_id);
+    """,
+]
+
+_CHAIN_COLS = [f.name for f in fields(Chain)]
+_SEG_COLS = [f.name for f in fields(Segment)]
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new = not self.path.exists()
+        if new:  # create 0600 before sqlite opens it
+            fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.DatabaseError as e:
+            raise StateError(
+                f"{self.path} is not a chainrun state store ({e})",
+                hint="move it aside; chainrun will not overwrite it",
+            ) from None
+        self._migrate()
+
+    # ---------------------------------------------------------------- schema
+    def _version(self) -> int:
+        try:
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as e:
+            raise StateError(f"{self.path} is not a chainrun state store ({e})", hint="move it aside") from None
+        if not tables:
+            return 0
+        if "meta" not in tables:
+            raise StateError(f"{self.path} is an SQLite file but not a chainrun state store", hint="move it aside")
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if row is None or not str(row[0]).isdigit():
+            raise StateError(f"{self.path}: schema version missing or unreadable", hint="move it aside")
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        v = self._version()
+        if v > SCHEMA_VERSION:
+            raise StateError(
+                f"{self.path} was written by a newer chainrun (schema {v}, this one knows {SCHEMA_VERSION})",
+                hint="upgrade chainrun; the store was left untouched",
+            )
+        while v < SCHEMA_VERSION:
+            with self.tx():
+                # executescript would commit on its own: run statement by statement instead
+                for stmt in MIGRATIONS[v].split(";"):
+                    if stmt.strip():
+                        self.db.execute(stmt)
+                v += 1
+                self.db.execute(
+                    "INSERT INTO meta(key, value) VALUES('schema_version', ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (str(v),),
+                )
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        else:
+            self.db.execute("COMMIT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    # ---------------------------------------------------------------- chains
+    def add_chain(self, chain: Chain) -> None:
+        now = time.time()
+        chain.created = chain.created or now
+        chain.updated = now
+        row = _chain_row(chain)
+        with self.tx():
+            try:
+                self.db.execute(
+                    f"INSERT INTO chains({','.join(_CHAIN_COLS)}) VALUES({','.join('?' * len(_CHAIN_COLS))})",
+                    [row[c] for c in _CHAIN_COLS],
+                )
+            except sqlite3.IntegrityError:
+                raise StateError(f"a chain named {chain.id!r} exists already") from None
+            self._event(chain.id, None, "created", f"chain {chain.id} created ({chain.policy})")
+
+    def save_chain(self, chain: Chain) -> None:
+        with self.tx():
+            self._update_chain(chain)
+
+    def chain(self, chain_id: str) -> Chain:
+        r = self.db.execute("SELECT * FROM chains WHERE id=?", (chain_id,)).fetchone()
+        if r is None:
+            matches = [c.id for c in self.chains() if c.id.startswith(chain_id) or c.name == chain_id]
+            if len(matches) == 1:
+                return self.chain(matches[0])
+            if len(matches) > 1:
+                raise NotFoundError(f"{chain_id!r} matches several chains: {', '.join(matches)}")
+            raise NotFoundError(f"no chain {chain_id!r}", hint="`chainrun status` lists chains")
+        return _chain_from(r)
+
+    def chains(self, *, active_only: bool = False) -> list[Chain]:
+        q = "SELECT * FROM chains" + (" WHERE status='ACTIVE'" if active_only else "") + " ORDER BY created"
+        return [_chain_from(r) for r in self.db.execute(q)]
+
+    # ---------------------------------------------------------------- segments
+    def segments(self, chain_id: str) -> list[Segment]:
+        rows = self.db.execute("SELECT * FROM segments WHERE chain_id=? ORDER BY idx", (chain_id,))
+        return [_seg_from(r) for r in rows]
+
+    def save_segment(self, seg: Segment) -> None:
+        with self.tx():
+            self._upsert_segment(seg)
+
+    def _upsert_segment(self, seg: Segment) -> None:
+        row = _seg_row(seg)
+        self.db.execute(
+            f"INSERT INTO segments({','.join(_q(c) for c in _SEG_COLS)}) VALUES({','.join('?' * len(_SEG_COLS))}) "
+            "ON CONFLICT(chain_id, idx) DO UPDATE SET "
+            + ",".join(f"{_q(c)}=excluded.{_q(c)}" for c in _SEG_COLS if c not in ("chain_id", "idx")),
+            [row[c] for c in _SEG_COLS],
+        )
+
+    def _update_chain(self, chain: Chain) -> None:
+        chain.updated = time.time()
+        row = _chain_row(chain)
+        self.db.execute(
+            f"UPDATE chains SET {','.join(f'{c}=?' for c in _CHAIN_COLS if c != 'id')} WHERE id=?",
+            [row[c] for c in _CHAIN_COLS if c != "id"] + [chain.id],
+        )
+
+    def save(self, chain: Chain, segments: list[Segment] = (), events: list[tuple[int | None, str, str]] = ()) -> None:
+        """Write a chain, some of its segments and events in one transaction."""
+        with self.tx():
+            self._update_chain(chain)
+            for seg in segments:
+                self._upsert_segment(seg)
+            for idx, kind, msg in events:
+                self._event(chain.id, idx, kind, msg)
+
+    # ---------------------------------------------------------------- events
+    def _event(self, chain_id: str, idx: int | None, kind: str, message: str) -> None:
+        self.db.execute(
+            "INSERT INTO events(ts, chain_id, idx, kind, message) VALUES(?,?,?,?,?)",
+            (time.time(), chain_id, idx, kind, message),
+        )
+
+    def add_event(self, chain_id: str, idx: int | None, kind: str, message: str) -> None:
+        with self.tx():
+            self._event(chain_id, idx, kind, message)
+
+    def events(self, chain_id: str | None = None, *, after_id: int = 0, limit: int = 200) -> list[tuple[int, Event]]:
+        q = "SELECT * FROM events WHERE id>?" + (" AND chain_id=?" if chain_id else "") + " ORDER BY id DESC LIMIT ?"
+        args = (after_id, chain_id, limit) if chain_id else (after_id, limit)
+        rows = list(self.db.execute(q, args))[::-1]
+        return [(r["id"], Event(r["ts"], r["chain_id"], r["idx"], r["kind"], r["message"])) for r in rows]
+
+
+def _q(col: str) -> str:
+    return f'"{col}"'
+
+
+def _chain_row(c: Chain) -> dict:
+    d = asdict(c)
+    d["sbatch_args"] = json.dumps(c.sbatch_args)
+    return d
+
+
+def _chain_from(r: sqlite3.Row) -> Chain:
+    d = {k: r[k] for k in r.keys()}
+    d["sbatch_args"] = json.loads(d["sbatch_args"])
+    return Chain(**d)
+
+
+def _seg_row(s: Segment) -> dict:
+    d = asdict(s)
+    d["extra"] = json.dumps(s.extra)
+    d["is_retry"] = int(s.is_retry)
+    return d
+
+
+def _seg_from(r: sqlite3.Row) -> Segment:
+    d = {k: r[k] for k in r.keys()}
+    d["extra"] = json.loads(d["extra"] or "{}")
+    d["is_retry"] = bool(d["is_retry"])
+    return Segment(**d)

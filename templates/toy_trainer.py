@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""A toy trainer that follows chainrun's checkpoint contract, with no dependencies.
+
+It counts steps (one every TOY_STEP_SECONDS), saves a checkpoint every TOY_SAVE_EVERY
+steps and whenever CHAINRUN_SIGNAL (or TERM) arrives, resumes from the last checkpoint,
+and says "done" once it reaches TOY_TOTAL_STEPS (0 = never: the chain ends by --total).
+Every step is appended to steps.log in the checkpoint folder, so a test can check that
+no step was lost or trained twice and that no two segments trained at once.
+TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries).
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+ckpt_dir = Path(os.environ.get("CHAINRUN_CHECKPOINT_DIR", "./toy-ckpt"))
+ckpt_dir.mkdir(parents=True, exist_ok=True)
+ckpt = ckpt_dir / "ckpt.json"
+steps_log = ckpt_dir / "steps.log"
+segment = os.environ.get("CHAINRUN_SEGMENT", "?")
+step_s = float(os.environ.get("TOY_STEP_SECONDS", "0.5"))
+save_every = int(os.environ.get("TOY_SAVE_EVERY", "10"))
+total_steps = int(os.environ.get("TOY_TOTAL_STEPS", "0"))
+crash_at = int(os.environ.get("TOY_CRASH_AT_STEP", "0"))
+sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
+
+stop = {"why": None}
+
+
+def on_signal(signum, _frame):
+    stop["why"] = signal.Signals(signum).name
+
+
+signal.signal(getattr(signal, "SIG" + sig_name), on_signal)
+signal.signal(signal.SIGTERM, on_signal)
+
+
+def save(step: int) -> None:
+    tmp = ckpt.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step, "segment": segment, "time": time.time()}))
+    os.replace(tmp, ckpt)  # atomic: a checkpoint is either the old one or the new one
+
+
+step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+print(f"toy: segment {segment} resumes at step {step} on {socket.gethostname()}", flush=True)
+with steps_log.open("a") as log:
+    while True:
+        if stop["why"]:
+            save(step)
+            log.write(f"save {segment} {step} {time.time():.3f}\n")
+            print(f"toy: {stop['why']} -> saved step {step}, exiting", flush=True)
+            sys.exit(0)
+        if total_steps and step >= total_steps:
+            save(step)
+            Path(os.environ.get("CHAINRUN_DONE_FILE", ckpt_dir / "CHAINRUN_DONE")).write_text("done\n")
+            log.write(f"done {segment} {step} {time.time():.3f}\n")
+            print(f"toy: reached {total_steps} steps, training finished", flush=True)
+            sys.exit(0)
+        time.sleep(step_s)
+        step += 1
+        log.write(f"step {segment} {step} {time.time():.3f}\n")
+        log.flush()
+        if crash_at and step == crash_at:
+            print(f"toy: crashing at step {step} as asked", flush=True)
+            sys.exit(1)
+        if step % save_every == 0:
+            save(step)

@@ -1,0 +1,181 @@
+"""End-to-end chains on the real local Slurm, one scenario per policy and ending.
+
+All scenarios are submitted at once and driven by one real `chainrun watch` process
+(that is how users run it), then each test checks one scenario's result: the chain's
+status, its segments as Slurm saw them, and the toy trainer's own step log.
+The test partition's MaxTime is 2 minutes, so a segment is 2 minutes at most.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+pytestmark = pytest.mark.slurm
+
+TOY = REPO / "templates" / "toy_train.sh"
+SIGNAL = "USR2@50"  # arrives 50-80 s before a 2-minute limit on the test cluster
+
+
+@dataclass
+class Scenario:
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    chain: str = ""
+    result: dict | None = None
+
+
+SCENARIOS = {
+    # plain policies, on nodes n3/n4 (1 CPU per segment)
+    "reactive": Scenario("reactive", ["--total", "5m", "--policy", "reactive", "--", "--exclude=n1,n2"], {}),
+    "dependency": Scenario("dependency", ["--total", "5m", "--policy", "dependency", "--", "--exclude=n1,n2"], {}),
+    # lead on a node of its own, held exclusively: the successor queues until the predecessor leaves
+    "lead": Scenario("lead", ["--total", "5m", "--policy", "lead", "--lead", "40s", "--",
+                              "--nodelist=n1", "--exclusive"], {}),
+    # lead with a free node: the successor starts early and must hand off, never train alongside
+    "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--", "--exclude=n1,n2"], {}),
+    # every segment crashes; successors are pre-queued so the failure must cancel one
+    "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
+                                "--exclude=n1,n2", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
+    # the trainer finishes in segment 0 while segment 1 waits in the queue
+    "done": Scenario("done", ["--total", "10m", "--policy", "lead", "--lead", "60s", "--",
+                              "--nodelist=n2", "--exclusive", "--export=ALL,TOY_TOTAL_STEPS=50"], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def chains(slurm_cluster, tmp_path_factory):
+    home = tmp_path_factory.mktemp("chains-home")
+    for sc in SCENARIOS.values():
+        work = tmp_path_factory.mktemp(sc.name)
+        p = run_cli("submit", str(TOY), "--name", sc.name, "--signal", SIGNAL, "--json", *sc.args,
+                    home=home, cwd=work, env=sc.env)
+        assert p.returncode == 0, p.stderr
+        sc.chain = json.loads(p.stdout)["data"]["chain"]
+    watch = subprocess.run(
+        [os.sys.executable, "-m", "chainrun.cli.main", "watch", "--plain", "--interval", "3", "--until-done"],
+        env={**os.environ, "CHAINRUN_HOME": str(home)}, capture_output=True, text=True, timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
+    assert watch.returncode == 0, watch.stderr
+    for sc in SCENARIOS.values():
+        st = run_cli("status", sc.chain, "--json", home=home)
+        assert st.returncode == 0, st.stderr
+        sc.result = json.loads(st.stdout)["data"][0]
+    return {"home": home, "log": watch.stdout}
+
+
+def steps_of(sc: Scenario) -> list[tuple[str, str, int, float]]:
+    log = Path(sc.result["checkpoint_dir"]) / "steps.log"
+    out = []
+    for line in log.read_text().splitlines():
+        kind, seg, step, t = line.split()
+        out.append((kind, seg, int(step), float(t)))
+    return out
+
+
+def assert_continuous_and_exclusive(sc: Scenario) -> None:
+    """No step lost, none trained twice beyond the last checkpoint, no two segments at once."""
+    rows = steps_of(sc)
+    by_seg: dict[str, list] = {}
+    for kind, seg, step, t in rows:
+        by_seg.setdefault(seg, []).append((kind, step, t))
+    order = sorted(by_seg, key=int)
+    last_saved = 0
+    prev_last_time = 0.0
+    for seg in order:
+        steps = [(s, t) for k, s, t in by_seg[seg] if k == "step"]
+        if not steps:
+            continue
+        assert steps[0][0] == last_saved + 1, f"segment {seg} resumed at {steps[0][0]}, last checkpoint was {last_saved}"
+        assert [s for s, _ in steps] == list(range(steps[0][0], steps[-1][0] + 1)), f"segment {seg} skipped steps"
+        assert steps[0][1] > prev_last_time, f"segment {seg} trained while its predecessor still did"
+        prev_last_time = max(t for _, _, t in by_seg[seg])
+        saves = [s for k, s, _ in by_seg[seg] if k in ("save", "done")]
+        last_saved = saves[-1] if saves else (steps[-1][0] // 10) * 10
+
+
+def segs(sc: Scenario) -> list[dict]:
+    return sc.result["segments_detail"]
+
+
+def test_reactive_chain_completes_with_continuous_steps(chains):
+    sc = SCENARIOS["reactive"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    assert len(segs(sc)) >= 3
+    assert all(s["outcome"] == "continue" for s in segs(sc))
+    # reactive: each successor is submitted only after its predecessor ended
+    for a, b in zip(segs(sc), segs(sc)[1:]):
+        assert b["submit"] >= a["end"] - 1
+    assert_continuous_and_exclusive(sc)
+
+
+def test_dependency_chain_prequeues_with_afterany(chains):
+    sc = SCENARIOS["dependency"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    for a, b in zip(segs(sc), segs(sc)[1:]):
+        if b["outcome"] != "cancelled":
+            assert b["submit"] < a["end"], "dependency policy should pre-queue the successor"
+    assert_continuous_and_exclusive(sc)
+
+
+def test_lead_submits_early_and_successor_starts_when_predecessor_ends(chains):
+    sc = SCENARIOS["lead"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    ran = [s for s in segs(sc) if s["start"] is not None]
+    assert len(ran) >= 3
+    for a, b in zip(ran, ran[1:]):
+        assert b["submit"] < a["end"], f"segment {b['idx']} was not submitted before {a['idx']} ended"
+        # it queued behind the predecessor (same exclusive node) and started right after it
+        assert 0 <= b["start"] - a["end"] <= 20, f"gap {b['start'] - a['end']}s between {a['idx']} and {b['idx']}"
+    assert_continuous_and_exclusive(sc)
+
+
+def test_handoff_when_successor_starts_early(chains):
+    sc = SCENARIOS["handoff"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    outcomes = [s["outcome"] for s in segs(sc)]
+    assert "handoff" in outcomes, outcomes
+    handed = [s for s in segs(sc)[1:] if s["overlap_s"] > 0]
+    assert handed, "an early start must be recorded as overlap"
+    assert all(s["overlap_s"] < 60 for s in handed), [s["overlap_s"] for s in handed]
+    assert sc.result["overlap_s"] > 0
+    assert_continuous_and_exclusive(sc)
+
+
+def test_crashing_payload_fails_after_retries_and_cancels_queued_successor(chains):
+    sc = SCENARIOS["crash"]
+    assert sc.result["status"] == "FAILED"
+    assert "no retries left" in sc.result["reason"]
+    crashed = [s for s in segs(sc) if s["outcome"] == "crash"]
+    assert len(crashed) == 2, [s["outcome"] for s in segs(sc)]  # the first try and one retry
+    assert segs(sc)[-1]["outcome"] == "cancelled"  # the pre-queued successor
+    left = subprocess.run(["squeue", "-h", "-n", ",".join(f"cr.{sc.chain}.{i}" for i in range(6))],
+                          capture_output=True, text=True).stdout.strip()
+    assert left == "", f"jobs of a failed chain still queued: {left}"
+
+
+def test_payload_done_completes_chain_and_cancels_queued_successor(chains):
+    sc = SCENARIOS["done"]
+    assert sc.result["status"] == "COMPLETED"
+    assert "finished" in sc.result["reason"]
+    assert segs(sc)[0]["outcome"] == "done"
+    assert len(segs(sc)) == 2 and segs(sc)[1]["outcome"] == "cancelled"
+    assert steps_of(sc)[-1][0] == "done"
+
+
+def test_status_table_and_events(chains):
+    p = run_cli("status", home=chains["home"])
+    assert p.returncode == 0
+    for sc in SCENARIOS.values():
+        assert sc.chain in p.stdout
+    assert "handed off" in chains["log"] and "submitted" in chains["log"]

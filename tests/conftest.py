@@ -1,0 +1,55 @@
+"""Shared fixtures: the real local Slurm cluster and an isolated chainrun home.
+
+Tests marked ``slurm`` need scripts/start-cluster.sh to have run. Locally they skip
+when it has not; in CI (CI=true) a missing cluster fails them, so a green run always
+means they ran.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _slurm_up() -> str | None:
+    if not shutil.which("scontrol"):
+        return "scontrol is not installed"
+    try:
+        p = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "scontrol ping timed out"
+    return None if "is UP" in p.stdout else f"slurmctld is not answering: {p.stdout.strip() or p.stderr.strip()}"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> None:
+    why = _slurm_up()
+    if why:
+        msg = f"real Slurm test cluster needed ({why}); start it with scripts/start-cluster.sh"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+@pytest.fixture
+def chainrun_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("CHAINRUN_HOME", str(home))
+    return home
+
+
+def run_cli(*args: str, home: Path, cwd: Path | None = None, timeout: float = 120, env: dict | None = None):
+    """Run the real `chainrun` command in a subprocess."""
+    full_env = {**os.environ, "CHAINRUN_HOME": str(home), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "chainrun.cli.main", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout, stdin=subprocess.DEVNULL,
+    )
