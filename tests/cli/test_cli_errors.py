@@ -1,0 +1,73 @@
+"""Bad input: one clear line on stderr, a documented non-zero exit, never a traceback, nothing lost."""
+
+import pytest
+
+from tests.conftest import REPO, run_cli
+
+TOY = str(REPO / "templates" / "toy_train.sh")
+
+
+def no_traceback(p):
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("chainrun: error")]
+    return errors
+
+
+@pytest.mark.parametrize(
+    "args,code,fragment",
+    [
+        (["submit", "/nonexistent/train.sh", "--total", "72h"], 2, "script not found"),
+        (["submit", TOY, "--total", "72"], 2, "has no unit"),
+        (["submit", TOY, "--total", "soon"], 2, "invalid --total"),
+        (["submit", TOY, "--total", "1h", "--segment", "0h"], 2, "longer than zero"),
+        (["submit", TOY, "--total", "1h", "--lead", "1:30"], 2, "ambiguous"),
+        (["submit", str(REPO), "--total", "1h"], 2, "is a folder"),
+        (["status", "no-such-chain"], 3, "no chain"),
+        (["cancel", "no-such-chain"], 3, "no chain"),
+    ],
+)
+def test_bad_input_one_line(args, code, fragment, chainrun_home):
+    p = run_cli(*args, home=chainrun_home)
+    assert p.returncode == code, (p.returncode, p.stderr)
+    errors = no_traceback(p)
+    assert len(errors) == 1 and fragment in errors[0], p.stderr
+
+
+def test_corrupt_state_is_refused_and_kept(chainrun_home):
+    chainrun_home.mkdir(parents=True)
+    db = chainrun_home / "state.sqlite"
+    db.write_bytes(b"\x00garbage" * 1000)
+    before = db.read_bytes()
+    p = run_cli("status", home=chainrun_home)
+    assert p.returncode == 6
+    assert len(no_traceback(p)) == 1 and "not a chainrun state store" in p.stderr
+    assert db.read_bytes() == before
+
+
+def test_unknown_option_is_a_usage_error(chainrun_home):
+    p = run_cli("status", "--bogus", home=chainrun_home)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["submit", "status", "watch", "cancel"])
+def test_every_command_has_help(cmd, chainrun_home):
+    p = run_cli(cmd, "--help", home=chainrun_home)
+    assert p.returncode == 0 and "Usage" in p.stdout
+
+
+def test_version(chainrun_home):
+    from chainrun import __version__
+
+    p = run_cli("--version", home=chainrun_home)
+    assert p.returncode == 0 and p.stdout.strip() == f"chainrun {__version__}"
+
+
+def test_help_does_not_import_heavy_libraries():
+    import subprocess
+    import sys
+
+    code = ("import sys; from chainrun.cli import main; "
+            "heavy = [m for m in ('pandas', 'lightgbm', 'paramiko', 'sklearn', 'numpy', 'matplotlib') if m in sys.modules]; "
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "", f"imported on the --help path: {out}"

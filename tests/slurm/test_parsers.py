@@ -1,0 +1,118 @@
+"""Parsers on output captured from the real test cluster (tests/data) and on hostile text."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from chainrun.slurm import parsers
+from chainrun.slurm.parsers import SlurmParseError
+from chainrun.slurm.timefmt import parse_slurm_duration, parse_slurm_timestamp
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def test_sbatch_parsable_forms():
+    assert parsers.parse_sbatch_parsable("123\n") == ("123", None)
+    assert parsers.parse_sbatch_parsable("123;cluster-a\n") == ("123", "cluster-a")
+    # some sites print warnings before the id
+    assert parsers.parse_sbatch_parsable("sbatch: warning: foo\n456\n") == ("456", None)
+    with pytest.raises(SlurmParseError):
+        parsers.parse_sbatch_parsable("Submitted batch job 12 on cluster x\n")
+    with pytest.raises(SlurmParseError):
+        parsers.parse_sbatch_parsable("")
+
+
+@pytest.mark.parametrize("name", ["squeue_iso.txt", "squeue_epoch.txt"])
+def test_squeue_real_output(name):
+    rows = {r.job_id: r for r in parsers.parse_squeue((DATA / name).read_text())}
+    assert set(rows) == {"1", "2", "3", "4"}
+    assert rows["2"].state == "PENDING" and rows["2"].reason == "Dependency"
+    assert rows["2"].dependency == "afterany:1(unfulfilled)" and rows["2"].start is None
+    assert rows["4"].reason == "PartitionTimeLimit" and rows["4"].time_limit_s == 300
+    run = rows["1"]
+    assert run.state == "RUNNING" and run.name == "cr.demo.0" and run.comment == "chainrun demo 0"
+    assert run.end - run.start == 60  # the real end squeue reports: start + limit
+    assert rows["3"].gpus == 1 and rows["3"].cpus == 2
+
+
+def test_squeue_iso_and_epoch_agree():
+    iso = parsers.parse_squeue((DATA / "squeue_iso.txt").read_text())
+    ep = parsers.parse_squeue((DATA / "squeue_epoch.txt").read_text())
+    # ISO is read as this machine's local time; the capture was made in UTC
+    import os, time
+    if time.strftime("%z") == "+0000" or os.environ.get("TZ") in ("UTC", "Etc/UTC"):
+        assert [r.submit for r in iso] == [r.submit for r in ep]
+
+
+def test_squeue_name_with_separator_and_bad_rows():
+    text = "JOBID|USER|STATE|NAME\n7|u|RUNNING|a|b|c\nbroken line\n"
+    rows = parsers.parse_squeue(text)
+    assert len(rows) == 1 and rows[0].name == "a|b|c"
+
+
+@pytest.mark.parametrize("name", ["sacct_iso.txt", "sacct_epoch.txt"])
+def test_sacct_real_output(name):
+    rows = {r.job_id: r for r in parsers.parse_sacct((DATA / name).read_text())}
+    assert rows["1"].state == "FAILED" and rows["1"].exit_signal == 12  # killed by USR2 without a trap
+    assert rows["2"].wait_s == 0 and rows["2"].eligible - rows["2"].submit == 14  # eligible after its dependency
+    assert rows["3"].gpus == 1 and rows["3"].time_limit_s == 120
+    assert rows["4"].state == "CANCELLED" and rows["4"].state_detail == "CANCELLED by 0"
+    assert rows["4"].start is None and rows["4"].wait_s is None  # never started: censored, not zero
+
+
+def test_sacct_skips_steps_and_reads_hostile_values():
+    text = (
+        "JobIDRaw|JobName|State|ExitCode|Start|End|Eligible|Elapsed|TimelimitRaw\n"
+        "9|x|RUNNING|0:0|Unknown|Unknown|None|INVALID|UNLIMITED\n"
+        "9.batch|batch|RUNNING|0:0|Unknown|Unknown|None|00:00:01|\n"
+        "10|y|PENDING|0:0|None|None|Unknown|00:00:00|Partition_Limit\n"
+    )
+    rows = parsers.parse_sacct(text)
+    assert [r.job_id for r in rows] == ["9", "10"]
+    assert rows[0].time_limit_s is None and rows[0].start is None and rows[0].elapsed_s is None
+    with pytest.raises(SlurmParseError, match="unreadable START"):
+        parsers.parse_sacct("JobIDRaw|Start\n11|yesterday\n")
+
+
+def test_partitions_real_output():
+    parts = parsers.parse_partitions((DATA / "scontrol_partition.txt").read_text())
+    assert parts["short"].max_time_s == 120 and parts["short"].is_default
+    assert parts["long"].max_time_s == 3600 and not parts["long"].is_default
+    assert parsers.parse_partitions("PartitionName=gpu MaxTime=UNLIMITED Default=NO\n")["gpu"].max_time_s is None
+
+
+def test_test_only_and_config():
+    err = "sbatch: Job 19 to start at 2026-11-22T04:59:14 using 1 processors on nodes n1 in partition short"
+    assert parsers.parse_test_only(err) is not None
+    assert parsers.parse_test_only("nothing") is None
+    assert parsers.parse_config_value("PriorityFlags           = ACCRUE_ALWAYS\n", "priorityflags") == "ACCRUE_ALWAYS"
+
+
+@pytest.mark.parametrize(
+    "text,seconds",
+    [("1-02:03:04", 93784), ("02:03", 123), ("00:01.234", 1.234), ("2880", 172800), ("1-12", 129600),
+     ("12:00:00", 43200), ("UNLIMITED", None), ("Partition_Limit", None), ("INVALID", None), ("", None)],
+)
+def test_slurm_durations(text, seconds):
+    got = parse_slurm_duration(text)
+    assert got == pytest.approx(seconds) if seconds is not None else got is None
+
+
+@given(st.text(max_size=30))
+def test_duration_and_timestamp_parsers_only_raise_valueerror(text):
+    for fn in (parse_slurm_duration, parse_slurm_timestamp):
+        try:
+            fn(text)
+        except ValueError:
+            pass
+
+
+@given(st.text(alphabet="0123456789|:-TNoneUknw\n ", max_size=200))
+def test_table_parsers_never_crash_on_noise(text):
+    for fn in (parsers.parse_squeue, parsers.parse_sacct):
+        try:
+            fn(text)
+        except SlurmParseError:
+            pass
