@@ -1,0 +1,55 @@
+"""Replay the trace alone and say how close the simulated waits are to the recorded ones.
+
+Printed with every run, good or bad: the policy numbers are only as credible as this replay.
+Waits are compared as (wait + 60 s) so that the many zero-second waits neither divide by zero
+nor count as "infinitely wrong" for starting a minute late.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chainrun.sim.scheduler import Scheduler
+from chainrun.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    spearman: float
+    median_ratio: float  # median over jobs of simulated / recorded (wait + 60 s)
+    within_2x: float  # share of jobs whose simulated wait is within x2 of the recorded one
+    jobs: int
+
+    def as_dict(self) -> dict:
+        return {"spearman": self.spearman, "median_ratio": self.median_ratio, "within_2x": self.within_2x}
+
+
+def replay_alone(w: Workload, nodes: int, *, bf_depth: int, size_weight_s: float) -> list[float]:
+    """Simulated start time of every job (by jid) when the trace runs alone."""
+    sim = Scheduler(
+        nodes, w.jobs, open_at=w.open_at, bf_depth=bf_depth, size_weight_s=size_weight_s, record_starts=True
+    )
+    sim.run_until(float("inf"))
+    return sim.starts
+
+
+def fidelity(w: Workload, sim_starts, *, since: float) -> Fidelity:
+    """Compare waits of jobs submitted at or after ``since`` (skip the warm-up)."""
+    import numpy as np
+    import pandas as pd
+
+    t = w.table
+    real = t["start"].to_numpy(float) - t["submit"].to_numpy(float)
+    sim = np.asarray(sim_starts, float) - t["submit"].to_numpy(float)
+    keep = (t["submit"].to_numpy(float) >= since) & np.isfinite(sim)
+    real, sim = real[keep], sim[keep]
+    if len(real) < 2:
+        return Fidelity(float("nan"), float("nan"), float("nan"), int(len(real)))
+    rho = pd.Series(sim).corr(pd.Series(real), method="spearman")
+    ratio = (sim + 60.0) / (real + 60.0)
+    return Fidelity(
+        spearman=float(rho) if rho == rho else float("nan"),
+        median_ratio=float(np.median(ratio)),
+        within_2x=float(np.mean((ratio >= 0.5) & (ratio <= 2.0))),
+        jobs=int(len(real)),
+    )

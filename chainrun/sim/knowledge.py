@@ -1,0 +1,126 @@
+"""What a policy may know at time ``now``: the simulated past, never the future.
+
+All views come from the *simulated* world (the trace replayed alone, see fidelity.py, plus the
+live queue of the experiment), because that is the world the successor will queue in. Every
+fact is masked at ``now``: a start or end after ``now`` is NaN, a job submitted after ``now``
+is absent. Models are refit every ``retrain_every_s`` on what was known at the refit time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable, Protocol
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger("chainrun.sim")
+HISTORY_WINDOW_S = 9 * 86400.0  # the chainrun predictor uses 7 days of usage + slack
+
+
+class WaitPredictor(Protocol):
+    def predict(self, request, snapshot_df, history_df): ...  # -> chainrun.predict.Prediction
+
+
+# fit(history known at `until`, until) -> predictor
+PredictorFactory = Callable[["pd.DataFrame", float], WaitPredictor]
+
+
+def chainrun_predictor(history: "pd.DataFrame", until: float) -> WaitPredictor:
+    """The real chainrun predictor (chainrun.predict), fit on what was known at ``until``."""
+    from chainrun.predict import fit_predictor
+
+    return fit_predictor(history, until=until)
+
+
+class RecentWaits:
+    """Stand-in predictor: quantiles of the last ``n`` known waits. Used where the chainrun model
+    cannot be fit (too little history), and in tests."""
+
+    def __init__(self, history: "pd.DataFrame", until: float, n: int = 200) -> None:
+        import numpy as np
+
+        started = history[history["start"].notna() & (history["start"] <= until)].sort_values("start")
+        w = (started["start"] - started["submit"]).to_numpy(float)[-n:]
+        self.q = np.quantile(w, [0.1, 0.5, 0.9]) if len(w) else np.zeros(3)
+
+    def predict(self, request, snapshot_df=None, history_df=None):
+        from chainrun.predict import Prediction
+
+        return Prediction(float(self.q[0]), float(self.q[1]), float(self.q[2]), "recent-waits")
+
+
+class Knowledge:
+    """Masked views of the simulated past, and the periodically refit predictor."""
+
+    def __init__(self, table: "pd.DataFrame", sim_start, *, factory: PredictorFactory, retrain_every_s: float,
+                 first_retrain: float) -> None:
+        import numpy as np
+
+        world = table.copy()
+        world["start"] = np.asarray(sim_start, float)
+        world["end"] = world["start"] + (table["end"] - table["start"]).clip(upper=table["timelimit_s"])
+        self.world = world.sort_values("submit", kind="stable").reset_index(drop=True)
+        self._submit = self.world["submit"].to_numpy(float)
+        # for the "avg" baseline: waits in order of (simulated) start
+        order = np.argsort(self.world["start"].to_numpy(float), kind="stable")
+        self._start_sorted = self.world["start"].to_numpy(float)[order]
+        waits = (self.world["start"] - self.world["submit"]).to_numpy(float)[order]
+        self._wait_cumsum = np.concatenate([[0.0], np.cumsum(waits)])
+        self.table = table
+        self.factory = factory
+        self.retrain_every_s = retrain_every_s
+        self.first_retrain = first_retrain
+        self._models: dict[int, WaitPredictor] = {}
+        self.model_kinds: set[str] = set()
+
+    def history(self, now: float, *, window_s: float | None = HISTORY_WINDOW_S) -> "pd.DataFrame":
+        import numpy as np
+
+        lo = 0 if window_s is None else int(np.searchsorted(self._submit, now - window_s, "left"))
+        hi = int(np.searchsorted(self._submit, now, "left"))  # submitted strictly before now
+        h = self.world.iloc[lo:hi].copy()
+        h.loc[h["start"] > now, "start"] = np.nan
+        h.loc[~(h["end"] <= now), "end"] = np.nan
+        # state and exit code are facts of the end: unknown while a job pends or runs
+        h.loc[h["end"].isna(), "exit_code"] = ""
+        h.loc[h["end"].isna(), "state"] = np.where(h.loc[h["end"].isna(), "start"].isna(), "PENDING", "RUNNING")
+        return h
+
+    def mean_recent_wait(self, now: float, n: int = 100) -> float:
+        """Mirage's "avg": mean wait of the last ``n`` jobs that started before ``now``."""
+        import numpy as np
+
+        k = int(np.searchsorted(self._start_sorted, now, "right"))
+        if k == 0:
+            return 0.0
+        j = max(0, k - n)
+        return float((self._wait_cumsum[k] - self._wait_cumsum[j]) / (k - j))
+
+    def predictor(self, now: float) -> WaitPredictor:
+        """The model of the latest refit at or before ``now``."""
+        k = max(0, int((now - self.first_retrain) // self.retrain_every_s))
+        if k not in self._models:
+            until = self.first_retrain + k * self.retrain_every_s
+            hist = self.history(until, window_s=None)
+            try:
+                self._models[k] = self.factory(hist, until)
+                self.model_kinds.add(getattr(self.factory, "__name__", "model"))
+            except Exception as e:  # too little history to fit: say so, and use the stand-in
+                log.info("predictor fit at %s failed (%s); using recent waits", until, e)
+                self._models[k] = RecentWaits(hist, until)
+                self.model_kinds.add("recent-waits")
+        return self._models[k]
+
+    def snapshot(self, now: float, pending: list[int], running: list[tuple[int, float]]) -> "pd.DataFrame":
+        """The live ``squeue`` at ``now`` from the simulated queue, in canonical columns."""
+        import numpy as np
+        import pandas as pd
+
+        ids = pending + [jid for jid, _ in running if jid < len(self.table)]
+        starts = [np.nan] * len(pending) + [s for jid, s in running if jid < len(self.table)]
+        snap = self.table.iloc[ids].copy() if ids else self.table.iloc[:0].copy()
+        snap["start"] = np.asarray(starts, float)
+        snap["end"] = np.nan
+        snap["state"] = np.where(snap["start"].isna(), "PENDING", "RUNNING")
+        return pd.DataFrame(snap)

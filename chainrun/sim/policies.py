@@ -1,0 +1,102 @@
+"""When to submit a chain's next segment: the rules compared by the replay.
+
+Every rule is a *lead*: submit when the predecessor's time left is at most the lead. A rule is
+asked at the predecessor's start and again whenever it says so (like the chainrun watcher that
+polls); it sees only ``Context`` (the masked past and the live queue, see knowledge.py).
+
+- reactive:   submit ``reactive_latency_s`` after the predecessor ends (a script that notices).
+- dependency: pre-queued with afterany; eligible, and ageing, only from the predecessor's end.
+- fixed_<L>:  a constant lead.
+- avg:        Mirage's baseline, lead = mean wait of the last 100 jobs that started.
+- predicted_q<NN>: chainrun, lead = the NN-th percentile of the wait the chainrun model predicts
+              for this job if submitted now. p50 without hand-off (an early start wastes GPU
+              hours as much as a late start wastes wall time, so aim at the middle); p90 with
+              hand-off (an early start then only costs the hand-off minutes).
+- oracle:     not a rule but the limit: searches the submit time with the full future known.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str  # reactive | dependency | fixed | avg | predicted | oracle
+    lead_s: float = 0.0
+    quantile: float = 0.5
+
+
+@dataclass(frozen=True)
+class Report:
+    """One row of the result table: a rule, counted with or without hand-off."""
+
+    name: str
+    rule: str
+    handoff: bool
+
+
+def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600), quantiles=(0.5, 0.75, 0.9)) -> list[Rule]:
+    rules = [Rule("reactive", "reactive"), Rule("dependency", "dependency")]
+    rules += [Rule(f"fixed_{int(s // 3600)}h", "fixed", lead_s=float(s)) for s in fixed_leads_s]
+    rules.append(Rule("avg", "avg"))
+    rules += [Rule(f"predicted_q{int(round(q * 100))}", "predicted", quantile=q) for q in quantiles]
+    rules.append(Rule("oracle", "oracle"))
+    return rules
+
+
+def default_reports(rules: list[Rule]) -> list[Report]:
+    """Names the external checks rely on: predicted (p50, no hand-off), predicted_handoff (p90),
+    oracle (with hand-off: the physical limit), plus every rule both ways where it differs."""
+    out: list[Report] = []
+    names = {r.name for r in rules}
+    for r in rules:
+        if r.kind in ("reactive", "dependency"):
+            out.append(Report(r.name, r.name, False))  # never starts early: hand-off changes nothing
+        elif r.kind == "oracle":
+            out.append(Report("oracle", "oracle", True))
+            out.append(Report("oracle_nohandoff", "oracle_nohandoff", False))
+        else:
+            out.append(Report(r.name, r.name, False))
+            out.append(Report(f"{r.name}_handoff", r.name, True))
+    if "predicted_q50" in names:
+        out.append(Report("predicted", "predicted_q50", False))
+    if "predicted_q90" in names:
+        out.append(Report("predicted_handoff", "predicted_q90", True))
+    return out
+
+
+class Context:
+    """What rules may ask at time ``now``; predictions are cached per (experiment, time)."""
+
+    def __init__(self, knowledge, sim, *, nodes: int, segment_s: float, gpus_per_node: int, user: str) -> None:
+        self.k = knowledge
+        self.sim = sim
+        self.nodes = nodes
+        self.segment_s = segment_s
+        self.gpus_per_node = gpus_per_node
+        self.user = user
+        self._pred: dict[float, object] = {}
+
+    def prediction(self, now: float):
+        if now not in self._pred:
+            from chainrun.predict import WaitRequest
+
+            pending, running = self.sim.queue_view()
+            req = WaitRequest(user=self.user, nodes=self.nodes, gpus=self.nodes * self.gpus_per_node, cpus=0,
+                              timelimit_s=self.segment_s, submit=now)
+            model = self.k.predictor(now)
+            self._pred[now] = model.predict(req, self.k.snapshot(now, pending, running), self.k.history(now))
+        return self._pred[now]
+
+
+def lead_of(rule: Rule, ctx: Context, now: float) -> float:
+    if rule.kind == "fixed":
+        return rule.lead_s
+    if rule.kind == "avg":
+        return ctx.k.mean_recent_wait(now)
+    if rule.kind == "predicted":
+        p = ctx.prediction(now)
+        return float(p.quantile(rule.quantile)) if hasattr(p, "quantile") else float(p.p50)
+    raise ValueError(rule.kind)

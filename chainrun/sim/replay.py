@@ -1,0 +1,138 @@
+"""The whole run: fidelity replay, injection points, experiments (on 2 workers), the table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+from chainrun.errors import UsageError
+from chainrun.sim.experiment import ChainSpec, Transition, run_experiment
+from chainrun.sim.fidelity import Fidelity, fidelity, replay_alone
+from chainrun.sim.knowledge import Knowledge, PredictorFactory, chainrun_predictor
+from chainrun.sim.policies import default_reports, default_rules
+from chainrun.sim.scheduler import Scheduler
+from chainrun.sim.workload import Workload, build_workload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@dataclass
+class SimConfig:
+    nodes: int | None = None  # None: the trace's peak concurrent nodes
+    chains_every_s: float = 4 * 3600.0
+    warmup_s: float = 7 * 86400.0  # after the partition opens; also the fidelity window start
+    chain_nodes: tuple[int, ...] = (1, 8)  # injection points alternate between these sizes
+    spec: ChainSpec = field(default_factory=ChainSpec)
+    fixed_leads_s: tuple[float, ...] = (2 * 3600.0, 6 * 3600.0, 12 * 3600.0)
+    quantiles: tuple[float, ...] = (0.5, 0.75, 0.9)
+    priority: str = "age"  # or "multifactor": age + job size (the factors a one-partition trace shows)
+    size_weight_s: float = 100 / 7000 * 7 * 86400  # PriorityWeightJobSize/Age * PriorityMaxAge
+    bf_depth: int = 1000
+    infer_dependencies: bool = True
+    retrain_every_s: float = 7 * 86400.0
+    gpus_per_node: int = 3
+    workers: int = 2
+    predictor: PredictorFactory | None = None  # None: the chainrun predictor
+    max_experiments: int | None = None  # for quick looks and tests
+
+
+@dataclass
+class SimResult:
+    fidelity: Fidelity
+    policies: dict
+    gaps: dict  # report name -> [metrics.Gap], for plots
+    meta: dict
+
+    def as_json(self) -> dict:
+        return {"fidelity": self.fidelity.as_dict(), "policies": self.policies, "meta": self.meta}
+
+
+# set in the parent before forking workers, so the trace is not pickled to them
+_SHARED: dict = {}
+
+
+def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
+    cfg = cfg or SimConfig()
+    t_begin = time.monotonic()
+    if cfg.chains_every_s <= 0:
+        raise UsageError("--chains-every must be positive")
+    if cfg.priority not in ("age", "multifactor"):
+        raise UsageError(f"unknown priority {cfg.priority!r}", hint="use age or multifactor")
+    w = build_workload(trace, infer_dependencies=cfg.infer_dependencies)
+    nodes = int(cfg.nodes or w.peak_nodes)
+    if nodes < max(cfg.chain_nodes):
+        raise UsageError(f"--nodes {nodes} is smaller than an injected chain ({max(cfg.chain_nodes)} nodes)")
+    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
+    widest = max(j[2] for j in w.jobs)
+    if widest > nodes:  # a job wider than the cluster would block the queue forever
+        raise UsageError(f"the trace has a {widest}-node job but the replay has only {nodes} nodes",
+                         hint=f"use --nodes {widest} or more")
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    first = w.open_at + cfg.warmup_s
+    fid = fidelity(w, starts, since=first)
+    points = injection_points(w, cfg, first)
+    if cfg.max_experiments is not None:
+        points = points[: cfg.max_experiments]
+    rules = default_rules(cfg.fixed_leads_s, cfg.quantiles)
+    _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, rules=rules)
+    chunks = _split(points, max(1, cfg.workers))
+    if len(chunks) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(len(chunks)) as pool:
+            parts = pool.map(_run_chunk, chunks)
+    else:
+        parts = [_run_chunk(chunks[0])] if chunks else []
+    transitions = [t for p, _ in parts for t in p]
+    kinds = sorted({k for _, ks in parts for k in ks})
+    from chainrun.sim.metrics import policy_table
+
+    reports = default_reports(rules)
+    table, gaps = policy_table(reports, transitions, handoff_s=cfg.spec.handoff_s, gpus_per_node=cfg.gpus_per_node)
+    meta = {
+        "nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(cfg.chain_nodes),
+        "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "predictor": kinds,
+        "fidelity_jobs": fid.jobs, "spec": asdict(cfg.spec), "seconds": round(time.monotonic() - t_begin, 1),
+    }
+    return SimResult(fid, table, gaps, meta)
+
+
+def injection_points(w: Workload, cfg: SimConfig, first: float) -> list[tuple[float, int]]:
+    """(time, chain nodes) every ``chains_every_s`` from the end of the warm-up until the
+    background stops arriving: a chain injected later would see an emptying cluster."""
+    last_submit = w.jobs[-1][0]
+    stop = last_submit - cfg.spec.segment_s - 86400.0
+    out, t, i = [], first, 0
+    while t <= stop:
+        out.append((t, cfg.chain_nodes[i % len(cfg.chain_nodes)]))
+        t += cfg.chains_every_s
+        i += 1
+    return out
+
+
+def _split(points: list, k: int) -> list[list]:
+    """Contiguous time ranges (each worker replays forward once), cut so that the later, busier
+    and more expensive part of a trace is not all on one worker."""
+    if not points:
+        return []
+    k = min(k, len(points))
+    cut = [round(len(points) * (i / k) ** 0.8) for i in range(k + 1)]  # later chunks shorter
+    return [points[a:b] for a, b in zip(cut, cut[1:]) if b > a]
+
+
+def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str]]:
+    s = _SHARED
+    w, cfg = s["w"], s["cfg"]
+    factory = cfg.predictor or chainrun_predictor
+    knowledge = Knowledge(w.table, s["starts"], factory=factory, retrain_every_s=cfg.retrain_every_s,
+                          first_retrain=s["first"])
+    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"])
+    n = len(w.jobs)
+    out: list[Transition] = []
+    for i, (t0, chain_nodes) in enumerate(points):
+        base.run_until(t0)
+        out.extend(run_experiment(base, t0, chain_nodes, n + 2 * i, n + 2 * i + 1, s["rules"], cfg.spec,
+                                  knowledge, gpus_per_node=cfg.gpus_per_node))
+    return out, sorted(knowledge.model_kinds)

@@ -1,0 +1,214 @@
+"""A discrete-event model of one Slurm partition of whole nodes: priority by age, EASY backfill.
+
+Why this shape:
+- Event-driven: time jumps to the next submission or job end; a scheduling pass runs once per
+  distinct event time (Slurm's main loop plus backfill, collapsed into one pass).
+- Priority is age (earlier eligible first). ``size_weight_s`` optionally adds Slurm's multifactor
+  job-size term, expressed in seconds of age (PriorityWeightJobSize / PriorityWeightAge *
+  PriorityMaxAge * nodes / cluster nodes) so the order stays static and a sorted list suffices.
+- EASY backfill: the first job that does not fit gets a reservation at the earliest time enough
+  nodes free up (using running jobs' *time limits*, which is all Slurm knows); later jobs, up to
+  ``bf_depth`` of them (Slurm's bf_max_job_test), start now if they fit and either end (by their
+  limit) before that reservation or use only nodes the reservation does not need.
+- Jobs run for their recorded duration, cut at their limit.
+- ``fork()`` copies the state cheaply, so one replay can branch into one future per policy.
+
+Jobs are tuples ``(submit, jid, nodes, limit_s, runtime_s, dep)``; ``dep`` is the jid of a job
+this one waits for (-1 for none): it becomes eligible (and starts ageing) when that job ends.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from typing import Sequence
+
+Job = tuple  # (submit, jid, nodes, limit_s, runtime_s, dep)
+
+_NOT_SUBMITTED, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
+
+
+class Scheduler:
+    def __init__(
+        self,
+        nodes: int,
+        arrivals: Sequence[Job],
+        *,
+        open_at: float = float("-inf"),
+        bf_depth: int = 1000,
+        size_weight_s: float = 0.0,
+        n_ids: int | None = None,
+        record_starts: bool = False,
+    ) -> None:
+        self.total = int(nodes)
+        self.free = int(nodes)
+        self.arrivals = arrivals  # sorted by submit; shared (read-only) between forks
+        self.ai = 0
+        self.now = arrivals[0][0] if arrivals else 0.0
+        self.open_at = open_at  # the partition starts no job before this (LS6 entered service late)
+        self.bf_depth = bf_depth
+        self.size_weight_s = size_weight_s
+        self.pending: list = []  # sorted (key, seq, jid, nodes, limit, runtime)
+        self.running: list = []  # heap (end, jid, nodes)
+        self.limits: list = []  # sorted (start + limit, jid, nodes, start): what the backfill planner sees
+        self.held: dict[int, list] = {}  # dep jid -> jobs waiting for it
+        n = n_ids if n_ids is not None else len(arrivals)
+        self.status = bytearray(n)  # by jid, for trace jobs (jid < n)
+        self.starts: list[float] | None = [float("nan")] * n if record_starts else None
+        self.watched: dict[int, float] = {}  # injected jid -> start time (nan until it starts)
+        self.seq = 0
+
+    # ---- state copies -------------------------------------------------------------------
+    def fork(self) -> "Scheduler":
+        f = Scheduler.__new__(Scheduler)
+        f.__dict__.update(self.__dict__)
+        f.pending = list(self.pending)  # entries are immutable tuples
+        f.running = list(self.running)
+        f.limits = list(self.limits)
+        f.held = {k: list(v) for k, v in self.held.items()}
+        f.status = bytearray(self.status)
+        f.starts = None  # forks only watch injected jobs
+        f.watched = dict(self.watched)
+        return f
+
+    # ---- inputs -------------------------------------------------------------------------
+    def submit(self, jid: int, nodes: int, limit_s: float, runtime_s: float, *, eligible: float | None = None) -> None:
+        """Inject a job now (chain segments); it is watched: its start time is recorded."""
+        self.watched[jid] = float("nan")
+        self._enqueue(jid, nodes, limit_s, runtime_s, self.now if eligible is None else eligible)
+        if self.now >= self.open_at:
+            self._schedule()  # sbatch wakes the scheduler: a job that fits starts at once
+
+    def _enqueue(self, jid, nodes, limit, runtime, eligible) -> None:
+        self.seq += 1
+        key = eligible - self.size_weight_s * nodes / self.total
+        insort(self.pending, (key, self.seq, jid, nodes, limit, runtime))
+        if 0 <= jid < len(self.status):
+            self.status[jid] = _WAITING
+
+    # ---- the event loop -----------------------------------------------------------------
+    def next_event(self) -> float:
+        t = self.arrivals[self.ai][0] if self.ai < len(self.arrivals) else float("inf")
+        if self.running and self.running[0][0] < t:
+            t = self.running[0][0]
+        if self.now < self.open_at < t:
+            t = self.open_at
+        return t
+
+    def run_until(self, t_stop: float) -> None:
+        """Process every event at times <= t_stop, then set the clock to t_stop."""
+        while True:
+            t = self.next_event()
+            if t > t_stop or t == float("inf"):
+                break
+            self._step(t)
+        if t_stop > self.now and t_stop != float("inf"):
+            self.now = t_stop
+
+    def run_until_started(self, jid: int, horizon: float) -> float:
+        """Run until watched job ``jid`` starts (or the clock passes ``horizon``); its start or nan."""
+        while self.watched[jid] != self.watched[jid]:  # nan: not started yet
+            t = self.next_event()
+            if t > horizon or t == float("inf"):
+                break
+            self._step(t)
+        return self.watched[jid]
+
+    def _step(self, t: float) -> None:
+        self.now = t
+        run = self.running
+        while run and run[0][0] <= t:
+            _, jid, nodes = heapq.heappop(run)
+            self.free += nodes
+            self._drop_limit(jid)
+            if 0 <= jid < len(self.status):
+                self.status[jid] = _DONE
+            for job in self.held.pop(jid, ()):
+                self._enqueue(job[1], job[2], job[3], job[4], t)
+        arr = self.arrivals
+        while self.ai < len(arr) and arr[self.ai][0] <= t:
+            job = arr[self.ai]
+            self.ai += 1
+            dep = job[5]
+            if dep >= 0 and self.status[dep] != _DONE:
+                self.held.setdefault(dep, []).append(job)
+                self.status[job[1]] = _WAITING
+            else:
+                self._enqueue(job[1], job[2], job[3], job[4], job[0])
+        if t >= self.open_at:
+            self._schedule()
+
+    def _drop_limit(self, jid: int) -> None:
+        for i, entry in enumerate(self.limits):
+            if entry[1] == jid:
+                del self.limits[i]
+                return
+
+    def _start(self, p: tuple) -> None:
+        now = self.now
+        _, _, jid, nodes, limit, runtime = p
+        self.free -= nodes
+        heapq.heappush(self.running, (now + min(runtime, limit), jid, nodes))
+        insort(self.limits, (now + limit, jid, nodes, now))
+        if 0 <= jid < len(self.status):
+            self.status[jid] = _RUNNING
+            if self.starts is not None:
+                self.starts[jid] = now
+        if jid in self.watched:
+            self.watched[jid] = now
+
+    def _schedule(self) -> None:
+        pend = self.pending
+        if not pend or self.free == 0:
+            return
+        n = len(pend)
+        i = 0
+        while i < n and pend[i][3] <= self.free:  # strict priority order while jobs fit
+            self._start(pend[i])
+            i += 1
+        if i == n:
+            self.pending = []
+            return
+        if self.free == 0:
+            self.pending = pend[i:]
+            return
+        # reservation for the top blocked job: when do enough nodes free up (by time limits)?
+        need = pend[i][3]
+        avail = self.free
+        shadow = float("inf")
+        for end, _, nodes, _ in self.limits:
+            avail += nodes
+            if avail >= need:
+                shadow = end
+                break
+        extra = avail - need if shadow != float("inf") else 0
+        now = self.now
+        started = []
+        stop = min(n, i + 1 + self.bf_depth)
+        for j in range(i + 1, stop):
+            p = pend[j]
+            nodes = p[3]
+            if nodes > self.free:
+                continue
+            if now + p[4] <= shadow:
+                self._start(p)
+                started.append(j)
+            elif nodes <= extra:
+                extra -= nodes
+                self._start(p)
+                started.append(j)
+            if self.free == 0:
+                break
+        if started:
+            gone = set(started)
+            self.pending = [pend[k] for k in range(i, n) if k not in gone]
+        else:
+            self.pending = pend[i:] if i else pend
+
+    # ---- views for policies ---------------------------------------------------------------
+    def queue_view(self) -> tuple[list[int], list[tuple[int, float]]]:
+        """What squeue shows at ``now`` minus dependency holds (they are ahead of no one):
+        pending jids and running (jid, start)."""
+        pending = [p[2] for p in self.pending]
+        running = [(entry[1], entry[3]) for entry in self.limits]
+        return pending, running
