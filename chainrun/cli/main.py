@@ -58,6 +58,9 @@ def _register() -> None:
     from chainrun.cli import model_cmd  # model refresh/status/eval, predict
 
     model_cmd.register(app)
+    from chainrun.cli import sim_cmd  # trace replay of submission policies
+
+    sim_cmd.register(app)
 
 
 _register()
