@@ -104,9 +104,8 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
     header = lines[0]
     if "|" in header:
         names = [h.strip() for h in header.split("|")]
-        # a job name may contain "|": when JobName is the last column, keep the rest of the line in it
-        last = len(names) - 1 if names[-1].lower() in ("jobname", "name") else -1
-        rows = [ln.split("|", last) if last > 0 else ln.split("|") for ln in lines[1:]]
+        cols = _map_columns(names, source)
+        return _build_frame(_read_delimited(lines[1:], names, cols, source), names, cols, source, gpus_per_node)
     else:
         names = header.split()
         body = lines[1:]
@@ -116,7 +115,49 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
             body = body[1:]
         rows = [_split_fixed(ln, len(names), spans) for ln in body]
     cols = _map_columns(names, source)
-    return _build_frame(rows, names, cols, source, gpus_per_node)
+    return _build_frame(_rows_to_raw(rows, len(names), source), names, cols, source, gpus_per_node)
+
+
+_US = "\x1f"  # stands in for a "|" inside a job name while pandas splits the line
+
+
+def _read_delimited(body: list[str], names: list[str], cols: dict[str, int], source: str) -> "pd.DataFrame":
+    """``sacct -P`` rows via pandas' C reader (a million rows in seconds, strings only for
+    the columns we use). A name holding "|" survives when JobName is the last column;
+    rows with too few fields are other tools' noise and are skipped."""
+    import csv
+
+    import pandas as pd
+
+    width = len(names)
+    name_last = names[-1].lower() in ("jobname", "name")
+    fixed = []
+    for ln in body:
+        n = ln.count("|")
+        if n == width - 1:
+            fixed.append(ln)
+        elif n > width - 1 and name_last:
+            head, tail = ln.split("|", width - 1)[: width - 1], ln.split("|", width - 1)[-1]
+            fixed.append("|".join(head) + "|" + tail.replace("|", _US))
+    if not fixed:
+        raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
+    use = sorted(set(cols.values()))
+    raw = pd.read_csv(io.StringIO("\n".join(fixed)), sep="|", header=None, names=[f"c{i}" for i in range(width)],
+                      usecols=[f"c{i}" for i in use], dtype=str, keep_default_na=False, na_filter=False,
+                      quoting=csv.QUOTE_NONE, engine="c")
+    if "name" in cols and name_last:
+        c = f"c{cols['name']}"
+        raw[c] = raw[c].str.replace(_US, "|", regex=False)
+    return raw
+
+
+def _rows_to_raw(rows: list[list[str]], width: int, source: str) -> "pd.DataFrame":
+    import pandas as pd
+
+    good = [r for r in rows if len(r) == width]
+    if not good:
+        raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
+    return pd.DataFrame(good, columns=[f"c{i}" for i in range(width)], dtype=str)
 
 
 def _split_fixed(line: str, width: int, spans) -> list[str]:
@@ -147,15 +188,9 @@ def _map_columns(names: list[str], source: str) -> dict[str, int]:
     return found
 
 
-def _build_frame(rows, names, cols, source, gpus_per_node) -> "pd.DataFrame":
+def _build_frame(raw, names, cols, source, gpus_per_node) -> "pd.DataFrame":
     import numpy as np
     import pandas as pd
-
-    width = len(names)
-    good = [r for r in rows if len(r) == width]
-    if not good:
-        raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
-    raw = pd.DataFrame(good, columns=[f"c{i}" for i in range(width)], dtype=str)
 
     def col(canon: str, default: str = "") -> "pd.Series":
         return raw[f"c{cols[canon]}"].str.strip() if canon in cols else pd.Series(default, index=raw.index)
@@ -191,7 +226,7 @@ def _build_frame(rows, names, cols, source, gpus_per_node) -> "pd.DataFrame":
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
     # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
-    state = col("state").str.split().str[0].fillna("").str.upper().str.rstrip("+")
+    state = col("state").str.extract(r"^\s*(\S*)", expand=False).fillna("").str.upper().str.rstrip("+")
     out["state"] = state.where(state != "", _infer_state(out))
     bad = out["submit"].isna()
     if bad.all():

@@ -1,7 +1,7 @@
 """Time-ordered evaluation of the wait model against simple baselines.
 
 Split: training targets are jobs submitted after the data's warm-up (first start + 7 days,
-see prep.warmup_end) and before ``train_until`` whose wait was known by then (started
+see prep.warmup_end; none for traces under 4 weeks) and before ``train_until`` whose wait was known by then (started
 before it); test targets are jobs submitted in [train_until, test_until) that started.
 Dependency-like jobs (see prep) and censored jobs (never started) are left out of both
 and counted in the report. Features of every row use only what was known at its time,
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from chainrun.errors import UsageError
 from chainrun.predict.features import USER_WINDOW, build_features, log_wait
 from chainrun.predict.model import QUANTILES, fit_predictor, queries_of, training_rows
-from chainrun.predict.prep import prepare, warmup_end
+from chainrun.predict.prep import default_since, prepare
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,7 +59,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         raise UsageError("--test-until must be after --train-until")
     t0 = time.time()
     p = prepare(df)
-    warm = warmup_end(p)
+    warm = default_since(p)  # first start + 7 days, unless the trace is under 4 weeks long
     if warm >= train_until:
         raise UsageError("nothing to train on: the warm-up (first start + 7 days) reaches --train-until")
     sub = p["submit"].to_numpy(float)

@@ -42,6 +42,7 @@ QUEUE_FEATURES = tuple(f for f in FEATURES if f.startswith(("q_", "c_")))
 USER_WINDOW = 20
 CLUSTER_WINDOW = 50
 _DAY = 86400.0
+UNKNOWN_LIMIT_S = 86400.0  # UNLIMITED / unknown limits count as a day of work
 
 
 def log_wait(w):
@@ -83,7 +84,7 @@ def build_features(
         X[:, col[f"{name}_code"]] = queries[name].astype(str).map(lambda v, m=m: m.get(v, np.nan)).to_numpy(float)
     ts = pd.to_datetime(t, unit="s")
     X[:, col["hour"]] = ts.hour + ts.minute / 60.0
-    X[:, col["weekday"]] = ts.weekday
+    X[:, col["weekday"]] = ts.day_of_week
 
     # users share one code space between queries and universe
     users = pd.Index(pd.unique(pd.concat([universe["user"], queries["user"]]).astype(str)))
@@ -96,7 +97,7 @@ def build_features(
     end = universe["end"].to_numpy(float)
     nodes = universe["nodes"].to_numpy(float)
     limit = universe["timelimit_s"].to_numpy(float)
-    limit = np.where(np.isnan(limit), np.nanmedian(limit) if np.isfinite(limit).any() else 86400.0, limit)
+    limit = np.where(np.isnan(limit), UNKNOWN_LIMIT_S, limit)  # a constant: a median would see the future
     wait = universe["wait"].to_numpy(float)
     big = SPAN - 1.0
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import ModelError
 from chainrun.predict.features import FEATURES, build_features, log_wait
-from chainrun.predict.prep import prepare, warmup_end
+from chainrun.predict.prep import default_since, prepare
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,7 +33,8 @@ QUANTILES = (0.1, 0.5, 0.9)
 FORMAT = 1
 MIN_ROWS = 20  # fewer and the quantiles are noise; a test cluster has a few dozen
 MIN_USER_ROWS = 300  # training rows before a user may get an own model
-MAX_TRAIN_ROWS = 300_000  # most recent rows kept: queues drift, and it bounds refresh cost
+MAX_USER_MODELS = 12  # candidates per fit, heaviest users first
+MAX_TRAIN_ROWS = 100_000  # most recent rows kept: queues drift, and it bounds refresh cost
 HISTORY_DAYS = 8.0  # history a prediction needs: 7-day usage window + slack
 PARAMS = {
     "objective": "quantile", "learning_rate": 0.05, "num_leaves": 31, "min_data_in_leaf": 40,
@@ -231,7 +232,8 @@ def estimate_capacity(p: "pd.DataFrame") -> float:
 def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until: float | None = None,
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
                   rounds: int = ROUNDS) -> Predictor:
-    """Train from a canonical frame. ``since`` defaults to the data's own warm-up end;
+    """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
+    (first start + 7 days) when the history spans 4 weeks or more, else to its start;
     ``per_user`` is "auto" (selected on a time holdout), "always" or "never"."""
     import numpy as np
     import lightgbm as lgb
@@ -241,7 +243,7 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     t0 = time.time()
     p = prepared if prepared is not None else prepare(history)
     if since is None:
-        since = warmup_end(p) if len(p) else None
+        since = default_since(p)
     idx = training_rows(p, since=since, until=until)
     if len(idx) > MAX_TRAIN_ROWS:
         idx = idx[np.argsort(p["t_elig"].to_numpy(float)[idx], kind="stable")[-MAX_TRAIN_ROWS:]]
@@ -253,7 +255,7 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     categories = {c: {v: i for i, v in enumerate(sorted(set(p[c].astype(str)) - {""}))} for c in ("partition", "qos")}
     meta = {
         "format": FORMAT, "features": list(FEATURES), "quantiles": list(QUANTILES),
-        "capacity": estimate_capacity(p), "all_users": bool(all_users), "categories": categories,
+        "capacity": estimate_capacity(p if until is None else p[p["start"] < until]), "all_users": bool(all_users), "categories": categories,
         "versions": _versions(), "target": "log10(max(wait_s, 1))",
     }
     q = queries_of(p, idx)
@@ -278,6 +280,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
         early, late = t < cut, t >= cut
         counts = {u: int(c) for u, c in zip(*np.unique(users[early], return_counts=True))}
         cands = [u for u, c in counts.items() if c >= MIN_USER_ROWS and (users[late] == u).sum() >= 20]
+        # the heaviest users only: each candidate costs two small fits (refresh time budget)
+        cands = sorted(cands, key=lambda u: -counts[u])[:MAX_USER_MODELS]
         early_global = fit(np.flatnonzero(early), rounds) if (cands and per_user == "auto") else None
         for u in cands:
             mine = users == u

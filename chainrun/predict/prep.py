@@ -101,3 +101,15 @@ def warmup_end(df: "pd.DataFrame") -> float:
         return float(np.nanmin(df["submit"].to_numpy(float)))
     first = float(np.nanmin(starts))
     return max(first, float(np.nanmin(df["submit"].to_numpy(float)))) + WARMUP_S
+
+
+def default_since(df: "pd.DataFrame") -> float | None:
+    """Training starts after the warm-up if the history is long enough to spare it (4 weeks+)."""
+    import numpy as np
+
+    if not len(df):
+        return None
+    sub = df["submit"].to_numpy(float)
+    if float(np.nanmax(sub) - np.nanmin(sub)) > 4 * WARMUP_S:
+        return warmup_end(df)
+    return float(np.nanmin(sub))

@@ -28,7 +28,8 @@ def model_dir(cluster: str) -> Path:
 
 
 def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = None,
-            lookback_days: float | None = None, slurm_cluster: str | None = None) -> dict:
+            lookback_days: float | None = None, slurm_cluster: str | None = None,
+            window_days: float | None = None) -> dict:
     """Fetch new sacct rows, merge them into the cache, retrain, save. Returns a summary."""
     from chainrun.predict import ingest
     from chainrun.predict.model import fit_predictor
@@ -40,14 +41,14 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
         since = float(info["last_refresh"]) - ingest.OVERLAP_S
     else:
         since = now - (lookback_days or ingest.LOOKBACK_DAYS) * 86400.0
-    fetched = ingest.fetch_history(runner, since=since, now=now, cluster=slurm_cluster)
+    fetched = ingest.fetch_history(runner, since=since, now=now, cluster=slurm_cluster,
+                                   window_days=window_days or ingest.WINDOW_DAYS)
     hist = ingest.merge_history(old, fetched.frame)
     all_users = bool(fetched.all_users and info.get("all_users", True))
     info = {"last_refresh": now, "all_users": all_users, "rows": int(len(hist))}
     ingest.save_cache(cluster, hist, info)
     t_fetch = time.time() - t0
-    # a young history has no warm-up to spare: train from its start
-    predictor = fit_predictor(hist, all_users=all_users, since=_since_for(hist))
+    predictor = fit_predictor(hist, all_users=all_users)
     predictor.meta["cluster"] = cluster
     path = predictor.save(model_dir(cluster))
     return {
@@ -56,17 +57,6 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
         "train_rows": predictor.meta["training_window"]["rows"], "user_models": sorted(predictor.meta["user_models"]),
         "seconds": {"fetch": round(t_fetch, 2), "total": round(time.time() - t0, 2)},
     }
-
-
-def _since_for(hist) -> float | None:
-    from chainrun.predict.prep import WARMUP_S, warmup_end
-
-    import numpy as np
-
-    if not len(hist):
-        return None
-    span = float(np.nanmax(hist["submit"]) - np.nanmin(hist["submit"]))
-    return warmup_end(hist) if span > 4 * WARMUP_S else float(np.nanmin(hist["submit"]))
 
 
 def status(cluster: str = "default", user: str | None = None) -> dict:

@@ -1,0 +1,156 @@
+"""Cost of the queue-delay model: refresh on 1 M sacct rows, and one prediction.
+
+    .venv/bin/python bench/predict_cost.py [--rows 1000000] [--trace /work/shared/traces/ls6-a100/ls6-a100-dev.log]
+
+1. Build a ``sacct -X -P -n`` dump of ``--rows`` jobs by resampling the LS6 trace: the trace is
+   tiled back to back in time (each tile a bootstrap sample of its jobs, times jittered by up
+   to a minute, job ids made unique), so queue states stay realistic.
+2. In a fresh process, run ``chainrun model refresh``'s core (service.refresh) with a runner
+   that answers sacct with that dump: parse, merge into the cache, write it, train, save.
+   Wall time and peak RSS (ru_maxrss of that process) are printed.
+3. Load the saved model and time single predictions with a live-like snapshot and history.
+Targets (issue #3): refresh <= 60 s and <= 2 GiB RSS on 2 cores; one prediction <= 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
+
+
+def make_dump(trace: str, rows: int, out: Path, seed: int = 7) -> None:
+    import numpy as np
+    import pandas as pd
+
+    from chainrun.predict.ingest import SACCT_FORMAT
+    from chainrun.traces import read_trace
+
+    df = read_trace(trace)
+    rng = np.random.default_rng(seed)
+    span = float(df["submit"].max() - df["submit"].min()) + 86400.0
+    tiles, n = [], 0
+    k = 0
+    while n < rows:
+        take = min(len(df), rows - n)
+        t = df.iloc[rng.integers(0, len(df), take)].copy()
+        shift = k * span + rng.uniform(0, 60, take)
+        for c in ("submit", "eligible", "start", "end"):
+            t[c] = t[c] + shift
+        t["job_id"] = [str(10_000_000 + n + i) for i in range(take)]
+        tiles.append(t)
+        n += take
+        k += 1
+    d = pd.concat(tiles, ignore_index=True)
+
+    def ep(s):
+        return s.map(lambda v: "Unknown" if v != v else str(int(v)))
+
+    cols = {
+        "JobIDRaw": d["job_id"], "User": "u" + d["user"].astype(str), "Partition": "gpu-a100", "QOS": "normal",
+        "Account": "acct", "Submit": ep(d["submit"]), "Eligible": ep(d["submit"]), "Start": ep(d["start"]),
+        "End": ep(d["end"]), "TimelimitRaw": (d["timelimit_s"] // 60).astype(int).astype(str),
+        "NNodes": d["nodes"].astype(str), "NCPUS": (d["nodes"] * 128).astype(str),
+        "AllocTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str) + ",node=" + d["nodes"].astype(str),
+        "ReqTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str),
+        "State": d["state"], "ExitCode": d["exit_code"], "JobName": d["name"],
+    }
+    assert list(cols) == SACCT_FORMAT.split(",")
+    pd.DataFrame(cols).to_csv(out, sep="|", header=False, index=False)
+
+
+class DumpRunner:
+    """Answers the first sacct call with the dump, later windows with nothing."""
+
+    name = "bench"
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.sent = path, False
+
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        from chainrun.runner.base import RunResult
+
+        out = "" if self.sent else self.path.read_text()
+        self.sent = True
+        return RunResult(tuple(argv), 0, out, "", 0.0)
+
+
+def refresh_child(dump: str) -> None:
+    from chainrun.predict import service
+
+    path = Path(dump)
+    t0 = time.time()
+    # one sacct window covering the whole dump (times < 1e10 s)
+    res = service.refresh(DumpRunner(path), cluster="bench", now=1e10, lookback_days=1e10 / 86400 - 1,
+                          window_days=1e10 / 86400)
+    res["wall_s"] = round(time.time() - t0, 1)
+    res["max_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0)
+    print(json.dumps(res))
+
+
+def predict_latency(trace: str, n: int = 50) -> dict:
+    import numpy as np
+
+    from chainrun.predict import WaitRequest, load_predictor
+    from chainrun.predict.service import model_dir
+    from chainrun.traces import read_trace
+
+    pr = load_predictor(model_dir("bench"))
+    df = read_trace(trace)
+    df["user"] = "u" + df["user"].astype(str)
+    now = float(np.quantile(df["submit"], 0.9))
+    hist = df[df["end"] < now]
+    snap = df[(df["submit"] < now) & ~(df["end"] < now)].copy()
+    snap["state"] = np.where(snap["start"] < now, "RUNNING", "PENDING")
+    req = WaitRequest(user=str(hist["user"].iloc[-1]), nodes=2, gpus=6, cpus=0, timelimit_s=86400, submit=now)
+    pr.predict(req, snap, hist)  # first call pays lazy imports
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        pr.predict(req, snap, hist)
+        ts.append(time.perf_counter() - t)
+    return {"history_rows": int(len(hist)), "snapshot_rows": int(len(snap)),
+            "median_ms": round(1000 * float(np.median(ts)), 1), "max_ms": round(1000 * max(ts), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        return refresh_child(a.child)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["CHAINRUN_HOME"] = tmp
+        dump = Path(tmp) / "sacct.txt"
+        t0 = time.time()
+        make_dump(a.trace, a.rows, dump)
+        print(f"dump: {a.rows} rows, {dump.stat().st_size / 2**20:.0f} MiB, built in {time.time() - t0:.0f}s", flush=True)
+        p = subprocess.run([sys.executable, __file__, "--child", str(dump)], capture_output=True, text=True,
+                           env={**os.environ, "CHAINRUN_HOME": tmp})
+        if p.returncode:
+            sys.exit(p.stderr)
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        lat = predict_latency(a.trace)
+    print(f"{'measure':34s} {'value':>12s}  target")
+    print(f"{'refresh wall time (s)':34s} {r['wall_s']:>12}  <= 60")
+    print(f"{'  of which sacct parse+cache (s)':34s} {r['seconds']['fetch']:>12}")
+    print(f"{'refresh peak RSS (MiB)':34s} {r['max_rss_mib']:>12}  <= 2048")
+    print(f"{'rows in history / trained on':34s} {str(r['history_rows']) + ' / ' + str(r['train_rows']):>12}")
+    print(f"{'one prediction, median (ms)':34s} {lat['median_ms']:>12}  <= 50")
+    print(f"{'one prediction, max of 50 (ms)':34s} {lat['max_ms']:>12}")
+    print(f"(prediction with {lat['history_rows']} history rows and {lat['snapshot_rows']} queued/running jobs)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

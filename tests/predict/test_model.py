@@ -1,0 +1,121 @@
+"""Predictor: fit, predict, save/load round trip, refusals, speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from chainrun.errors import ModelError
+from chainrun.predict import Prediction, WaitRequest, fit_predictor, load_predictor
+from chainrun.predict import model as model_mod
+from chainrun.predict.features import FEATURES
+
+from predict_helpers import synthetic_history
+
+
+def _live(df, t):
+    hist = df[df["end"] < t]
+    snap = df[(df["submit"] < t) & ~(df["end"] < t)].copy()
+    snap["state"] = np.where(snap["start"] < t, "RUNNING", "PENDING")
+    return snap, hist
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    df = synthetic_history(900, seed=5)
+    return df, fit_predictor(df)
+
+
+def test_predict_orders_quantiles_and_names_model(fitted):
+    df, pr = fitted
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    p = pr.predict(WaitRequest(user="u1", nodes=2, gpus=8, cpus=64, timelimit_s=3600, partition="gpu", submit=t), snap, hist)
+    assert isinstance(p, Prediction) and p.model == "cluster"
+    assert 0 < p.p10 <= p.p50 <= p.p90
+    assert p.quantile(0.5) == pytest.approx(p.p50)
+    qs = [p.quantile(q) for q in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95)]
+    assert qs == sorted(qs) and qs[1] == pytest.approx(p.p10) and qs[5] == pytest.approx(p.p90)
+
+
+def test_round_trip_is_exact_and_has_no_pickle(fitted, tmp_path):
+    df, pr = fitted
+    pr.save(tmp_path / "m")
+    files = sorted(f.name for f in (tmp_path / "m").iterdir())
+    assert all(f.endswith((".txt", ".json")) for f in files), files
+    meta = json.loads((tmp_path / "m" / "meta.json").read_text())
+    assert meta["features"] == list(FEATURES)
+    assert {"chainrun", "lightgbm"} <= set(meta["versions"]) and meta["training_window"]["rows"] > 0
+    assert set(meta["train_metrics"]) == {"p10", "p50", "p90"}
+    back = load_predictor(tmp_path / "m")
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    for u in ("u0", "u3", "newcomer"):
+        req = WaitRequest(user=u, nodes=1, gpus=4, cpus=32, timelimit_s=4 * 3600, submit=t)
+        assert back.predict(req, snap, hist) == pr.predict(req, snap, hist)
+
+
+def test_load_refuses_other_feature_list(fitted, tmp_path):
+    _, pr = fitted
+    d = pr.save(tmp_path / "m")
+    meta = json.loads((d / "meta.json").read_text())
+    meta["features"] = meta["features"][:-1] + ["some_new_feature"]
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ModelError, match="different feature list") as e:
+        load_predictor(d)
+    assert "refresh" in str(e.value)
+
+
+def test_load_refuses_missing_and_corrupt(fitted, tmp_path):
+    with pytest.raises(ModelError, match="no queue-delay model"):
+        load_predictor(tmp_path / "nothing")
+    _, pr = fitted
+    d = pr.save(tmp_path / "m")
+    (d / "cluster_p50.txt").write_text("not a model")
+    with pytest.raises(ModelError, match="cannot load"):
+        load_predictor(d)
+
+
+def test_per_user_models_and_cold_start(monkeypatch):
+    monkeypatch.setattr(model_mod, "MIN_USER_ROWS", 40)
+    df = synthetic_history(900, seed=2, users=4)
+    pr = fit_predictor(df, per_user="always")
+    assert pr.meta["user_models"] and all(f"user:{u}" in pr.boosters for u in pr.meta["user_models"])
+    u = sorted(pr.meta["user_models"])[0]
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    assert pr.predict(WaitRequest(user=u, nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t), snap, hist).model == f"user:{u}"
+    assert pr.predict(WaitRequest(user="brand-new", nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t), snap, hist).model == "cluster"
+    never = fit_predictor(df, per_user="never")
+    assert list(never.boosters) == ["cluster"]
+
+
+def test_too_little_history_is_a_clear_error():
+    with pytest.raises(ModelError, match="started jobs to learn from"):
+        fit_predictor(synthetic_history(15))
+
+
+def test_one_prediction_is_fast(fitted):
+    df, pr = fitted
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    req = WaitRequest(user="u2", nodes=1, gpus=4, cpus=32, timelimit_s=3600, submit=t)
+    pr.predict(req, snap, hist)
+    best = min(_timed(pr.predict, req, snap, hist) for _ in range(7))
+    assert best < 0.05, f"{best * 1000:.0f} ms"
+
+
+def test_fit_is_fast_enough_for_the_simulator():
+    df = synthetic_history(5000, seed=9, users=40)
+    t0 = time.perf_counter()
+    fit_predictor(df)
+    assert time.perf_counter() - t0 < 10.0  # ~1-2 s here; 15k LS6 rows take ~4 s (docs/model.md)
+
+
+def _timed(f, *a):
+    t = time.perf_counter()
+    f(*a)
+    return time.perf_counter() - t
