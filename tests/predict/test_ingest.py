@@ -1,0 +1,130 @@
+"""sacct ingestion (windows, -a fallback, incremental cache), squeue snapshot, cron line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from chainrun.predict import ingest, service
+from chainrun.runner.base import RunResult
+
+from predict_helpers import DATA
+
+
+class FakeRunner:
+    """Answers sacct with canned text; records argv; optionally refuses -a."""
+
+    name = "fake"
+
+    def __init__(self, text="", *, refuse_all=False, crontab=None):
+        self.text, self.refuse_all, self.calls = text, refuse_all, []
+        self.crontab = crontab
+
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[0] == "sacct":
+            if self.refuse_all and "-a" in argv:
+                return RunResult(tuple(argv), 1, "", "sacct: error: Access denied", 0.0)
+            assert env == {"SLURM_TIME_FORMAT": "%s"}
+            return RunResult(tuple(argv), 0, self.text, "", 0.0)
+        if argv[0] == "squeue":
+            return RunResult(tuple(argv), 0, (DATA / "squeue_epoch.txt").read_text(), "", 0.0)
+        if argv[:2] == ["crontab", "-l"]:
+            if self.crontab is None:
+                return RunResult(tuple(argv), 1, "", "no crontab for root", 0.0)
+            return RunResult(tuple(argv), 0, self.crontab, "", 0.0)
+        if argv[:2] == ["crontab", "-"]:
+            self.crontab = stdin
+            return RunResult(tuple(argv), 0, "", "", 0.0)
+        raise AssertionError(argv)
+
+
+EPOCH_ROWS = (DATA / "sacct_P_n_epoch_pending.txt").read_text()
+
+
+def test_windows_and_all_users():
+    r = FakeRunner(EPOCH_ROWS)
+    res = ingest.fetch_history(r, since=0, now=20 * 86400, window_days=7)
+    assert len(r.calls) == 3 and all("-a" in c for c in r.calls)
+    assert res.all_users  # root sees everyone
+    assert res.frame["job_id"].nunique() == len(set(ln.split("|")[0] for ln in EPOCH_ROWS.splitlines()))
+
+
+def test_falls_back_to_own_jobs_when_a_is_refused():
+    r = FakeRunner(EPOCH_ROWS, refuse_all=True)
+    res = ingest.fetch_history(r, since=0, now=86400)
+    assert not res.all_users and "-a" not in r.calls[-1] and len(res.frame) > 0
+
+
+def test_private_data_hides_others(monkeypatch):
+    monkeypatch.setattr(ingest, "_is_privileged", lambda: False)
+    res = ingest.fetch_history(FakeRunner(EPOCH_ROWS), since=0, now=86400)
+    assert not res.all_users  # -a accepted, but only one user came back
+
+
+def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
+    from chainrun.predict import model
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    monkeypatch.setattr(model, "MIN_ROWS", 10)  # the capture has 18 started jobs
+    pending = EPOCH_ROWS
+    now = 1795326600.0 + 3600
+    r1 = service.refresh(FakeRunner(pending), cluster="t", now=now)
+    assert r1["new_rows"] >= r1["history_rows"] > 20  # every window answered the same rows
+    # the same jobs again, one of them finished meanwhile
+    line = next(ln for ln in pending.splitlines() if "|PENDING|" in ln)
+    f = line.split("|")
+    f[7], f[8], f[14] = str(int(f[5]) + 30), str(int(f[5]) + 90), "COMPLETED"
+    r = FakeRunner(pending.replace(line, "|".join(f)))
+    r2 = service.refresh(r, cluster="t", now=now + 7200)
+    assert r2["history_rows"] == r1["history_rows"]  # no duplicates
+    first_since = float(r.calls[0][r.calls[0].index("-S") + 1].replace("T", " ")[:4])  # a year, at least
+    assert first_since > 2000
+    hist, info = ingest.load_cache("t")
+    assert hist.loc[hist["job_id"] == f[0], "state"].item() == "COMPLETED"
+    assert info["last_refresh"] == now + 7200 and info["rows"] == len(hist)
+
+
+def test_live_snapshot_from_squeue():
+    snap = ingest.live_snapshot(FakeRunner())
+    # job 4 (PartitionTimeLimit) and 2 (Dependency) are not ahead of anyone
+    assert sorted(snap["job_id"]) == ["1", "3"]
+    assert (snap["state"] == "RUNNING").all() and snap["end"].isna().all()
+    assert snap.loc[snap["job_id"] == "3", "gpus"].item() == 1
+    assert np.isfinite(snap["start"]).all()
+
+
+def test_install_cron_is_idempotent():
+    r = FakeRunner(crontab="0 1 * * * backup\n")
+    line, changed = service.install_cron(r, "ls6")
+    assert changed and r.crontab.splitlines() == ["0 1 * * * backup", line]
+    line2, changed2 = service.install_cron(r, "ls6")
+    assert line2 == line and not changed2 and r.crontab.count("model refresh") == 1
+    service.install_cron(r, "other")
+    assert r.crontab.count("model refresh") == 2
+    assert "--cluster ls6" in line and line.split()[0:5] == ["17", "*/6", "*", "*", "*"]
+
+
+def test_empty_crontab_gets_the_line():
+    r = FakeRunner(crontab=None)
+    line, changed = service.install_cron(r, "local")
+    assert changed and r.crontab == line + "\n"
+
+
+@pytest.mark.parametrize("bad", ["--nodes", "--time"])
+def test_predict_rejects_bad_request(bad, tmp_path, monkeypatch, capsys):
+    from chainrun.cli.main import main
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    argv = ["predict", "--nodes", "0" if bad == "--nodes" else "1", "--time", "soon" if bad == "--time" else "1h"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_predict_without_model_says_refresh(tmp_path, monkeypatch, capsys):
+    from chainrun.cli.main import main
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    assert main(["predict", "--nodes", "1", "--time", "1h"]) == 7
+    assert "chainrun model refresh" in capsys.readouterr().err
