@@ -36,7 +36,7 @@ class ChainSpec:
     handoff_s: float = 300.0
     reactive_latency_s: float = 60.0
     poll_min_s: float = 600.0  # the watcher's finest step between re-predictions
-    poll_max_s: float = 4 * 3600.0  # ... and the longest it goes without asking again
+    poll_max_s: float = 6 * 3600.0  # ... and the longest it goes without asking again
     oracle_step_s: float = 600.0
     horizon_s: float = 60 * 86400.0
 
@@ -76,8 +76,11 @@ def run_experiment(base: Scheduler, t0: float, nodes: int, pred_id: int, succ_id
             heapq.heappush(events, (pe, i, "dependency", r))
         elif r.kind == "oracle":
             continue
-        else:
-            heapq.heappush(events, (ps, i, "ask", r))
+        elif r.kind != "predicted":
+            heapq.heappush(events, (ps, i, "ask", [r]))
+    predicted = [r for r in rules if r.kind == "predicted"]
+    if predicted:  # one watcher, one prediction per poll, read at several quantiles
+        heapq.heappush(events, (ps, len(rules), "ask", predicted))
     grid: list[tuple[float, Scheduler]] = []
     if any(r.kind == "oracle" for r in rules):
         k, t = 0, ps
@@ -96,14 +99,18 @@ def run_experiment(base: Scheduler, t0: float, nodes: int, pred_id: int, succ_id
             record(r.name, t, start_if_submitted(sim))
         elif kind == "dependency":
             record(r.name, t, start_if_submitted(sim, eligible=pe))
-        else:  # ask the rule: submit now, or when?
-            lead = lead_of(r, ctx, t)
-            if pe - t <= lead:
-                record(r.name, t, start_if_submitted(sim))
-            else:
-                wait = min(spec.poll_max_s, pe - lead - t)
+        else:  # ask the rules: submit now, or when to ask again?
+            later, wait = [], spec.poll_max_s
+            for rule in r:
+                lead = lead_of(rule, ctx, t)
+                if pe - t <= lead:
+                    record(rule.name, t, start_if_submitted(sim))
+                else:
+                    later.append(rule)
+                    wait = min(wait, pe - lead - t)
+            if later:
                 steps = max(1, int(wait // spec.poll_min_s))  # round down: never later than asked
-                heapq.heappush(events, (min(t + steps * spec.poll_min_s, pe), i, "ask", r))
+                heapq.heappush(events, (min(t + steps * spec.poll_min_s, pe), i, "ask", later))
     if grid:
         _oracle(grid, pe, start_if_submitted, record)
     return out

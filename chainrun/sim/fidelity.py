@@ -42,10 +42,14 @@ def fidelity(w: Workload, sim_starts, *, since: float) -> Fidelity:
     real = t["start"].to_numpy(float) - t["submit"].to_numpy(float)
     sim = np.asarray(sim_starts, float) - t["submit"].to_numpy(float)
     keep = (t["submit"].to_numpy(float) >= since) & np.isfinite(sim)
-    real, sim = real[keep], sim[keep]
+    real, sim = np.maximum(real[keep], 0.0), np.maximum(sim[keep], 0.0)  # DST shifts can make a wait < 0
     if len(real) < 2:
         return Fidelity(float("nan"), float("nan"), float("nan"), int(len(real)))
-    rho = pd.Series(sim).corr(pd.Series(real), method="spearman")
+    import warnings
+
+    with warnings.catch_warnings():  # constant waits (a tiny trace): rho is nan, reported as such
+        warnings.simplefilter("ignore")
+        rho = pd.Series(sim).corr(pd.Series(real), method="spearman")
     ratio = (sim + 60.0) / (real + 60.0)
     return Fidelity(
         spearman=float(rho) if rho == rho else float("nan"),

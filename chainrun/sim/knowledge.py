@@ -62,6 +62,10 @@ class Knowledge:
         world["end"] = world["start"] + (table["end"] - table["start"]).clip(upper=table["timelimit_s"])
         self.world = world.sort_values("submit", kind="stable").reset_index(drop=True)
         self._submit = self.world["submit"].to_numpy(float)
+        self._start = self.world["start"].to_numpy(float)
+        self._end = self.world["end"].to_numpy(float)
+        self._state = self.world["state"].to_numpy(object)
+        self._exit = self.world["exit_code"].to_numpy(object)
         # for the "avg" baseline: waits in order of (simulated) start
         order = np.argsort(self.world["start"].to_numpy(float), kind="stable")
         self._start_sorted = self.world["start"].to_numpy(float)[order]
@@ -73,6 +77,7 @@ class Knowledge:
         self.first_retrain = first_retrain
         self._models: dict[int, WaitPredictor] = {}
         self.model_kinds: set[str] = set()
+        self.fallbacks = 0  # predictions answered by the stand-in because the model failed
 
     def history(self, now: float, *, window_s: float | None = HISTORY_WINDOW_S) -> "pd.DataFrame":
         import numpy as np
@@ -80,11 +85,13 @@ class Knowledge:
         lo = 0 if window_s is None else int(np.searchsorted(self._submit, now - window_s, "left"))
         hi = int(np.searchsorted(self._submit, now, "left"))  # submitted strictly before now
         h = self.world.iloc[lo:hi].copy()
-        h.loc[h["start"] > now, "start"] = np.nan
-        h.loc[~(h["end"] <= now), "end"] = np.nan
+        start, end = self._start[lo:hi], self._end[lo:hi]
+        started, ended = start <= now, end <= now
+        h["start"] = np.where(started, start, np.nan)
+        h["end"] = np.where(ended, end, np.nan)
         # state and exit code are facts of the end: unknown while a job pends or runs
-        h.loc[h["end"].isna(), "exit_code"] = ""
-        h.loc[h["end"].isna(), "state"] = np.where(h.loc[h["end"].isna(), "start"].isna(), "PENDING", "RUNNING")
+        h["state"] = np.where(ended, self._state[lo:hi], np.where(started, "RUNNING", "PENDING"))
+        h["exit_code"] = np.where(ended, self._exit[lo:hi], "")
         return h
 
     def mean_recent_wait(self, now: float, n: int = 100) -> float:
@@ -99,6 +106,8 @@ class Knowledge:
 
     def predictor(self, now: float) -> WaitPredictor:
         """The model of the latest refit at or before ``now``."""
+        from chainrun.errors import ChainrunError
+
         k = max(0, int((now - self.first_retrain) // self.retrain_every_s))
         if k not in self._models:
             until = self.first_retrain + k * self.retrain_every_s
@@ -106,7 +115,7 @@ class Knowledge:
             try:
                 self._models[k] = self.factory(hist, until)
                 self.model_kinds.add(getattr(self.factory, "__name__", "model"))
-            except Exception as e:  # too little history to fit: say so, and use the stand-in
+            except (ChainrunError, ValueError) as e:  # too little history to fit: say so, use the stand-in
                 log.info("predictor fit at %s failed (%s); using recent waits", until, e)
                 self._models[k] = RecentWaits(hist, until)
                 self.model_kinds.add("recent-waits")

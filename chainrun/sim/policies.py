@@ -87,7 +87,16 @@ class Context:
             req = WaitRequest(user=self.user, nodes=self.nodes, gpus=self.nodes * self.gpus_per_node, cpus=0,
                               timelimit_s=self.segment_s, submit=now)
             model = self.k.predictor(now)
-            self._pred[now] = model.predict(req, self.k.snapshot(now, pending, running), self.k.history(now))
+            history = self.k.history(now)
+            try:
+                self._pred[now] = model.predict(req, self.k.snapshot(now, pending, running), history)
+            except ValueError:
+                # chainrun.predict (features._active) fails when no job in the window ever
+                # waited: the queue is empty, so the recent waits (all 0) answer instead
+                from chainrun.sim.knowledge import RecentWaits
+
+                self.k.fallbacks += 1
+                self._pred[now] = RecentWaits(history, now).predict(req)
         return self._pred[now]
 
 

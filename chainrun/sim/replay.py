@@ -44,6 +44,7 @@ class SimResult:
     policies: dict
     gaps: dict  # report name -> [metrics.Gap], for plots
     meta: dict
+    transitions: list  # [experiment.Transition], every rule of every injection
 
     def as_json(self) -> dict:
         return {"fidelity": self.fidelity.as_dict(), "policies": self.policies, "meta": self.meta}
@@ -85,18 +86,19 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
             parts = pool.map(_run_chunk, chunks)
     else:
         parts = [_run_chunk(chunks[0])] if chunks else []
-    transitions = [t for p, _ in parts for t in p]
-    kinds = sorted({k for _, ks in parts for k in ks})
+    transitions = [t for p, _, _ in parts for t in p]
+    kinds = sorted({k for _, ks, _ in parts for k in ks})
+    fallbacks = sum(f for _, _, f in parts)
     from chainrun.sim.metrics import policy_table
 
     reports = default_reports(rules)
     table, gaps = policy_table(reports, transitions, handoff_s=cfg.spec.handoff_s, gpus_per_node=cfg.gpus_per_node)
     meta = {
         "nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(cfg.chain_nodes),
-        "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "predictor": kinds,
+        "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "predictor": kinds, "predictor_fallbacks": fallbacks,
         "fidelity_jobs": fid.jobs, "spec": asdict(cfg.spec), "seconds": round(time.monotonic() - t_begin, 1),
     }
-    return SimResult(fid, table, gaps, meta)
+    return SimResult(fid, table, gaps, meta, transitions)
 
 
 def injection_points(w: Workload, cfg: SimConfig, first: float) -> list[tuple[float, int]]:
@@ -122,7 +124,7 @@ def _split(points: list, k: int) -> list[list]:
     return [points[a:b] for a, b in zip(cut, cut[1:]) if b > a]
 
 
-def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str]]:
+def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str], int]:
     s = _SHARED
     w, cfg = s["w"], s["cfg"]
     factory = cfg.predictor or chainrun_predictor
@@ -135,4 +137,4 @@ def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[
         base.run_until(t0)
         out.extend(run_experiment(base, t0, chain_nodes, n + 2 * i, n + 2 * i + 1, s["rules"], cfg.spec,
                                   knowledge, gpus_per_node=cfg.gpus_per_node))
-    return out, sorted(knowledge.model_kinds)
+    return out, sorted(knowledge.model_kinds), knowledge.fallbacks

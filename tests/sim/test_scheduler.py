@@ -1,0 +1,73 @@
+"""The partition model on traces small enough to schedule by hand."""
+
+from chainrun.sim.scheduler import Scheduler
+
+
+def job(jid, submit, nodes, limit, runtime, dep=-1):
+    return (float(submit), jid, nodes, float(limit), float(runtime), dep)
+
+
+def starts(nodes, jobs, **kw):
+    sim = Scheduler(nodes, jobs, record_starts=True, **kw)
+    sim.run_until(float("inf"))
+    return sim.starts
+
+
+def test_fcfs_order_when_nothing_can_backfill():
+    jobs = [job(0, 0, 2, 100, 100), job(1, 1, 2, 100, 100), job(2, 2, 2, 100, 100)]
+    assert starts(2, jobs) == [0, 100, 200]
+
+
+def test_older_job_goes_first_even_if_a_younger_one_is_smaller():
+    # 0 holds 1 of 2 nodes until 100; 1 (2 nodes) is older than 2 (1 node, would fit now but
+    # runs past 1's reservation), so 2 must wait behind 1
+    jobs = [job(0, 0, 1, 100, 100), job(1, 1, 2, 50, 50), job(2, 2, 1, 500, 500)]
+    assert starts(2, jobs) == [0, 100, 150]
+
+
+def test_short_job_is_backfilled_before_the_reservation():
+    # 1 waits for 2 nodes at t=100; 2 fits in the idle node and ends (by its limit) before 100
+    jobs = [job(0, 0, 1, 100, 100), job(1, 1, 2, 100, 100), job(2, 2, 1, 60, 60)]
+    assert starts(2, jobs) == [0, 100, 2]
+
+
+def test_backfill_uses_the_limit_not_the_true_run_time():
+    # 2 would really finish in 10 s, but asks for 200 s: it may not jump ahead of 1's reservation
+    jobs = [job(0, 0, 1, 100, 100), job(1, 1, 2, 100, 100), job(2, 2, 1, 200, 10)]
+    assert starts(2, jobs) == [0, 100, 200]
+
+
+def test_backfill_into_nodes_the_reservation_does_not_need():
+    # 3 nodes: 0 holds 2 until 100; 1 needs 2 at t=100 (1 spare then); 2 (1 node, long) takes the spare
+    jobs = [job(0, 0, 2, 100, 100), job(1, 1, 2, 100, 100), job(2, 2, 1, 1000, 1000)]
+    assert starts(3, jobs) == [0, 100, 2]
+
+
+def test_job_ends_at_its_limit_at_the_latest():
+    # 0 ran 500 s in the trace but asked for 100 s: it is killed at 100 and 1 starts then
+    jobs = [job(0, 0, 1, 100, 500), job(1, 1, 1, 100, 100)]
+    assert starts(1, jobs) == [0, 100]
+
+
+def test_dependency_waits_for_its_predecessor_and_ages_from_its_end():
+    # 2 depends on 0; when 0 ends at 100, 1 (eligible since 50) is older and goes first
+    jobs = [job(0, 0, 1, 100, 100), job(2, 10, 1, 100, 100, dep=0), job(1, 50, 1, 100, 100)]
+    jobs.sort()
+    sim = Scheduler(1, jobs, record_starts=True)
+    sim.run_until(float("inf"))
+    assert sim.starts == [0, 100, 200]
+
+
+def test_nothing_starts_before_the_partition_opens():
+    jobs = [job(0, 0, 1, 100, 100), job(1, 5, 1, 100, 100)]
+    assert starts(2, jobs, open_at=1000.0) == [1000, 1000]
+
+
+def test_fork_is_independent_and_submit_starts_at_once_when_it_fits():
+    jobs = [job(0, 0, 1, 100, 100)]
+    sim = Scheduler(2, jobs, n_ids=1)
+    sim.run_until(10)
+    f = sim.fork()
+    f.submit(99, 1, 50, 50)
+    assert f.watched[99] == 10  # a free node: no waiting for the next event
+    assert 99 not in sim.watched and sim.free == 1
