@@ -105,7 +105,8 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
     if "|" in header:
         names = [h.strip() for h in header.split("|")]
         cols = _map_columns(names, source)
-        return _build_frame(_read_delimited(lines[1:], names, cols, source), names, cols, source, gpus_per_node)
+        raw = _read_delimited(lines[1:], names, cols, source)
+        return _build_frame(raw, names, cols, source, gpus_per_node, strip=False)
     else:
         names = header.split()
         body = lines[1:]
@@ -188,12 +189,15 @@ def _map_columns(names: list[str], source: str) -> dict[str, int]:
     return found
 
 
-def _build_frame(raw, names, cols, source, gpus_per_node) -> "pd.DataFrame":
+def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True) -> "pd.DataFrame":
     import numpy as np
     import pandas as pd
 
     def col(canon: str, default: str = "") -> "pd.Series":
-        return raw[f"c{cols[canon]}"].str.strip() if canon in cols else pd.Series(default, index=raw.index)
+        if canon not in cols:
+            return pd.Series(default, index=raw.index)
+        c = raw[f"c{cols[canon]}"]
+        return c.str.strip() if strip else c  # sacct -P values carry no padding
 
     job_id = col("job_id")
     keep = ~job_id.str.contains(r"\.", regex=True)  # drop steps (123.batch, 123.0)
@@ -219,15 +223,17 @@ def _build_frame(raw, names, cols, source, gpus_per_node) -> "pd.DataFrame":
     tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
     if "alloc_tres" in cols and "req_tres" in cols:  # a pending job has no AllocTRES yet
         tres = tres.where(tres != "", col("req_tres"))
-    gpus = tres.str.extract(_GPU_RE, expand=False)
+    gpus = _by_unique(tres, lambda v: (m.group(1) if (m := _GPU_RE.search(v)) else None))
     has_tres = "alloc_tres" in cols or "req_tres" in cols
     out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
     out["gpus"] = out["gpus"].fillna(out["nodes"] * gpus_per_node).astype(int)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
     # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
-    state = col("state").str.extract(r"^\s*(\S*)", expand=False).fillna("").str.upper().str.rstrip("+")
-    out["state"] = state.where(state != "", _infer_state(out))
+    state = _by_unique(col("state"), lambda v: (v.split() or [""])[0].upper().rstrip("+"))
+    if (state == "").any():  # traces without a State column (LS6): infer it
+        state = state.where(state != "", _infer_state(out))
+    out["state"] = state
     bad = out["submit"].isna()
     if bad.all():
         raise TraceFormatError(f"{source}: no row has a readable Submit time")
@@ -238,13 +244,23 @@ def _times(s: "pd.Series") -> "pd.Series":
     import numpy as np
     import pandas as pd
 
-    s = s.str.strip()
-    digits = s.str.fullmatch(r"\d+")
-    epoch = pd.to_numeric(s.where(digits), errors="coerce")
-    iso = pd.to_datetime(s.where(~digits), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
-    iso_s = (iso - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1)
-    out = epoch.fillna(iso_s)
-    return out.where(out > 0, np.nan).astype(float)
+    epoch = pd.to_numeric(s, errors="coerce").astype(float)  # SLURM_TIME_FORMAT=%s
+    other = epoch.isna() & (s != "")
+    if other.any():  # ISO text; Unknown/None/garbage stay NaN
+        iso = pd.to_datetime(s[other].str.strip(), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
+        epoch[other] = (iso - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1)
+    return epoch.where(epoch > 0, np.nan).astype(float)
+
+
+def _by_unique(s: "pd.Series", f) -> "pd.Series":
+    """Apply ``f`` once per distinct value: a million rows hold a few thousand distinct ones."""
+    import numpy as np
+    import pandas as pd
+
+    codes, uniques = pd.factorize(s, use_na_sentinel=False)
+    table = np.empty(len(uniques), dtype=object)
+    table[:] = [f(str(u)) for u in uniques]
+    return pd.Series(table[codes], index=s.index, dtype=object)
 
 
 def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
@@ -262,7 +278,7 @@ def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
             return np.nan
         return np.nan if d is None else d
 
-    return s.map(one).astype(float)
+    return _by_unique(s, one).astype(float)
 
 
 def _infer_state(df: "pd.DataFrame") -> "pd.Series":

@@ -5,8 +5,9 @@ from the last refresh (minus a day, so jobs that were pending or running then ar
 again with their final state) up to now. Everyone's jobs with ``-a`` when the cluster
 allows it; otherwise our own (then queue-state features are left empty, consistently at
 training and prediction time). Times are asked for as epoch seconds
-(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock. The cache is a CSV of
-the canonical columns (chainrun.traces) plus a small JSON beside it; no pickle.
+(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock. The cache is an
+``.npz`` of plain arrays, one per canonical column (chainrun.traces), read with
+``allow_pickle=False``, plus a small JSON beside it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def history_paths(cluster: str, base: Path | None = None) -> tuple[Path, Path]:
 
     d = ensure_private_dir((base or home()) / "history")
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster) or "default"
-    return d / f"{safe}.csv", d / f"{safe}.json"
+    return d / f"{safe}.npz", d / f"{safe}.json"
 
 
 def sacct_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
@@ -123,31 +124,39 @@ def merge_history(old: "pd.DataFrame | None", new: "pd.DataFrame") -> "pd.DataFr
     return out.sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)
 
 
+_STR_COLS = ("job_id", "user", "name", "partition", "qos", "account", "state", "exit_code")
+
+
 def load_cache(cluster: str, base: Path | None = None) -> "tuple[pd.DataFrame | None, dict]":
+    import numpy as np
     import pandas as pd
 
-    csv, meta = history_paths(cluster, base)
+    npz, meta = history_paths(cluster, base)
     info = json.loads(meta.read_text()) if meta.exists() else {}
-    if not csv.exists():
+    if not npz.exists():
         return None, info
-    df = pd.read_csv(csv, dtype={"job_id": str, "user": str, "name": str, "partition": str, "qos": str,
-                                 "account": str, "state": str, "exit_code": str}, keep_default_na=False,
-                     na_values={c: [""] for c in ("submit", "eligible", "start", "end", "timelimit_s", "priority")})
-    for c in ("name", "partition", "qos", "account"):
-        df[c] = df[c].fillna("").astype(str)
-    df["eligible_known"] = df["eligible_known"].astype(str).str.lower().isin(["true", "1"])
+    with np.load(npz, allow_pickle=False) as z:  # plain arrays only: no pickle
+        df = pd.DataFrame({c: (z[c].astype(object) if c in _STR_COLS else z[c]) for c in CANONICAL_COLUMNS})
     return df, info
 
 
 def save_cache(cluster: str, df: "pd.DataFrame", info: dict, base: Path | None = None) -> Path:
-    csv, meta = history_paths(cluster, base)
-    tmp = csv.with_suffix(".csv.tmp")
-    df[list(CANONICAL_COLUMNS)].to_csv(tmp, index=False)
-    os.replace(tmp, csv)
+    import numpy as np
+
+    npz, meta = history_paths(cluster, base)
+    arrays = {}
+    for c in CANONICAL_COLUMNS:
+        v = df[c].to_numpy()
+        kind = bool if c == "eligible_known" else ("int64" if c in ("nodes", "gpus", "cpus") else float)
+        arrays[c] = v.astype(str) if c in _STR_COLS else np.asarray(v, dtype=kind)
+    tmp = npz.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, npz)
     tmpm = meta.with_suffix(".json.tmp")
     tmpm.write_text(json.dumps(info, indent=1, sort_keys=True))
     os.replace(tmpm, meta)
-    return csv
+    return npz
 
 
 def live_snapshot(runner: "Runner", *, timeout: float = 60.0) -> "pd.DataFrame":
