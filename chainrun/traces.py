@@ -143,7 +143,9 @@ def _read_delimited(body: list[str], names: list[str], cols: dict[str, int], sou
     if not fixed:
         raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
     use = sorted(set(cols.values()))
-    raw = pd.read_csv(io.StringIO("\n".join(fixed)), sep="|", header=None, names=[f"c{i}" for i in range(width)],
+    data = io.BytesIO("\n".join(fixed).encode("utf-8"))  # bytes: a StringIO would hold 4 bytes a char
+    del fixed
+    raw = pd.read_csv(data, sep="|", encoding="utf-8", header=None, names=[f"c{i}" for i in range(width)],
                       usecols=[f"c{i}" for i in use], dtype=str, keep_default_na=False, na_filter=False,
                       quoting=csv.QUOTE_NONE, engine="c")
     if "name" in cols and name_last:
