@@ -7,6 +7,7 @@ Slurm query ends the tick early and changes nothing; the next tick tries again.
 
 from __future__ import annotations
 
+import getpass
 import logging
 import time
 from dataclasses import dataclass, field
@@ -55,11 +56,13 @@ class TickReport:
 class Engine:
     def __init__(
         self, store: Store, slurm: SlurmClient, runner: Runner, *, predictor: Predictor | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, user: str | None = None,
     ) -> None:
         self.store, self.slurm, self.runner = store, slurm, runner
         self.predictor = predictor
         self.clock = clock
+        self.user = user or getpass.getuser()  # whose job names we may adopt
+        self._queue: list[QueueRow] = []
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> TickReport:
@@ -77,9 +80,12 @@ class Engine:
         return report
 
     def _tick(self, chains: list[Chain], report: TickReport) -> None:
-        queue = self.slurm.queue()
+        # the predicted policy reads everyone's queue; it comes from the same single squeue call
+        everyone = self.predictor is not None and any(c.policy == "predicted" for c in chains)
+        queue = self.slurm.queue(all_users=everyone)
+        self._queue = queue
         by_id = {q.job_id: q for q in queue}
-        by_name = {q.name: q for q in queue}
+        by_name = {q.name: q for q in queue if not everyone or q.user == self.user}
         segs = {c.id: self.store.segments(c.id) for c in chains}
 
         # adopt jobs whose submission we did not get to record
@@ -196,7 +202,10 @@ class Engine:
             if c.total_s - c.credited_s < MIN_SEGMENT_S:
                 self._finish(c, segs, COMPLETED, "total time reached")
                 return
-            self._submit_next(c, segs, remaining, dependency="", note="", estimate=None)
+            # the last prediction made while the predecessor ran stays beside the actual wait
+            last = segs[-1].extra.get("last_prediction") if segs else None
+            est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
+            self._submit_next(c, segs, remaining, dependency="", note="", estimate=est)
             report.submitted += 1
             return
         if len(live) > 1 or remaining < MIN_SEGMENT_S:
@@ -204,7 +213,7 @@ class Engine:
         cur = live[0]
         policy = get_policy(c.policy)
         handover = (cur.end - c.signal_lead_s) if (cur.phase == RUNNING and cur.end) else None
-        predict = (lambda: self.predictor(c, cur, [])) if self.predictor else None
+        predict = (lambda: self.predictor(c, cur, self._queue)) if self.predictor else None
         view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict)
         decision = policy.decide(view)
         if decision.estimate is not None:

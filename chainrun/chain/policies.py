@@ -14,6 +14,11 @@ from chainrun.errors import UsageError
 from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 
 
+# The quantile of the predicted wait the `predicted` policy acts on. High on purpose: a late
+# start costs the whole interruption, an early one only the hand-off (see docs/evaluation.md).
+PREDICT_QUANTILE = 0.9
+
+
 @dataclass(frozen=True)
 class WaitEstimate:
     """A predicted queue wait for the successor, in seconds, and which model said so."""

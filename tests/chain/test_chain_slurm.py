@@ -46,6 +46,9 @@ SCENARIOS = {
     # every segment crashes; successors are pre-queued so the failure must cancel one
     "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
                                 "--exclude=n1,n2", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
+    # the queue-delay model decides (trained by `chainrun model refresh` on this cluster's sacct)
+    "predicted": Scenario("predicted", ["--total", "5m", "--policy", "predicted", "--lead", "40s", "--",
+                                        "--nodelist=n2", "--exclusive"], {}),
     # the trainer finishes in segment 0 while segment 1 waits in the queue
     "done": Scenario("done", ["--total", "10m", "--policy", "lead", "--lead", "60s", "--",
                               "--nodelist=n2", "--exclusive", "--export=ALL,TOY_TOTAL_STEPS=50"], {}),
@@ -55,6 +58,7 @@ SCENARIOS = {
 @pytest.fixture(scope="module")
 def chains(slurm_cluster, tmp_path_factory):
     home = tmp_path_factory.mktemp("chains-home")
+    train_model(home)
     for sc in SCENARIOS.values():
         work = tmp_path_factory.mktemp(sc.name)
         p = run_cli("submit", str(TOY), "--name", sc.name, "--signal", SIGNAL, "--json", *sc.args,
@@ -72,6 +76,19 @@ def chains(slurm_cluster, tmp_path_factory):
         assert st.returncode == 0, st.stderr
         sc.result = json.loads(st.stdout)["data"][0]
     return {"home": home, "log": watch.stdout}
+
+
+def train_model(home: Path) -> None:
+    """Give the cluster some history (a fresh CI cluster has none) and train the model on it."""
+    ids = [subprocess.run(["sbatch", "--parsable", "-J", "history", "--wrap", "sleep 1"], capture_output=True,
+                          text=True, check=True).stdout.strip() for _ in range(25)]
+    deadline = time.time() + 120
+    while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True,
+                                                    text=True).stdout.strip():
+        time.sleep(2)
+    time.sleep(3)  # sacct fills End a moment after the job leaves squeue
+    p = run_cli("model", "refresh", "--json", home=home, timeout=300)
+    assert p.returncode == 0, p.stderr
 
 
 def steps_of(sc: Scenario) -> list[tuple[str, str, int, float]]:
@@ -171,6 +188,15 @@ def test_payload_done_completes_chain_and_cancels_queued_successor(chains):
     assert segs(sc)[0]["outcome"] == "done"
     assert len(segs(sc)) == 2 and segs(sc)[1]["outcome"] == "cancelled"
     assert steps_of(sc)[-1][0] == "done"
+
+
+def test_predicted_policy_completes_and_records_predictions(chains):
+    sc = SCENARIOS["predicted"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    later = segs(sc)[1:]
+    assert later and all(s["predicted_wait_s"] is not None for s in later), later
+    assert all(s["predicted_model"] for s in later)
+    assert_continuous_and_exclusive(sc)
 
 
 def test_status_table_and_events(chains):
