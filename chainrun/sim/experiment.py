@@ -42,7 +42,8 @@ class ChainSpec:
 
 
 def run_experiment(base: Scheduler, t0: float, nodes: int, pred_id: int, succ_id: int, rules: list[Rule],
-                   spec: ChainSpec, knowledge, *, gpus_per_node: int = 3) -> list[Transition]:
+                   spec: ChainSpec, knowledge, *, gpus_per_node: int = 3,
+                   show_predecessor: bool = True) -> list[Transition]:
     sim = base.fork()
     sim.run_until(t0)
     sim.submit(pred_id, nodes, spec.segment_s, spec.segment_s)
@@ -51,7 +52,7 @@ def run_experiment(base: Scheduler, t0: float, nodes: int, pred_id: int, succ_id
         return []
     pe = ps + spec.segment_s
     ctx = Context(knowledge, sim, nodes=nodes, segment_s=spec.segment_s, gpus_per_node=gpus_per_node,
-                  user="chainrun-chain")
+                  user="chainrun-chain", predecessor=(t0, ps) if show_predecessor else None)
     memo: dict[tuple[float, float], float] = {}
 
     def start_if_submitted(state: Scheduler, eligible: float | None = None) -> float:
@@ -107,7 +108,9 @@ def run_experiment(base: Scheduler, t0: float, nodes: int, pred_id: int, succ_id
                     record(rule.name, t, start_if_submitted(sim))
                 else:
                     later.append(rule)
-                    wait = min(wait, pe - lead - t)
+                    # halve the distance to the moment the lead would be reached: the queue can
+                    # fill up after a quiet look, so look more often as the end comes near
+                    wait = min(wait, (pe - lead - t) / 2)
             if later:
                 steps = max(1, int(wait // spec.poll_min_s))  # round down: never later than asked
                 heapq.heappush(events, (min(t + steps * spec.poll_min_s, pe), i, "ask", later))

@@ -9,6 +9,7 @@ is absent. Models are refit every ``retrain_every_s`` on what was known at the r
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
 if TYPE_CHECKING:
@@ -78,6 +79,7 @@ class Knowledge:
         self._models: dict[int, WaitPredictor] = {}
         self.model_kinds: set[str] = set()
         self.fallbacks = 0  # predictions answered by the stand-in because the model failed
+        self.cost = {"fits": 0, "fit_s": 0.0, "predictions": 0, "predict_s": 0.0}
 
     def history(self, now: float, *, window_s: float | None = HISTORY_WINDOW_S) -> "pd.DataFrame":
         import numpy as np
@@ -112,6 +114,7 @@ class Knowledge:
         if k not in self._models:
             until = self.first_retrain + k * self.retrain_every_s
             hist = self.history(until, window_s=None)
+            t_fit = time.monotonic()
             try:
                 self._models[k] = self.factory(hist, until)
                 self.model_kinds.add(getattr(self.factory, "__name__", "model"))
@@ -119,6 +122,8 @@ class Knowledge:
                 log.info("predictor fit at %s failed (%s); using recent waits", until, e)
                 self._models[k] = RecentWaits(hist, until)
                 self.model_kinds.add("recent-waits")
+            self.cost["fits"] += 1
+            self.cost["fit_s"] += time.monotonic() - t_fit
         return self._models[k]
 
     def snapshot(self, now: float, pending: list[int], running: list[tuple[int, float]]) -> "pd.DataFrame":

@@ -17,6 +17,7 @@ polls); it sees only ``Context`` (the masked past and the live queue, see knowle
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
@@ -70,7 +71,9 @@ def default_reports(rules: list[Rule]) -> list[Report]:
 class Context:
     """What rules may ask at time ``now``; predictions are cached per (experiment, time)."""
 
-    def __init__(self, knowledge, sim, *, nodes: int, segment_s: float, gpus_per_node: int, user: str) -> None:
+    def __init__(self, knowledge, sim, *, nodes: int, segment_s: float, gpus_per_node: int, user: str,
+                 predecessor: tuple[float, float] | None = None) -> None:
+        self.predecessor = predecessor  # (submit, start): the chain's own running job, as squeue shows it
         self.k = knowledge
         self.sim = sim
         self.nodes = nodes
@@ -86,10 +89,17 @@ class Context:
             pending, running = self.sim.queue_view()
             req = WaitRequest(user=self.user, nodes=self.nodes, gpus=self.nodes * self.gpus_per_node, cpus=0,
                               timelimit_s=self.segment_s, submit=now)
+            if self.sim.free >= self.nodes and not self.sim.pending:
+                # an idle partition: the job would start at once; no model needed (saves time)
+                from chainrun.predict import Prediction
+
+                self._pred[now] = Prediction(0.0, 0.0, 0.0, "idle")
+                return self._pred[now]
             model = self.k.predictor(now)
+            t_pred = time.monotonic()
             history = self.k.history(now)
             try:
-                self._pred[now] = model.predict(req, self.k.snapshot(now, pending, running), history)
+                self._pred[now] = model.predict(req, self._snapshot(now, pending, running), history)
             except ValueError:
                 # chainrun.predict (features._active) fails when no job in the window ever
                 # waited: the queue is empty, so the recent waits (all 0) answer instead
@@ -97,7 +107,23 @@ class Context:
 
                 self.k.fallbacks += 1
                 self._pred[now] = RecentWaits(history, now).predict(req)
+            self.k.cost["predictions"] += 1
+            self.k.cost["predict_s"] += time.monotonic() - t_pred
         return self._pred[now]
+
+    def _snapshot(self, now, pending, running):
+        snap = self.k.snapshot(now, pending, running)
+        if self.predecessor is None:
+            return snap
+        import pandas as pd
+
+        sub, start = self.predecessor
+        own = {c: snap[c].iloc[0] if len(snap) else "" for c in snap.columns}
+        own.update(job_id="chain-predecessor", user=self.user, name="chain", submit=sub, eligible=sub, start=start,
+                   end=float("nan"), timelimit_s=self.segment_s, nodes=self.nodes,
+                   gpus=self.nodes * self.gpus_per_node, cpus=0, state="RUNNING", exit_code="",
+                   partition="", qos="", account="", eligible_known=False, priority=float("nan"))
+        return pd.concat([snap, pd.DataFrame([own])[snap.columns]], ignore_index=True)
 
 
 def lead_of(rule: Rule, ctx: Context, now: float) -> float:

@@ -35,6 +35,9 @@ class SimConfig:
     gpus_per_node: int = 3
     workers: int = 2
     predictor: PredictorFactory | None = None  # None: the chainrun predictor
+    # the chain's user has one job the predictor can see: its running predecessor (as in real use;
+    # the chainrun model anchors on the user's recent waits). False: a user with no history at all.
+    show_predecessor: bool = True
     max_experiments: int | None = None  # for quick looks and tests
 
 
@@ -88,14 +91,14 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
         parts = [_run_chunk(chunks[0])] if chunks else []
     transitions = [t for p, _, _ in parts for t in p]
     kinds = sorted({k for _, ks, _ in parts for k in ks})
-    fallbacks = sum(f for _, _, f in parts)
+    cost = {k: round(sum(c[k] for _, _, c in parts), 1) for k in parts[0][2]} if parts else {}
     from chainrun.sim.metrics import policy_table
 
     reports = default_reports(rules)
     table, gaps = policy_table(reports, transitions, handoff_s=cfg.spec.handoff_s, gpus_per_node=cfg.gpus_per_node)
     meta = {
         "nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(cfg.chain_nodes),
-        "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "predictor": kinds, "predictor_fallbacks": fallbacks,
+        "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "predictor": kinds, "predictor_cost": cost,
         "fidelity_jobs": fid.jobs, "spec": asdict(cfg.spec), "seconds": round(time.monotonic() - t_begin, 1),
     }
     return SimResult(fid, table, gaps, meta, transitions)
@@ -124,7 +127,7 @@ def _split(points: list, k: int) -> list[list]:
     return [points[a:b] for a, b in zip(cut, cut[1:]) if b > a]
 
 
-def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str], int]:
+def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str], dict]:
     s = _SHARED
     w, cfg = s["w"], s["cfg"]
     factory = cfg.predictor or chainrun_predictor
@@ -136,5 +139,6 @@ def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[
     for i, (t0, chain_nodes) in enumerate(points):
         base.run_until(t0)
         out.extend(run_experiment(base, t0, chain_nodes, n + 2 * i, n + 2 * i + 1, s["rules"], cfg.spec,
-                                  knowledge, gpus_per_node=cfg.gpus_per_node))
-    return out, sorted(knowledge.model_kinds), knowledge.fallbacks
+                                  knowledge, gpus_per_node=cfg.gpus_per_node,
+                                  show_predecessor=cfg.show_predecessor))
+    return out, sorted(knowledge.model_kinds), {"fallbacks": knowledge.fallbacks, **knowledge.cost}
