@@ -59,7 +59,9 @@ def render(res) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    import sys
+
+    con = Console(highlight=False, width=None if sys.stdout.isatty() else 180)  # a pipe gets the whole table
     f, m = res.fidelity, res.meta
     con.print(
         f"[bold]Fidelity[/bold] (trace replayed alone on {m['nodes']} nodes, {m['fidelity_jobs']} jobs after warm-up): "
@@ -68,7 +70,7 @@ def render(res) -> None:
     t = Table(title=f"{m['injections']} injected chains (every {m['chains_every_h']:g} h, {'/'.join(map(str, m['chain_nodes']))} "
                     f"nodes, 48 h segments); predictor: {', '.join(m['predictor']) or '-'}; {m['seconds']:.0f}s")
     for c in ("policy", "n", "interruption", "overlap", "zero-int", "GPU-h twice", "cut", "low", "medium", "heavy"):
-        t.add_column(c, justify="left" if c == "policy" else "right")
+        t.add_column(c, justify="left" if c == "policy" else "right", no_wrap=c == "policy")
     for name, p in res.policies.items():
         bl = p["by_load"]
         t.add_row(name, str(p["transitions"]), _h(p["mean_interruption_h"]), _h(p["mean_overlap_h"]),

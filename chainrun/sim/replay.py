@@ -66,8 +66,13 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
         raise UsageError(f"unknown priority {cfg.priority!r}", hint="use age or multifactor")
     w = build_workload(trace, infer_dependencies=cfg.infer_dependencies)
     nodes = int(cfg.nodes or w.peak_nodes)
-    if nodes < max(cfg.chain_nodes):
-        raise UsageError(f"--nodes {nodes} is smaller than an injected chain ({max(cfg.chain_nodes)} nodes)")
+    if nodes < min(cfg.chain_nodes):
+        raise UsageError(f"--nodes {nodes} is smaller than every injected chain ({min(cfg.chain_nodes)} nodes)")
+    sizes = tuple(n for n in cfg.chain_nodes if n <= nodes)  # a small test partition gets only the small chains
+    if sizes != tuple(cfg.chain_nodes):
+        from dataclasses import replace
+
+        cfg = replace(cfg, chain_nodes=sizes)
     size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
     widest = max(j[2] for j in w.jobs)
     if widest > nodes:  # a job wider than the cluster would block the queue forever

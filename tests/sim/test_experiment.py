@@ -106,4 +106,4 @@ def test_bad_config_is_a_usage_error():
     with pytest.raises(UsageError):
         run_sim(busy_one_node(), cfg(chains_every_s=0))
     with pytest.raises(UsageError):
-        run_sim(busy_one_node(), cfg(chain_nodes=(8,)))
+        run_sim(busy_one_node(), cfg(chain_nodes=(8,)))  # no chain fits on one node
