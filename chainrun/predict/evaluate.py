@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 SMALL_S = 60.0
+RF_MAX_ROWS = 50_000
 
 
 def metrics(y_log, pred_log) -> dict:
@@ -128,23 +129,22 @@ def _user_last_quantiles(p: "pd.DataFrame", q: "pd.DataFrame", *, fallback) -> "
     """p10/p50/p90 of each user's last 20 waits known at t (started before t); fallback if none."""
     import numpy as np
 
+    from chainrun.predict.prep import SPAN
+
     start = p["start"].to_numpy(float)
     ok = ~np.isnan(start) & ~p["dep_like"].to_numpy(bool)
-    by_user: dict[str, tuple] = {}
     users = p["user"].astype(str).to_numpy()
-    lw = log_wait(p["wait"].to_numpy(float))
-    for u in np.unique(users[ok]):
-        rows = np.flatnonzero(ok & (users == u))
-        o = np.argsort(start[rows], kind="stable")
-        by_user[u] = (start[rows][o], lw[rows][o])
+    codes = {u: i for i, u in enumerate(np.unique(np.concatenate([users, q["user"].astype(str).to_numpy()])))}
+    ucode = np.array([codes[u] for u in users[ok]], float)
+    keys = ucode * SPAN + start[ok]
+    o = np.argsort(keys, kind="stable")
+    keys, lw, ucode = keys[o], log_wait(p["wait"].to_numpy(float)[ok])[o], ucode[o]
+    qcode = np.array([codes[u] for u in q["user"].astype(str)], float)
+    k = np.searchsorted(keys, qcode * SPAN + q["t"].to_numpy(float), side="left")  # started before t
+    first = np.searchsorted(keys, qcode * SPAN, side="left")  # the user's first job
     out = np.tile(np.asarray(fallback, float), (len(q), 1))
-    for i, (u, t) in enumerate(zip(q["user"].astype(str), q["t"].to_numpy(float))):
-        if u not in by_user:
-            continue
-        s, w = by_user[u]
-        k = np.searchsorted(s, t, side="left")
-        if k:
-            out[i] = np.quantile(w[max(0, k - USER_WINDOW):k], QUANTILES)
+    for i in np.flatnonzero(k > first):
+        out[i] = np.quantile(lw[max(first[i], k[i] - USER_WINDOW):k[i]], QUANTILES)
     return out
 
 
@@ -153,6 +153,8 @@ def _random_forest(X_tr, y_tr, X_te) -> "np.ndarray":
     import numpy as np
     from sklearn.ensemble import RandomForestRegressor
 
+    if len(y_tr) > RF_MAX_ROWS:  # the most recent rows (they are in time order): bounded eval time
+        X_tr, y_tr = X_tr[-RF_MAX_ROWS:], y_tr[-RF_MAX_ROWS:]
     rf = RandomForestRegressor(n_estimators=100, min_samples_leaf=5, max_features=0.5, n_jobs=1, random_state=7)
     rf.fit(np.nan_to_num(X_tr, nan=-1.0), y_tr)
     Xt = np.nan_to_num(X_te, nan=-1.0)
