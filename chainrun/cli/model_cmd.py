@@ -125,7 +125,7 @@ def eval_cmd(
     t = Table(title=f"test {res['test']['from']} .. {res['test']['to']}: {res['test']['n']} jobs "
                     f"(train {res['train']['n']} jobs from {res['train']['from']})")
     for c in ("model", "within 2x", "MAE log10", "pinball p10", "p50", "p90", "p10-p90 coverage"):
-        t.add_column(c, justify="left" if c == "model" else "right")
+        t.add_column(c, justify="left" if c == "model" else "right", no_wrap=(c == "model"))
     for name, m in res["models"].items():
         t.add_row(name, f"{m['within_2x']:.3f}", f"{m['mae_log10']:.3f}", f"{m['pinball']['p10']:.3f}",
                   f"{m['pinball']['p50']:.3f}", f"{m['pinball']['p90']:.3f}", f"{m['coverage_p10_p90']:.3f}")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predict_helpers import LS6, synthetic_history  # noqa: E402
+from .predict_helpers import LS6, synthetic_history  # noqa: E402
 
 
 @pytest.fixture

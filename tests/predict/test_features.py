@@ -10,7 +10,7 @@ from chainrun.predict.features import FEATURES, build_features
 from chainrun.predict.model import queries_of
 from chainrun.predict.prep import prepare
 
-from predict_helpers import synthetic_history
+from .predict_helpers import synthetic_history
 
 CATS = {"partition": {"gpu": 0, "small": 1}, "qos": {"normal": 0}}
 

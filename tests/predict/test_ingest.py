@@ -8,7 +8,7 @@ import pytest
 from chainrun.predict import ingest, service
 from chainrun.runner.base import RunResult
 
-from predict_helpers import DATA
+from .predict_helpers import DATA
 
 
 class FakeRunner:

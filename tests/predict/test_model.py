@@ -13,7 +13,7 @@ from chainrun.predict import Prediction, WaitRequest, fit_predictor, load_predic
 from chainrun.predict import model as model_mod
 from chainrun.predict.features import FEATURES
 
-from predict_helpers import synthetic_history
+from .predict_helpers import synthetic_history
 
 
 def _live(df, t):

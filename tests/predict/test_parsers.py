@@ -14,7 +14,7 @@ from chainrun.predict.prep import prepare
 from chainrun.slurm.timefmt import parse_slurm_duration
 from chainrun.traces import TraceFormatError, parse_trace_text, read_trace
 
-from predict_helpers import DATA, LS6
+from .predict_helpers import DATA, LS6
 
 
 def test_real_sacct_P_with_pending_running_cancelled():
