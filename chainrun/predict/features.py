@@ -36,6 +36,9 @@ FEATURES: tuple[str, ...] = (
     "q_pending_jobs", "q_pending_nodes", "q_pending_nodeh", "q_pending_mean_age_h",
     "q_running_jobs", "q_running_nodes", "q_running_left_nodeh", "q_pending_nodes_frac", "q_running_nodes_frac",
     "q_backlog_h", "q_free_nodes_frac", "q_pending_max_age_h",
+    # the same queue seen from the requested partition only (clusters with several)
+    "q_part_pending_jobs", "q_part_pending_nodes", "q_part_pending_nodeh", "q_part_running_nodes",
+    "q_part_running_left_nodeh", "c_part_med_wait50",
     "c_med_wait50", "c_mean_wait50", "c_last_wait", "c_started_6h",
 )
 QUEUE_FEATURES = tuple(f for f in FEATURES if f.startswith(("q_", "c_")))
@@ -132,6 +135,26 @@ def build_features(
         X[:, col["q_backlog_h"]] = (cp[:, 2] + np.maximum(X[:, col["q_running_left_nodeh"]], 0.0)) / cap
         X[:, col["q_free_nodes_frac"]] = np.maximum(cap - cr[:, 1], 0.0) / cap
         X[:, col["q_pending_max_age_h"]] = _oldest_pending_age_h(p_in, p_out, t)
+
+        # per partition: the same sweeps keyed by (partition, time)
+        parts = pd.Index(pd.unique(pd.concat([universe["partition"], queries["partition"]]).astype(str)))
+        pa = parts.get_indexer(universe["partition"].astype(str)).astype(float)
+        qp = parts.get_indexer(queries["partition"].astype(str)).astype(float) * SPAN + t
+        pp = _active(pa[pend] * SPAN + p_in, pa[pend] * SPAN + p_out, pw[:, :3], qp, in_side="left")
+        pr = _active(pa[ran] * SPAN + r_in, pa[ran] * SPAN + r_out, rw[:, 1:3], qp, in_side="left")
+        X[:, col["q_part_pending_jobs"]], X[:, col["q_part_pending_nodes"]] = pp[:, 0], pp[:, 1]
+        X[:, col["q_part_pending_nodeh"]], X[:, col["q_part_running_nodes"]] = pp[:, 2], pr[:, 0]
+        X[:, col["q_part_running_left_nodeh"]] = pr[:, 1] - pr[:, 0] * t / 3600.0
+        ran_idx = np.flatnonzero(ran)
+        pk = pa[ran_idx] * SPAN + start[ran_idx]
+        o = np.argsort(pk, kind="stable")
+        pk, plw, pcode = pk[o], log_wait(wait[ran_idx])[o], pa[ran_idx][o]
+        if len(pk):
+            pmed = pd.Series(plw).groupby(pcode).rolling(CLUSTER_WINDOW, min_periods=1).median()
+            pmed = pmed.reset_index(level=0, drop=True).sort_index().to_numpy()
+            pos_p = np.searchsorted(pk, qp, side="left") - 1
+            ok_p = (pos_p >= 0) & (pcode[np.clip(pos_p, 0, None)] == np.floor(qp / SPAN))
+            X[:, col["c_part_med_wait50"]] = np.where(ok_p, pmed[np.clip(pos_p, 0, None)], np.nan)
 
     # --- waits of started jobs, known from their start on
     s_idx = np.flatnonzero(ran)

@@ -106,10 +106,11 @@ class Predictor:
 
         now = float(request.submit) if request.submit is not None else time.time()
         universe = _universe(now, request.user, snapshot, history)
+        partition = request.partition or _usual_partition(universe, request.user)
         q = pd.DataFrame({
             "user": [request.user], "t": [now], "nodes": [request.nodes], "gpus": [request.gpus],
             "cpus": [request.cpus], "timelimit_s": [float(request.timelimit_s)],
-            "partition": [request.partition or ""], "qos": [request.qos or ""],
+            "partition": [partition], "qos": [request.qos or ""],
         })
         X = build_features(q, universe, capacity=self.meta["capacity"], all_users=self.meta["all_users"],
                            categories=self.meta["categories"])
@@ -330,6 +331,17 @@ def pinball(y, pred, q: float) -> float:
 
     d = np.asarray(y, float) - np.asarray(pred, float)
     return float(np.mean(np.maximum(q * d, (q - 1) * d)))
+
+
+def _usual_partition(universe: "pd.DataFrame", user: str) -> str:
+    """No partition asked for: Slurm will use the default; guess it as the user's most used
+    partition, else the cluster's ("" when the history has none)."""
+    parts = universe["partition"].astype(str)
+    parts = parts[parts != ""]
+    if not len(parts):
+        return ""
+    mine = parts[universe.loc[parts.index, "user"].astype(str) == str(user)]
+    return str((mine if len(mine) else parts).value_counts().index[0])
 
 
 def _universe(now: float, user: str, snapshot, history) -> "pd.DataFrame":

@@ -108,3 +108,17 @@ def test_own_jobs_only_leaves_queue_features_empty(history):
     qcols = [j for j, f in enumerate(FEATURES) if f.startswith(("q_", "c_"))]
     assert np.isnan(X[:, qcols]).all()
     assert not np.isnan(X[:, FEATURES.index("user_pending_jobs")]).any()
+
+
+def test_partition_queue_sees_only_its_partition():
+    df = synthetic_history(400, seed=4)
+    df["partition"] = np.where(np.arange(len(df)) % 2 == 0, "gpu", "small")
+    p = prepare(df)
+    t = float(np.quantile(df["submit"], 0.7))
+    q = pd.DataFrame({"user": ["u1", "u1"], "t": [t, t], "nodes": [1, 1], "gpus": [4, 4], "cpus": [32, 32],
+                      "timelimit_s": [3600.0, 3600.0], "partition": ["gpu", "small"], "qos": ["normal"] * 2})
+    X = build_features(q, p, capacity=16, all_users=True, categories=CATS)
+    j = FEATURES.index
+    total = X[0, j("q_pending_jobs")]
+    assert X[0, j("q_part_pending_jobs")] + X[1, j("q_part_pending_jobs")] == total
+    assert X[0, j("q_part_running_nodes")] + X[1, j("q_part_running_nodes")] == X[0, j("q_running_nodes")]
