@@ -1,0 +1,194 @@
+"""Cluster definitions: the ``[clusters.NAME]`` tables of ``config.toml`` in the chainrun home.
+
+Only connection facts are stored (host, user, port, key *path*, jump host, login shell,
+remote workdir); never a password or a key's content. ``~/.ssh/config`` is honoured for
+whatever the cluster entry leaves open, looked up by the host and then by the cluster's
+name, so ``chainrun cluster add hpc --host hpc`` reuses an existing ``Host hpc`` block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from chainrun import paths
+from chainrun.errors import NotFoundError, UsageError
+
+LOCAL = "local"
+RESERVED = {LOCAL, "all"}
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
+
+
+@dataclass
+class Cluster:
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    key: str | None = None
+    proxy_jump: str | None = None
+    login_shell: bool = False
+    workdir: str | None = None  # remote folder holding chainrun-runs/ (default: the remote home)
+
+    def to_toml(self) -> str:
+        lines = [f"[clusters.{self.name}]"]
+        for k, v in asdict(self).items():
+            if k == "name" or v is None:
+                continue
+            lines.append(f"{k} = {_toml_value(v)}")
+        return "\n".join(lines)
+
+
+@dataclass
+class Config:
+    default: str | None = None
+    clusters: dict[str, Cluster] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where to connect, after ``~/.ssh/config`` filled the gaps."""
+
+    hostname: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]
+    proxy_jump: str | None
+
+
+def config_path() -> Path:
+    return paths.home() / "config.toml"
+
+
+def known_hosts_path() -> Path:
+    """chainrun's own known_hosts (the user's ~/.ssh/known_hosts is read as well)."""
+    return paths.home() / "known_hosts"
+
+
+def check_name(name: str) -> str:
+    if not _NAME_RE.match(name or ""):
+        raise UsageError(f"invalid cluster name {name!r}", hint="letters, digits, '-' and '_', at most 40")
+    if name in RESERVED:
+        raise UsageError(f"{name!r} is reserved", hint="pick another cluster name")
+    return name
+
+
+def load() -> Config:
+    path = config_path()
+    if not path.exists():
+        return Config()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {e}", hint="fix or remove the file") from None
+    cfg = Config(default=data.get("default"))
+    known = set(Cluster.__dataclass_fields__) - {"name"}
+    for name, table in (data.get("clusters") or {}).items():
+        unknown = set(table) - known
+        if unknown:
+            raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} in [clusters.{name}]")
+        if "password" in table:  # belt and braces: known-keys check above already refuses it
+            raise UsageError(f"{path}: passwords are never read; use an SSH agent or a key file")
+        cfg.clusters[name] = Cluster(name=name, **table)
+    return cfg
+
+
+def save(cfg: Config) -> Path:
+    """Write the config atomically, 0600 (it names hosts and key paths)."""
+    path = config_path()
+    parts = ["# chainrun clusters: written by `chainrun cluster add`; passwords are never stored"]
+    if cfg.default:
+        parts.append(f"default = {_toml_value(cfg.default)}")
+    parts += [c.to_toml() for c in sorted(cfg.clusters.values(), key=lambda c: c.name)]
+    write_private(path, "\n\n".join(parts) + "\n")
+    return path
+
+
+def write_private(path: Path, text: str) -> None:
+    paths.ensure_private_dir(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mkstemp creates 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def get(name: str, cfg: Config | None = None) -> Cluster:
+    cfg = cfg or load()
+    if name not in cfg.clusters:
+        names = ", ".join(["local", *sorted(cfg.clusters)])
+        raise NotFoundError(f"no cluster {name!r}", hint=f"clusters: {names}; add one with `chainrun cluster add`")
+    return cfg.clusters[name]
+
+
+def default_name(cfg: Config | None = None) -> str:
+    cfg = cfg or load()
+    return cfg.default or LOCAL
+
+
+def resolve(cluster: Cluster, *, ssh_config: Path | None = None) -> Target:
+    """Fill the cluster's open fields from ``~/.ssh/config`` (by host, then by cluster name)."""
+    found = _ssh_lookup(cluster.host, ssh_config)
+    if not found.get("_matched"):
+        by_name = _ssh_lookup(cluster.name, ssh_config)
+        if by_name.get("_matched"):
+            found = by_name
+    hostname = found.get("hostname") or cluster.host
+    port = cluster.port or int(found.get("port") or 22)
+    user = cluster.user or found.get("user") or _local_user()
+    keys = (os.path.expanduser(cluster.key),) if cluster.key else tuple(os.path.expanduser(k) for k in found.get("identityfile", []))
+    jump = cluster.proxy_jump or found.get("proxyjump")
+    if jump and jump.lower() == "none":
+        jump = None
+    return Target(hostname=hostname, port=port, user=user, key_files=keys, proxy_jump=jump)
+
+
+def resolve_jump(spec: str, *, ssh_config: Path | None = None) -> Target:
+    """One hop of a ProxyJump list: ``[user@]host[:port]``, itself looked up in ``~/.ssh/config``."""
+    user, _, hostport = spec.rpartition("@")
+    host, port = hostport, None
+    m = re.match(r"^\[(.+)\]:(\d+)$", hostport) or re.match(r"^([^:]+):(\d+)$", hostport)
+    if m:
+        host, port = m.group(1), int(m.group(2))
+    c = Cluster(name=host, host=host, user=user or None, port=port)
+    t = resolve(c, ssh_config=ssh_config)
+    return Target(t.hostname, t.port, t.user, t.key_files, None)  # nested jumps are listed, not recursive
+
+
+def ssh_config_path() -> Path:
+    return Path(os.environ.get("CHAINRUN_SSH_CONFIG") or Path.home() / ".ssh" / "config")
+
+
+def _ssh_lookup(host: str, path: Path | None) -> dict:
+    path = path or ssh_config_path()
+    if not path.exists():
+        return {}
+    import paramiko  # only when a remote cluster is used
+
+    cfg = paramiko.SSHConfig.from_path(str(path))
+    entry = dict(cfg.lookup(host))
+    # paramiko always answers with hostname=host; anything more means a Host block matched
+    entry["_matched"] = bool(set(entry) - {"hostname"}) or entry.get("hostname") != host
+    return entry
+
+
+def _local_user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
