@@ -55,6 +55,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default=DEFAULT_TRACE)
     ap.add_argument("--chains-every", default="4h")
+    ap.add_argument("--nodes", type=int, default=None, help="default: the trace's peak concurrent nodes")
+    ap.add_argument("--anonymous-chain", action="store_true",
+                    help="the predictor sees no job of the chain's user (not even its running predecessor)")
     ap.add_argument("--out", default=str(REPO / "docs" / "img" / "sim-gaps.png"))
     args = ap.parse_args()
 
@@ -64,12 +67,16 @@ def main() -> int:
     from chainrun.traces import read_trace
 
     t = time.monotonic()
-    res = run_sim(read_trace(args.trace), SimConfig(chains_every_s=float(parse_duration(args.chains_every))))
+    cfg = SimConfig(nodes=args.nodes, chains_every_s=float(parse_duration(args.chains_every)),
+                    show_predecessor=not args.anonymous_chain)
+    res = run_sim(read_trace(args.trace), cfg)
     render(res)
     plot(res, Path(args.out))
     print(f"predictor cost: {res.meta['predictor_cost']}")
     print(f"wrote {args.out}; total {time.monotonic() - t:.0f}s")
-    print(f"reproduce: .venv/bin/python bench/sim_replay.py --trace {args.trace} --chains-every {args.chains_every}")
+    extra = (f" --nodes {args.nodes}" if args.nodes else "") + (" --anonymous-chain" if args.anonymous_chain else "")
+    print(f"reproduce: .venv/bin/python bench/sim_replay.py --trace {args.trace} --chains-every {args.chains_every}"
+          f"{extra} --out {args.out}")
     return 0
 
 

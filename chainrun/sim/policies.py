@@ -9,9 +9,13 @@ polls); it sees only ``Context`` (the masked past and the live queue, see knowle
 - fixed_<L>:  a constant lead.
 - avg:        Mirage's baseline, lead = mean wait of the last 100 jobs that started.
 - predicted_q<NN>: chainrun, lead = the NN-th percentile of the wait the chainrun model predicts
-              for this job if submitted now. p50 without hand-off (an early start wastes GPU
-              hours as much as a late start wastes wall time, so aim at the middle); p90 with
-              hand-off (an early start then only costs the hand-off minutes).
+              for this job if submitted now. Which percentile is a newsvendor choice,
+              q* = cost of an hour late / (cost of an hour late + cost of an hour early):
+              * without hand-off an hour early holds the chain's nodes idle for an hour (and
+                eats an hour of the successor's limit), as costly as an hour late: q* = 0.5;
+              * with hand-off an hour early only moves an hour of work into one more segment,
+                i.e. 1/48 of an extra transition (~1 h of cost with hand-off minutes and its
+                own small gap): c = 1/48 and q* = 1 / (1 + c) = 0.98.
 - oracle:     not a rule but the limit: searches the submit time with the full future known.
 """
 
@@ -29,6 +33,10 @@ class Rule:
     quantile: float = 0.5
 
 
+def _qname(q: float) -> str:
+    return f"predicted_q{int(round(q * 100))}"
+
+
 @dataclass(frozen=True)
 class Report:
     """One row of the result table: a rule, counted with or without hand-off."""
@@ -38,18 +46,23 @@ class Report:
     handoff: bool
 
 
-def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600), quantiles=(0.5, 0.75, 0.9)) -> list[Rule]:
+Q_NO_HANDOFF = 0.5
+Q_HANDOFF = 0.98
+
+
+def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600),
+                  quantiles=(0.5, 0.75, 0.9, 0.95, Q_HANDOFF)) -> list[Rule]:
     rules = [Rule("reactive", "reactive"), Rule("dependency", "dependency")]
     rules += [Rule(f"fixed_{int(s // 3600)}h", "fixed", lead_s=float(s)) for s in fixed_leads_s]
     rules.append(Rule("avg", "avg"))
-    rules += [Rule(f"predicted_q{int(round(q * 100))}", "predicted", quantile=q) for q in quantiles]
+    rules += [Rule(_qname(q), "predicted", quantile=q) for q in quantiles]
     rules.append(Rule("oracle", "oracle"))
     return rules
 
 
 def default_reports(rules: list[Rule]) -> list[Report]:
-    """Names the external checks rely on: predicted (p50, no hand-off), predicted_handoff (p90),
-    oracle (with hand-off: the physical limit), plus every rule both ways where it differs."""
+    """Names the external checks rely on: predicted (q 0.5, no hand-off), predicted_handoff
+    (q 0.98, hand-off), oracle (with hand-off: the physical limit), plus every rule both ways."""
     out: list[Report] = []
     names = {r.name for r in rules}
     for r in rules:
@@ -61,10 +74,10 @@ def default_reports(rules: list[Rule]) -> list[Report]:
         else:
             out.append(Report(r.name, r.name, False))
             out.append(Report(f"{r.name}_handoff", r.name, True))
-    if "predicted_q50" in names:
-        out.append(Report("predicted", "predicted_q50", False))
-    if "predicted_q90" in names:
-        out.append(Report("predicted_handoff", "predicted_q90", True))
+    if _qname(Q_NO_HANDOFF) in names:
+        out.append(Report("predicted", _qname(Q_NO_HANDOFF), False))
+    if _qname(Q_HANDOFF) in names:
+        out.append(Report("predicted_handoff", _qname(Q_HANDOFF), True))
     return out
 
 

@@ -26,7 +26,7 @@ class SimConfig:
     chain_nodes: tuple[int, ...] = (1, 8)  # injection points alternate between these sizes
     spec: ChainSpec = field(default_factory=ChainSpec)
     fixed_leads_s: tuple[float, ...] = (2 * 3600.0, 6 * 3600.0, 12 * 3600.0)
-    quantiles: tuple[float, ...] = (0.5, 0.75, 0.9)
+    quantiles: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.98)  # must hold policies.Q_NO_HANDOFF, Q_HANDOFF
     priority: str = "age"  # or "multifactor": age + job size (the factors a one-partition trace shows)
     size_weight_s: float = 100 / 7000 * 7 * 86400  # PriorityWeightJobSize/Age * PriorityMaxAge
     bf_depth: int = 1000
@@ -50,7 +50,18 @@ class SimResult:
     transitions: list  # [experiment.Transition], every rule of every injection
 
     def as_json(self) -> dict:
-        return {"fidelity": self.fidelity.as_dict(), "policies": self.policies, "meta": self.meta}
+        """Plain JSON types; NaN (e.g. a Spearman of constant waits) becomes None, strict parsers refuse NaN."""
+        return _finite({"fidelity": self.fidelity.as_dict(), "policies": self.policies, "meta": self.meta})
+
+
+def _finite(x):
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return None
+    return x
 
 
 # set in the parent before forking workers, so the trace is not pickled to them
