@@ -61,6 +61,9 @@ def _register() -> None:
     from chainrun.cli import sim_cmd  # trace replay of submission policies
 
     sim_cmd.register(app)
+    from chainrun.cli import cluster_cmd  # cluster add/list/test/remove/default (SSH)
+
+    cluster_cmd.register(app)
 
 
 _register()

@@ -1,0 +1,179 @@
+"""``chainrun cluster add/list/test/remove/default``: the clusters chains can run on.
+
+paramiko is imported only inside the commands that connect (``test``, and ``add
+--accept-new-host-key``), never on the ``chainrun --help`` path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from chainrun.cli.render import envelope
+from chainrun.errors import RemoteError
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of text.")]
+cluster_app = typer.Typer(help="Remote clusters reached over SSH (`local` is always there).", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(cluster_app, name="cluster")
+
+
+@cluster_app.command("add", help="Add (or replace) a cluster reached over SSH. Keys and agents only: no passwords.")
+def add(
+    name: Annotated[str, typer.Argument(help="A short name for the cluster, used with --cluster.")],
+    host: Annotated[str, typer.Option("--host", help="Login node host name (or a Host alias from ~/.ssh/config).")],
+    user: Annotated[Optional[str], typer.Option("--user", help="Remote user (default: ~/.ssh/config, else yours).")] = None,
+    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="SSH port (default: ~/.ssh/config, else 22).")] = None,
+    key: Annotated[Optional[str], typer.Option("--key", help="Private key file (its path is stored, never its content).")] = None,
+    proxy_jump: Annotated[Optional[str], typer.Option("--proxy-jump", help="Bastion(s) like ssh -J: [user@]host[:port][,...].")] = None,
+    login_shell: Annotated[bool, typer.Option("--login-shell", help="Run commands in `bash -lc` (sites where Slurm comes from `module load`).")] = False,
+    workdir: Annotated[Optional[str], typer.Option("--workdir", help="Remote folder for chain folders (default: the remote home).")] = None,
+    default: Annotated[bool, typer.Option("--default", help="Make this the default cluster for commands without --cluster.")] = False,
+    accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key", help="Connect now and trust the server's key if it is not known yet (a changed key is still refused).")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun import clusters
+
+    clusters.check_name(name)
+    cfg = clusters.load()
+    spec = clusters.Cluster(name=name, host=host, user=user, port=port, key=key, proxy_jump=proxy_jump,
+                            login_shell=login_shell, workdir=workdir)
+    trusted: list[dict] = []
+    if accept_new_host_key:
+        trusted = _trust_new_keys(spec)
+    cfg.clusters[name] = spec
+    if default:
+        cfg.default = name
+    path = clusters.save(cfg)
+    if json_out:
+        typer.echo(envelope("cluster add", {"cluster": _public(spec), "default": cfg.default, "trusted_keys": trusted}))
+        return
+    for k in trusted:
+        typer.echo(f"trusted host key for {k['host']}: {k['type']} {k['fingerprint']}")
+    typer.echo(f"cluster {name} saved in {path}" + (" (default)" if cfg.default == name else ""))
+    if not accept_new_host_key:
+        typer.echo(f"check it with `chainrun cluster test {name}`")
+
+
+def _trust_new_keys(spec) -> list[dict]:
+    """Connect with accept-new: record keys not known yet in chainrun's known_hosts (0600)."""
+    from chainrun import clusters
+    from chainrun.runner.ssh import SSHRunner, fingerprint
+
+    kh = clusters.known_hosts_path()
+    runner = SSHRunner(spec, known_hosts=kh, accept_new_host_key=True)
+    try:
+        runner.run(["true"], 30)
+    finally:
+        runner.close()
+    if not runner.new_host_keys:
+        return []
+    old = kh.read_text(encoding="utf-8") if kh.exists() else ""
+    lines = [f"{host} {key.get_name()} {key.get_base64()}" for host, key in runner.new_host_keys]
+    clusters.write_private(kh, old + ("" if not old or old.endswith("\n") else "\n") + "\n".join(lines) + "\n")
+    return [{"host": h, "type": k.get_name(), "fingerprint": fingerprint(k)} for h, k in runner.new_host_keys]
+
+
+@cluster_app.command("list", help="List clusters (the default is marked).")
+def list_(json_out: JsonOpt = False) -> None:
+    from chainrun import clusters
+
+    cfg = clusters.load()
+    rows = [{"name": "local", "host": "(this machine)", "default": cfg.default in (None, "local")}]
+    rows += [{**_public(c), "default": cfg.default == c.name} for c in sorted(cfg.clusters.values(), key=lambda c: c.name)]
+    if json_out:
+        typer.echo(envelope("cluster list", rows))
+        return
+    for r in rows:
+        where = r["host"] if r["name"] == "local" else _where(r)
+        typer.echo(f"{'*' if r['default'] else ' '} {r['name']:<16} {where}")
+
+
+@cluster_app.command("remove", help="Forget a cluster (its chains' records stay in the state store).")
+def remove(name: Annotated[str, typer.Argument(help="The cluster to remove.")], json_out: JsonOpt = False) -> None:
+    from chainrun import clusters
+
+    cfg = clusters.load()
+    clusters.get(name, cfg)
+    del cfg.clusters[name]
+    if cfg.default == name:
+        cfg.default = None
+    clusters.save(cfg)
+    typer.echo(envelope("cluster remove", {"removed": name}) if json_out else f"cluster {name} removed")
+
+
+@cluster_app.command("default", help="Set the cluster used when --cluster is not given.")
+def set_default(name: Annotated[str, typer.Argument(help="A cluster name, or local.")]) -> None:
+    from chainrun import clusters
+
+    cfg = clusters.load()
+    if name != clusters.LOCAL:
+        clusters.get(name, cfg)
+    cfg.default = None if name == clusters.LOCAL else name
+    clusters.save(cfg)
+    typer.echo(f"default cluster: {name}")
+
+
+@cluster_app.command("test", help="Connect; show the Slurm version, partitions and limits, and whether other users' jobs are visible.")
+def test(name: Annotated[str, typer.Argument(help="The cluster to test (or local).")], json_out: JsonOpt = False) -> None:
+    import time
+
+    from chainrun.context import open_runner
+    from chainrun.slurm.client import SlurmClient
+
+    runner, _spec = open_runner(name)
+    try:
+        t0 = time.monotonic()
+        ver = runner.run(["sinfo", "--version"], 30)
+        connect_s = time.monotonic() - t0
+        if ver.returncode == 127:
+            raise RemoteError(f"{name}: Slurm commands not found", hint="if Slurm comes from `module load`, re-add the cluster with --login-shell")
+        slurm = SlurmClient(runner)
+        parts = slurm.partitions()
+        users = {line.strip() for line in slurm._call(["squeue", "--all", "-h", "-o", "%u"], what="squeue").stdout.splitlines() if line.strip()}
+        private = (slurm.config_value("PrivateData") or "none").lower()
+        me = getattr(runner, "user", None) or _me()
+    finally:
+        runner.close()
+    hidden = "jobs" in private
+    data = {
+        "cluster": name, "slurm_version": ver.stdout.strip() or ver.first_error_line(), "connect_and_first_call_s": round(connect_s, 3),
+        "partitions": [{"name": p.name, "default": p.is_default, "max_time_s": p.max_time_s, "nodes": p.total_nodes,
+                        "state": p.state} for p in parts.values()],
+        "others_jobs_visible": not hidden, "private_data": private, "other_users_in_queue": len(users - {me}),
+    }
+    if json_out:
+        typer.echo(envelope("cluster test", data))
+        return
+    from chainrun.durations import format_duration
+
+    typer.echo(f"{name}: connected, {data['slurm_version']} ({connect_s:.2f}s to first answer)")
+    for p in parts.values():
+        limit = format_duration(p.max_time_s) if p.max_time_s else "unlimited"
+        typer.echo(f"  partition {p.name}{' (default)' if p.is_default else ''}: max {limit}, {p.total_nodes} node(s), {p.state}")
+    vis = "hidden (PrivateData=jobs): the predicted policy sees only your jobs" if hidden else "visible"
+    typer.echo(f"  other users' jobs: {vis}; {data['other_users_in_queue']} other user(s) in the queue now")
+
+
+def _public(c) -> dict:
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(c).items() if v is not None}
+
+
+def _where(r: dict) -> str:
+    s = f"{r.get('user') + '@' if r.get('user') else ''}{r['host']}{':' + str(r['port']) if r.get('port') else ''}"
+    if r.get("proxy_jump"):
+        s += f" via {r['proxy_jump']}"
+    if r.get("login_shell"):
+        s += " (login shell)"
+    return s
+
+
+def _me() -> str:
+    import getpass
+
+    return getpass.getuser()
