@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from chainrun.chain import outcomes
+from chainrun.chain import outcomes, reconcile
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.durations import to_slurm_minutes
 from chainrun.errors import SlurmError, TransientSlurmError
 from chainrun.runner.base import Runner
-from chainrun.slurm.client import SlurmClient
+from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import AcctRow, QueueRow
 from chainrun.state.records import (
     ACTIVE, CANCELLED_OUT, COMPLETED, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, Chain, Segment,
@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 MIN_SEGMENT_S = 60  # Slurm's --time granularity: less than this left means the total is reached
 ADOPT_AFTER_S = 60  # a SUBMITTING segment this old with no job in squeue is looked up in sacct
 LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is declared lost
+MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
 # pending reasons that never clear by themselves
 HOPELESS_REASONS = {
     "PartitionTimeLimit", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS", "BadConstraints",
@@ -51,6 +52,7 @@ class TickReport:
     ended: int = 0
     slurm_calls: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    failed: bool = False  # Slurm could not be queried (or answered with nonsense): nothing changed
 
 
 class Engine:
@@ -74,8 +76,13 @@ class Engine:
             try:
                 self._tick(chains, report)
             except TransientSlurmError as e:
+                report.failed = True
                 report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
                 log.warning("tick skipped: %s", e)
+            except SlurmError as e:  # unreadable output or an error we do not know: Slurm's state, not the chains'
+                report.failed = True
+                report.warnings.append(f"Slurm query failed ({e}); nothing changed, trying again next tick")
+                log.warning("tick skipped: %s", e, exc_info=True)
         report.slurm_calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items() if v - before.get(k, 0)}
         return report
 
@@ -84,9 +91,16 @@ class Engine:
         everyone = self.predictor is not None and any(c.policy == "predicted" for c in chains)
         queue = self.slurm.queue(all_users=everyone)
         self._queue = queue
-        by_id = {q.job_id: q for q in queue}
-        by_name = {q.name: q for q in queue if not everyone or q.user == self.user}
         segs = {c.id: self.store.segments(c.id) for c in chains}
+        # a recorded job id that now names another job (ids restart after a controller reset) is not ours
+        recorded = {s.job_id: (c, s) for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id}
+        by_id = {}
+        for q in queue:
+            if q.job_id in recorded and not reconcile.is_ours(recorded[q.job_id][0].id, recorded[q.job_id][1], q):
+                self._note_reuse(*recorded[q.job_id], q)
+                continue
+            by_id[q.job_id] = q
+        by_name = {q.name: q for q in queue if not everyone or q.user == self.user}
 
         # adopt jobs whose submission we did not get to record
         for c in chains:
@@ -103,7 +117,11 @@ class Engine:
         acct: dict[str, AcctRow] = {}
         if gone:
             since = min((s.submit or s.intent_at or now) for s in gone)
-            acct = {r.job_id: r for r in self.slurm.accounting([s.job_id for s in gone], since=since)}
+            for r in self.slurm.accounting([s.job_id for s in gone], since=since):
+                if r.job_id in recorded and not reconcile.is_ours(recorded[r.job_id][0].id, recorded[r.job_id][1], r):
+                    self._note_reuse(*recorded[r.job_id], r)
+                    continue
+                acct[r.job_id] = r
         elif orphans:  # rare; on its own sacct call so a tick never needs more than one
             since = min(s.intent_at for _, s in orphans)
             rows = self.slurm.accounting_by_name([job_name(c.id, s.idx) for c, s in orphans], since=since)
@@ -117,17 +135,34 @@ class Engine:
                 else:  # sbatch never created it: plan it again
                     s.phase = ENDED
                     s.outcome = CANCELLED_OUT
-                    s.reason = "submission was not confirmed and no such job exists"
+                    s.reason = reconcile.UNCONFIRMED
                     self.store.save(c, [s], [(s.idx, "warning", f"segment {s.idx}: {s.reason}; resubmitting")])
 
+        self._cancel_strays(segs, queue)
         for c in chains:
             try:
                 self._advance(c, segs[c.id], by_id, acct, report)
-            except TransientSlurmError:
-                raise
-            except SlurmError as e:  # this chain's request was refused: stop it, keep the others going
+            except SlurmRefused as e:  # this chain's request was refused: stop it, keep the others going
                 self._fail(c, segs[c.id], f"Slurm refused a request: {e}")
                 report.warnings.append(f"{c.id}: {e}")
+            # any other SlurmError means Slurm is unwell, not that the chain is wrong: it ends the tick
+
+    def _note_reuse(self, c: Chain, s: Segment, row) -> None:
+        if s.extra.get("reused_id_seen") != row.job_id + (row.name or ""):
+            s.extra["reused_id_seen"] = row.job_id + (row.name or "")
+            self.store.save(c, [s], [(s.idx, "warning", reconcile.reuse_note(c.id, s, row))])
+
+    def _cancel_strays(self, segs: dict[str, list[Segment]], queue: list[QueueRow]) -> None:
+        """A second job for one segment (a submission that looked failed but landed) must not run."""
+        found = reconcile.strays(queue, segs, self.user)
+        if not found:
+            return
+        self.slurm.cancel([q.job_id for _, _, q in found])
+        for chain_id, s, q in found:
+            self.store.add_event(chain_id, s.idx, "warning",
+                                 f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} "
+                                 f"(recorded: {s.job_id or 'none'}); cancelled it")
+        log.warning("cancelled stray jobs %s", [q.job_id for _, _, q in found])
 
     # ------------------------------------------------------------------ one chain
     def _advance(self, c: Chain, segs: list[Segment], by_id: dict, acct: dict, report: TickReport) -> None:
@@ -226,6 +261,8 @@ class Engine:
 
     def _submit_next(self, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
                      estimate: WaitEstimate | None) -> None:
+        if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
+            raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
         idx = (max(s.idx for s in segs) + 1) if segs else 0
         wanted = max(remaining, c.signal_lead_s + MIN_SEGMENT_S)
         limit = min(c.segment_s, to_slurm_minutes(int(wanted)) * 60)  # what Slurm will really grant
@@ -249,7 +286,10 @@ class Engine:
         live = [s for s in segs if s.phase in LIVE_PHASES]
         ids = [s.job_id for s in live if s.job_id]
         if ids:
-            self.slurm.cancel(ids)
+            try:
+                self.slurm.cancel(ids)
+            except SlurmRefused as e:  # the jobs are gone already; nothing left to stop
+                log.warning("scancel %s: %s", ids, e)
         for s in live:
             s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, "cancelled by chainrun: chain finished"
             s.extra["cancel_requested"] = True

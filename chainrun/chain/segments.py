@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 import time
 
-from chainrun.chain.contract import option_value
 from chainrun.durations import to_slurm_time
-from chainrun.errors import TransientSlurmError
-from chainrun.slurm.client import SlurmClient
+from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.state.records import PENDING, SUBMITTING, Chain, Segment
 from chainrun.state.store import Store
 
@@ -42,9 +41,6 @@ def sbatch_args(chain: Chain, seg: Segment) -> list[str]:
         f"--signal=B:{chain.signal}@{chain.signal_lead_s}",
         f"--chdir={chain.workdir}",
     ]
-    user_opts = chain.sbatch_args
-    if option_value(user_opts, "--output", "-o") is None:
-        args.append(f"--output={chain.run_dir}/logs/seg-{seg.idx}-%j.out")
     if seg.dependency:
         args.append(f"--dependency={seg.dependency}")
     return args
@@ -53,8 +49,10 @@ def sbatch_args(chain: Chain, seg: Segment) -> list[str]:
 def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment, *, note: str = "") -> Segment:
     """Submit ``seg`` (already planned: idx, time limit, dependency). Returns it with its job id.
 
-    Raises SlurmError when sbatch refuses; a transient failure leaves the segment
-    SUBMITTING so the next tick can adopt or resubmit it.
+    Raises SlurmRefused when sbatch refuses the job. Any other failure (a timeout, an error we
+    do not recognise, output without a job id) may still have created the job: the segment
+    stays SUBMITTING, and the next ticks adopt it by name or, once sacct confirms there is no
+    such job, plan it again.
     """
     seg.phase = SUBMITTING
     seg.intent_at = time.time()
@@ -63,6 +61,12 @@ def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment,
         job_id, cluster = slurm.submit(wrapper_path(chain), sbatch_args(chain, seg), script_args=[str(seg.idx)])
     except TransientSlurmError:
         store.add_event(chain.id, seg.idx, "warning", f"sbatch did not answer for segment {seg.idx}; will check and retry")
+        raise
+    except SlurmRefused:
+        raise
+    except SlurmError as e:
+        store.add_event(chain.id, seg.idx, "warning", f"sbatch failed unexpectedly for segment {seg.idx} ({e}); "
+                        "will check whether the job exists and retry")
         raise
     seg.job_id, seg.slurm_cluster, seg.phase = job_id, cluster, PENDING
     seg.submit = seg.submit or time.time()

@@ -24,7 +24,19 @@ _TRANSIENT_RE = re.compile(
     r"socket timed out|timed out|unable to contact slurm controller|connection refused|"
     r"slurm_load_jobs error: (?:unable|socket)|temporarily unavailable|try again|"
     r"slurmctld.*(?:not responding|down)|slurmdbd.*(?:not responding|down)|zero bytes were transmitted|"
-    r"resource temporarily|communication connection failure|could not contact",
+    r"resource temporarily|communication connection failure|could not contact|"
+    # the controller or its authentication is unwell, not the job: retry later
+    r"connection reset|transport endpoint|broken pipe|network is unreachable|no route to host|"
+    r"slurmctld is busy|standby mode|insane message length|protocol authentication error|"
+    r"munge|invalid authentication credential|slurm_persist_conn|unable to connect to database|"
+    r"accounting storage is not responding",
+    re.IGNORECASE,
+)
+# sbatch refusing this job for what it asks: retrying the same request cannot help
+_REFUSED_RE = re.compile(
+    r"invalid|not available|unrecognized|unrecognised|violates|permission denied|access denied|"
+    r"unable to open file|not permitted|requested .* not|no such|exceeds|too many|must be|illegal|"
+    r"batch script contains dos line breaks|script arguments not permitted|does not exist",
     re.IGNORECASE,
 )
 _ENV = {"SLURM_TIME_FORMAT": "%s"}
@@ -32,6 +44,42 @@ _ENV = {"SLURM_TIME_FORMAT": "%s"}
 
 def is_transient(result: RunResult) -> bool:
     return result.timed_out or bool(_TRANSIENT_RE.search(result.stderr or ""))
+
+
+def is_refusal(result: RunResult) -> bool:
+    """Slurm answered and said no to this request (bad partition, impossible resources, ...)."""
+    return not is_transient(result) and bool(_REFUSED_RE.search(result.stderr or ""))
+
+
+class SlurmRefused(SlurmError):
+    """Slurm answered and refused this request for what it asks; the same request would fail again.
+
+    Any other failure that is not :class:`TransientSlurmError` is "unexplained": Slurm may be
+    unwell in a way we do not recognise, so callers that loop (the watcher) retry it a bounded
+    number of times instead of giving up on the first one.
+    """
+
+
+class Backoff:
+    """Capped exponential backoff: ``base``, 2x, 4x, ... up to ``cap`` seconds; ``reset()`` on success."""
+
+    def __init__(self, base: float, cap: float, factor: float = 2.0) -> None:
+        self.base, self.cap, self.factor = base, max(base, cap), factor
+        self.failures = 0
+
+    def failed(self) -> float:
+        """Record one failure; returns how long to wait before the next attempt."""
+        self.failures += 1
+        return self.delay
+
+    @property
+    def delay(self) -> float:
+        if self.failures == 0:
+            return self.base
+        return min(self.cap, self.base * self.factor ** (self.failures - 1))
+
+    def reset(self) -> None:
+        self.failures = 0
 
 
 class SlurmClient:
@@ -51,6 +99,8 @@ class SlurmClient:
             raise SlurmError(msg, hint="is Slurm installed and on PATH here? (sites with modules: use a login shell)")
         if is_transient(res):
             raise TransientSlurmError(msg)
+        if is_refusal(res):
+            raise SlurmRefused(msg)
         raise SlurmError(msg)
 
     # -------------------------------------------------------------- queries

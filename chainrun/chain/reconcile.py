@@ -1,0 +1,72 @@
+"""Is this Slurm job really the one we recorded? Identity checks the engine makes on every tick.
+
+A job id alone is not an identity: after a controller reset (or on another cluster) ids
+start again, so a recorded id can come back naming somebody else's job. A job is ours only
+when its name is the segment's ``cr.<chain>.<idx>`` and it was submitted around the time we
+submitted it. The same checks find *strays*: a second job for a segment we already gave up
+on (a submission that looked failed but landed late), which must not train alongside.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from chainrun.chain.segments import job_name, parse_job_name
+from chainrun.state.records import ENDED, LIVE_PHASES, Segment
+
+REUSE_SLACK_S = 3600  # a recorded job whose Slurm submit time is this far from ours is another job
+UNCONFIRMED = "submission was not confirmed and no such job exists"
+_LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING"}
+
+
+class JobRow(Protocol):
+    job_id: str
+    name: str
+    submit: float | None
+
+
+def is_ours(chain_id: str, seg: Segment, row: JobRow) -> bool:
+    """``row`` (from squeue or sacct) is the job recorded for ``seg``, not a job that reuses its id."""
+    if row.name and row.name != job_name(chain_id, seg.idx):
+        return False
+    ref = seg.submit or seg.intent_at
+    return not (ref and row.submit and abs(row.submit - ref) > REUSE_SLACK_S)
+
+
+def reuse_note(chain_id: str, seg: Segment, row: JobRow) -> str:
+    return (f"job id {row.job_id} now names another job ({row.name or '?'}, submitted "
+            f"{row.submit or '?'}); segment {seg.idx} is resolved from accounting instead")
+
+
+def strays(queue: Iterable, segs_by_chain: dict[str, list[Segment]], user: str) -> list[tuple[str, Segment, object]]:
+    """Live jobs of our active chains that no live segment owns: (chain id, segment, queue row).
+
+    Only jobs named for a segment we recorded and submitted after its intent count, so jobs of
+    another chainrun store that happens to use the same chain id are never touched.
+    """
+    out = []
+    for q in queue:
+        if q.state not in _LIVE_STATES or (user and q.user and q.user != user):
+            continue
+        parsed = parse_job_name(q.name)
+        if not parsed or parsed[0] not in segs_by_chain:
+            continue
+        seg = next((s for s in segs_by_chain[parsed[0]] if s.idx == parsed[1]), None)
+        if seg is None or seg.job_id == q.job_id:
+            continue
+        if q.submit and seg.intent_at and q.submit < seg.intent_at - 120:
+            continue
+        if (seg.phase == ENDED and seg.reason == UNCONFIRMED) or (seg.phase in LIVE_PHASES and seg.job_id):
+            out.append((parsed[0], seg, q))
+    return out
+
+
+def unconfirmed_run(segs: list[Segment]) -> int:
+    """How many of the latest segments in a row were given up as never created by sbatch."""
+    n = 0
+    for s in reversed(segs):
+        if s.phase == ENDED and s.reason == UNCONFIRMED:
+            n += 1
+        else:
+            break
+    return n

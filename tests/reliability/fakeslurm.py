@@ -1,0 +1,116 @@
+"""An in-memory Slurm behind the Runner interface, with faults on demand.
+
+It answers the exact argv SlurmClient builds (squeue/sacct/sbatch/scancel) from a dict of
+jobs, so the real Engine runs unchanged. Faults: ``fail[cmd] = [(rc, stderr), ...]`` pops one
+scripted failure per call; ``land_late`` makes a failed sbatch still create its job (the
+dangerous case: the reply was lost, the job exists); ``squeue_text`` overrides the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chainrun.runner.base import RunResult
+
+SQ_HEAD = "JOBID|USER|STATE|REASON|SUBMIT_TIME|START_TIME|END_TIME|TIME_LIMIT|TIME|PARTITION|QOS|NODES|CPUS|TRES_PER_NODE|DEPENDENCY|COMMENT|NAME"
+SA_HEAD = "JobIDRaw|JobName|User|Partition|QOS|Submit|Eligible|Start|End|Elapsed|TimelimitRaw|NNodes|NCPUS|AllocTRES|State|ExitCode|Reason"
+
+
+@dataclass
+class Job:
+    id: str
+    name: str
+    submit: float
+    state: str = "PENDING"
+    start: float | None = None
+    end: float | None = None
+    limit_s: int = 120
+    user: str = "root"
+    in_queue: bool = True
+    in_acct: bool = True
+
+
+@dataclass
+class FakeSlurm:
+    now: float = 1_000_000.0
+    next_id: int = 100
+    jobs: dict = field(default_factory=dict)
+    fail: dict = field(default_factory=dict)
+    land_late: bool = False
+    squeue_text: str | None = None
+    calls: list = field(default_factory=list)
+    name = "fake"
+
+    # ---------------------------------------------------------- Runner
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        argv = tuple(str(a) for a in argv)
+        cmd = argv[0]
+        self.calls.append(argv)
+        if cmd == "cat":
+            return RunResult(argv, 1, "", "no such file", 0.0)
+        scripted = self.fail.get(cmd)
+        if scripted:
+            rc, err = scripted.pop(0)
+            if cmd == "sbatch" and self.land_late:
+                self._sbatch(argv)
+            return RunResult(argv, rc, "", err, 0.0, timed_out=(rc == -1))
+        if cmd == "squeue":
+            if self.squeue_text is not None:
+                return RunResult(argv, 0, self.squeue_text, "", 0.0)
+            rows = [SQ_HEAD] + [
+                f"{j.id}|{j.user}|{j.state}|None|{int(j.submit)}|{int(j.start) if j.start else 'N/A'}|"
+                f"{int(j.start + j.limit_s) if j.start else 'N/A'}|2:00|0:00|short|normal|1|1|N/A|(null)|(null)|{j.name}"
+                for j in self.jobs.values() if j.in_queue and j.state in ("PENDING", "RUNNING")
+            ]
+            return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
+        if cmd == "sacct":
+            ids = names = None
+            if "--jobs" in argv:
+                ids = set(argv[argv.index("--jobs") + 1].split(","))
+            if "--name" in argv:
+                names = set(argv[argv.index("--name") + 1].split(","))
+            rows = [SA_HEAD]
+            for j in self.jobs.values():
+                if not j.in_acct or (ids and j.id not in ids) or (names and j.name not in names):
+                    continue
+                el = int((j.end or self.now) - j.start) if j.start else 0
+                rows.append(f"{j.id}|{j.name}|{j.user}|short|normal|{int(j.submit)}|{int(j.submit)}|"
+                            f"{int(j.start) if j.start else 'Unknown'}|{int(j.end) if j.end else 'Unknown'}|"
+                            f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|0:0|None")
+            return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
+        if cmd == "sbatch":
+            jid = self._sbatch(argv)
+            return RunResult(argv, 0, f"{jid}\n", "", 0.0)
+        if cmd == "scancel":
+            for a in argv[1:]:
+                if a in self.jobs and self.jobs[a].state in ("PENDING", "RUNNING"):
+                    self.jobs[a].state, self.jobs[a].end = "CANCELLED", self.now
+            return RunResult(argv, 0, "", "", 0.0)
+        return RunResult(argv, 127, "", f"{cmd}: command not found", 0.0)
+
+    def write_file(self, path, content, mode=0o644):
+        pass
+
+    def close(self):
+        pass
+
+    # ---------------------------------------------------------- cluster side
+    def _sbatch(self, argv) -> str:
+        name = next(a.split("=", 1)[1] for a in argv if a.startswith("--job-name="))
+        jid = str(self.next_id)
+        self.next_id += 1
+        self.jobs[jid] = Job(jid, name, self.now)
+        return jid
+
+    def count(self, cmd: str) -> int:
+        return sum(1 for a in self.calls if a[0] == cmd)
+
+    def by_name(self, name: str) -> list[Job]:
+        return [j for j in self.jobs.values() if j.name == name]
+
+    def start(self, jid: str) -> None:
+        self.jobs[jid].state, self.jobs[jid].start = "RUNNING", self.now
+
+    def finish(self, jid: str, state: str = "TIMEOUT") -> None:
+        self.jobs[jid].state, self.jobs[jid].end = state, self.now
+        self.jobs[jid].in_queue = False
