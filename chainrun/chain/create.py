@@ -39,6 +39,7 @@ class SubmitRequest:
     checkpoint_dir: str | None = None
     sbatch_args: list[str] = field(default_factory=list)
     cluster: str = "local"
+    upload_script: bool = False  # remote clusters: copy script_text into the chain's folder and run that copy
 
 
 @dataclass(frozen=True)
@@ -107,16 +108,20 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     chain_id = make_chain_id(req.name or PurePosixPath(req.script).stem)
     run_dir = f"{req.workdir.rstrip('/')}/chainrun-runs/{chain_id}"
     ckpt = req.checkpoint_dir or f"{run_dir}/checkpoint"
+    script = f"{run_dir}/{_upload_name(req.script)}" if req.upload_script else req.script
     chain = Chain(
-        id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=req.script,
+        id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=script,
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
         policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
-        sbatch_args=list(req.sbatch_args), partition=info.name, created=time.time(),
+        sbatch_args=list(req.sbatch_args) + _default_output(req.sbatch_args + script_opts, run_dir),
+        partition=info.name, created=time.time(),
     )
-    wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=req.script,
+    wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text)
     for sub in ("control", "logs"):
         runner.write_file(f"{run_dir}/{sub}/.keep", "", 0o600)
+    if req.upload_script:
+        runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     store.add_chain(chain)
     first = Segment(chain_id=chain_id, idx=0, time_limit_s=min(segment, req.total_s))
@@ -127,6 +132,19 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
     return SubmitResult(chain, first, max_s)
+
+
+def _upload_name(script: str) -> str:
+    # the uploaded copy sits beside chainrun's own files in the chain folder: never on top of one
+    name = PurePosixPath(script).name
+    return f"payload-{name}" if name in ("wrapper.sh", "control", "logs", "checkpoint") else name
+
+
+def _default_output(opts: list[str], run_dir: str) -> list[str]:
+    """Segment logs go to the chain's folder (``%x`` is the segment's job name), unless the user chose."""
+    if option_value(opts, "--output", "-o") is not None:
+        return []
+    return [f"--output={run_dir}/logs/%x-%j.out"]
 
 
 def _refuse_owned(args: list[str]) -> None:

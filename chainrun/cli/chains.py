@@ -14,7 +14,7 @@ from chainrun.cli.render import clock, console, envelope
 from chainrun.durations import DURATION_HELP, format_duration, parse_duration
 from chainrun.errors import UsageError
 
-ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: local).")]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: the configured default, else local).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")]
 
 
@@ -42,11 +42,18 @@ def submit(
     retries: Annotated[int, typer.Option("--retries", help="How many consecutive crashed segments to retry before the chain fails.")] = 1,
     checkpoint_dir: Annotated[Optional[Path], typer.Option("--checkpoint-dir", help="Where the payload keeps checkpoints (default: inside the chain's run folder).")] = None,
     cluster: ClusterOpt = None,
+    remote_script: Annotated[bool, typer.Option("--remote-script", help="SCRIPT is a path on the (remote) cluster: use it in place instead of uploading a copy.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
-    from chainrun.context import open_context
+    from chainrun.context import cluster_name, open_context
 
+    name_of_cluster = cluster_name(cluster)
+    if name_of_cluster != "local":
+        return _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir,
+                              name_of_cluster, remote_script, json_out)
+    if remote_script:
+        raise UsageError("--remote-script is for remote clusters", hint="on the local cluster SCRIPT is used in place anyway")
     total_s = parse_duration(total, what="--total")
     segment_s = parse_duration(segment, what="--segment") if segment else None
     lead_s = parse_duration(lead, what="--lead")
@@ -66,18 +73,74 @@ def submit(
         script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
         policy=policy, lead_s=lead_s, signal=signal, name=name, retries=retries,
         checkpoint_dir=str(checkpoint_dir.expanduser().resolve()) if checkpoint_dir else None,
-        sbatch_args=extra, cluster=cluster or "local",
+        sbatch_args=extra, cluster="local",
     )
-    c = open_context(cluster)
+    c = open_context("local")
     try:
         res = create_chain(c.store, c.slurm, c.runner, req)
     finally:
         c.close()
+    _print_submitted(res, json_out)
+
+
+def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir, cluster,
+                   remote_script, json_out) -> None:
+    """Same request on a cluster over SSH: the folder is the cluster's workdir, the script is uploaded."""
+    import posixpath
+
+    from chainrun.chain.create import SubmitRequest, create_chain
+    from chainrun.context import open_context
+
+    total_s = parse_duration(total, what="--total")
+    segment_s = parse_duration(segment, what="--segment") if segment else None
+    lead_s = parse_duration(lead, what="--lead")
+    c = open_context(cluster)
+    try:
+        workdir = c.remote_workdir()
+        if remote_script:
+            path = str(script)  # a remote path, taken literally (typer handed us a Path: no resolving)
+            if not posixpath.isabs(path):
+                path = posixpath.join(workdir, path)
+            got = c.runner.run(["cat", "--", path], 60)
+            if not got.ok:
+                raise UsageError(f"cannot read {path} on {cluster}: {got.first_error_line()}")
+            text = got.stdout
+        else:
+            path, text = str(script), _read_script(script)
+        ckpt = None
+        if checkpoint_dir:
+            ckpt = str(checkpoint_dir)
+            ckpt = ckpt if posixpath.isabs(ckpt) else posixpath.join(workdir, ckpt)
+        req = SubmitRequest(
+            script=path, script_text=text, total_s=total_s, workdir=workdir, segment_s=segment_s, policy=policy,
+            lead_s=lead_s, signal=signal, name=name, retries=retries, checkpoint_dir=ckpt,
+            sbatch_args=list(ctx.args), cluster=cluster, upload_script=not remote_script,
+        )
+        res = create_chain(c.store, c.slurm, c.runner, req)
+    finally:
+        c.close()
+    _print_submitted(res, json_out)
+
+
+def _read_script(script: Path) -> str:
+    try:
+        return script.expanduser().resolve().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"script not found: {script}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{script} is a folder, not a script") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{script} is not a text file") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {script}: {e.strerror}") from None
+
+
+def _print_submitted(res, json_out: bool) -> None:
     ch = res.chain
     if json_out:
         typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
                                        "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
-                                       "checkpoint_dir": ch.checkpoint_dir}))
+                                       "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster}))
         return
     n = -(-ch.total_s // ch.segment_s)
     typer.echo(f"chain {ch.id}: {format_duration(ch.total_s)} in ~{n} segment(s) of {format_duration(ch.segment_s)} "
@@ -96,9 +159,11 @@ def status(
     from chainrun.chain.summary import view_chain
     from chainrun.context import open_context
 
-    c = open_context(cluster)
+    c = open_context(cluster or "local")  # reads the store only: no connection is opened
     try:
         chains = [c.store.chain(chain)] if chain else c.store.chains(active_only=not all_chains)
+        if cluster:  # only that cluster's chains (without --cluster: every cluster's)
+            chains = [ch for ch in chains if ch.cluster == c.cluster]
         views = [view_chain(ch, c.store.segments(ch.id)) for ch in chains]
     finally:
         c.close()
@@ -124,32 +189,40 @@ def watch(
     cluster: ClusterOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    from chainrun.chain.engine import Engine
+    from chainrun import paths
+    from chainrun.chain.multi import MultiEngine
     from chainrun.chain.watcher import WatcherBusy, watcher_lock
     from chainrun.context import open_context
+    from chainrun.state.store import Store
 
-    c = open_context(cluster)
+    # without --cluster every cluster's chains move, one Engine (one squeue/sacct) per cluster per tick
+    c = open_context(cluster) if cluster else None  # checks the name; the connection opens on first use
+    store = c.store if c else Store(paths.state_db())
+    engine = MultiEngine(store, only=cluster, predictor_for=_predictor_for)
+    home = paths.home()
     try:
-        with watcher_lock(c.home):
-            engine = Engine(c.store, c.slurm, c.runner, predictor=_predictor_for(c))
+        with watcher_lock(home):
             if not plain and not json_out and not once and sys.stdout.isatty():
                 from chainrun.cli.live import live_watch
 
                 live_watch(engine, interval=interval, until_done=until_done)
                 return
-            _plain_watch(c, engine, interval=interval, once=once, until_done=until_done, json_out=json_out)
+            _plain_watch(store, engine, interval=interval, once=once, until_done=until_done, json_out=json_out)
     except WatcherBusy as e:
         if not once:
             raise
         typer.echo(f"chainrun: {e}; skipping this tick", err=True)  # cron overlapping a running watcher
     finally:
-        c.close()
+        engine.close()
+        if c:
+            c.runner.close()
+        store.close()
 
 
-def _plain_watch(c, engine, *, interval: float, once: bool, until_done: bool, json_out: bool) -> None:
+def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool, json_out: bool) -> None:
     from chainrun.chain.watcher import run_watch
 
-    recent = c.store.events(limit=1)
+    recent = store.events(limit=1)
     last_event = recent[-1][0] if recent else 0
 
     def log_tick(report) -> None:
@@ -159,7 +232,7 @@ def _plain_watch(c, engine, *, interval: float, once: bool, until_done: bool, js
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,
                                           "warnings": report.warnings}))
             return
-        for eid, ev in c.store.events(after_id=last_event):
+        for eid, ev in store.events(after_id=last_event):
             last_event = eid
             typer.echo(f"{clock(ev.ts)} {ev.chain_id} {ev.kind}: {ev.message}", err=False)
         for w in report.warnings:
@@ -173,17 +246,25 @@ def cancel(
     cluster: ClusterOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
+    from chainrun import paths
     from chainrun.chain.engine import cancel_chain
     from chainrun.context import open_context
+    from chainrun.state.store import Store
 
-    c = open_context(cluster)
+    store = Store(paths.state_db())
     try:
-        ch = c.store.chain(chain)
+        ch = store.chain(chain)
+        if cluster and ch.cluster != cluster:
+            raise UsageError(f"chain {ch.id} runs on cluster {ch.cluster}, not {cluster}")
         if ch.is_final:
             raise UsageError(f"chain {ch.id} is already {ch.status.lower()}")
-        ids = cancel_chain(c.store, c.slurm, ch)
+        c = open_context(ch.cluster, store=store)  # the chain's own cluster, whatever the default
+        try:
+            ids = cancel_chain(store, c.slurm, ch)
+        finally:
+            c.runner.close()
     finally:
-        c.close()
+        store.close()
     if json_out:
         typer.echo(envelope("cancel", {"chain": ch.id, "cancelled_jobs": ids}))
     else:

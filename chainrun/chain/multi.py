@@ -1,0 +1,88 @@
+"""One watcher loop for chains on several clusters.
+
+Each tick runs one :class:`Engine` per cluster that has active chains, so each cluster
+still costs one ``squeue`` and at most one ``sacct`` per tick, over one SSH connection
+kept for the life of the watcher. A cluster that cannot be reached (or was removed from
+the config) becomes a warning for that tick; the other clusters' chains keep moving.
+
+Duck-types the parts of Engine that ``run_watch`` and the live view use: ``tick()`` and
+``store``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from chainrun.chain.engine import Engine, TickReport
+from chainrun.clusters import LOCAL
+from chainrun.errors import ChainrunError
+from chainrun.state.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class ClusterStore:
+    """The store as one cluster's Engine sees it: only that cluster's chains."""
+
+    def __init__(self, store: Store, cluster: str) -> None:
+        self._store, self.cluster = store, cluster
+
+    def chains(self, *, active_only: bool = False):
+        return [c for c in self._store.chains(active_only=active_only) if c.cluster == self.cluster]
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
+class MultiEngine:
+    def __init__(
+        self, store: Store, *, only: str | None = None, predictor_for: Callable | None = None,
+        open_context: Callable | None = None,
+    ) -> None:
+        from chainrun.context import open_context as default_open
+
+        self.base_store = store
+        self.store = ClusterStore(store, only) if only else store
+        self.only = only
+        self._predictor_for = predictor_for
+        self._open = open_context or default_open
+        self.contexts: dict = {}
+        self.engines: dict[str, Engine] = {}
+
+    def engine(self, cluster: str) -> Engine:
+        if cluster not in self.engines:
+            ctx = self._open(cluster, store=self.base_store)
+            self.contexts[cluster] = ctx
+            predictor = self._predictor_for(ctx) if self._predictor_for else None
+            self.engines[cluster] = Engine(ClusterStore(self.base_store, cluster), ctx.slurm, ctx.runner,
+                                           predictor=predictor, user=ctx.user)
+        return self.engines[cluster]
+
+    def tick(self) -> TickReport:
+        total = TickReport()
+        names = sorted({c.cluster for c in self.store.chains(active_only=True)})
+        for name in names:
+            label = "" if name == LOCAL else f"{name}: "
+            try:
+                report = self.engine(name).tick()
+            except ChainrunError as e:  # cluster gone from the config, or a refused host key
+                log.warning("%s%s", label, e)
+                total.warnings.append(f"{label}{e}")
+                total.chains += len([c for c in self.store.chains(active_only=True) if c.cluster == name])
+                continue
+            total.chains += report.chains
+            total.submitted += report.submitted
+            total.ended += report.ended
+            total.warnings += [f"{label}{w}" for w in report.warnings]
+            for k, v in report.slurm_calls.items():
+                key = k if name == LOCAL else f"{name}:{k}"
+                total.slurm_calls[key] = total.slurm_calls.get(key, 0) + v
+        return total
+
+    def close(self) -> None:
+        """Close the runners (their SSH connections); the shared store is the caller's."""
+        for ctx in self.contexts.values():
+            ctx.runner.close()
+        self.contexts.clear()
+        self.engines.clear()
