@@ -26,7 +26,7 @@ class SimConfig:
     chain_nodes: tuple[int, ...] = (1, 8)  # injection points alternate between these sizes
     spec: ChainSpec = field(default_factory=ChainSpec)
     fixed_leads_s: tuple[float, ...] = (2 * 3600.0, 6 * 3600.0, 12 * 3600.0)
-    quantiles: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.98)  # must hold policies.Q_NO_HANDOFF, Q_HANDOFF
+    quantiles: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.98)  # sensitivity; the policies' own are added
     priority: str = "age"  # or "multifactor": age + job size (the factors a one-partition trace shows)
     size_weight_s: float = 100 / 7000 * 7 * 86400  # PriorityWeightJobSize/Age * PriorityMaxAge
     bf_depth: int = 1000
