@@ -1,0 +1,105 @@
+"""The real OpenSSH test server(s) and chainrun homes configured to reach them.
+
+``ssh_server`` is the server of scripts/start-sshd.sh on 127.0.0.1:2222 (user ``chainrun``,
+key only). ``flaky_server`` is a second, private instance on port 2223 that a test may stop
+and start (the fault test), so stopping it never disturbs the other tests' connections.
+Both need root (sshd, the test user); without it the tests skip, and in CI they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI, REPO, run_cli
+
+REMOTE_USER = "chainrun"
+REMOTE_HOME = Path("/home/chainrun")
+TOY_DIR = REMOTE_HOME / "chainrun-test-toy"  # a copy of templates/ the remote jobs can read
+
+
+@dataclass(frozen=True)
+class Server:
+    dir: Path
+    port: int
+
+    @property
+    def key(self) -> str:
+        return str(self.dir / "id_ed25519")
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    def add_args(self, name: str) -> list[str]:
+        return ["cluster", "add", name, "--host", "127.0.0.1", "--port", str(self.port), "--user", REMOTE_USER,
+                "--key", self.key]
+
+    def ssh(self, command: str) -> subprocess.CompletedProcess:
+        """The OpenSSH client, strict host keys: an independent witness of the remote side."""
+        return subprocess.run(
+            ["ssh", "-i", self.key, "-p", str(self.port), "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+             "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={self.known_hosts}",
+             f"{REMOTE_USER}@127.0.0.1", command], capture_output=True, text=True, timeout=60)
+
+
+def _need(why: str):
+    if IN_CI:
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def start(dir_: Path, port: int) -> Server:
+    if os.geteuid() != 0:
+        _need("the SSH tests start a private sshd and need root")
+    p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(dir_)],
+                       env={**os.environ, "CHAINRUN_SSH_PORT": str(port)}, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        _need(f"sshd on port {port} did not start: {p.stderr.strip()[-500:]}")
+    return Server(dir_, port)
+
+
+def stop(server: Server) -> None:
+    subprocess.run(["bash", str(REPO / "scripts" / "stop-sshd.sh"), str(server.dir)], capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def ssh_server() -> Server:
+    server = start(Path("/tmp/chainrun-sshd"), 2222)
+    # the toy payload for remote chains, readable by the test user's jobs
+    TOY_DIR.mkdir(exist_ok=True)
+    for f in ("toy_train.sh", "toy_trainer.py"):
+        shutil.copy(REPO / "templates" / f, TOY_DIR / f)
+    shutil.chown(TOY_DIR, REMOTE_USER, REMOTE_USER)
+    for f in TOY_DIR.iterdir():
+        shutil.chown(f, REMOTE_USER, REMOTE_USER)
+    return server
+
+
+@pytest.fixture(scope="session")
+def flaky_server(ssh_server) -> Server:
+    server = start(Path("/tmp/chainrun-sshd-flaky"), 2223)
+    yield server
+    stop(server)
+
+
+def make_home(home: Path, servers: dict[str, Server], *, trust: bool = True) -> Path:
+    """A chainrun home with one cluster per server; ``trust`` puts their host keys in its known_hosts."""
+    home.mkdir(parents=True, exist_ok=True)
+    if trust:
+        text = "".join(s.known_hosts.read_text() for s in servers.values())
+        (home / "known_hosts").write_text(text)
+    for name, s in servers.items():
+        p = run_cli(*s.add_args(name), home=home)
+        assert p.returncode == 0, p.stderr
+    return home
+
+
+@pytest.fixture
+def ssh_home(tmp_path, ssh_server) -> Path:
+    return make_home(tmp_path / "home", {"lo": ssh_server})
