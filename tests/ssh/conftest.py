@@ -90,8 +90,8 @@ def flaky_server(ssh_server) -> Server:
 
 def make_home(home: Path, servers: dict[str, Server], *, trust: bool = True) -> Path:
     """A chainrun home with one cluster per server; ``trust`` puts their host keys in its known_hosts."""
-    home.mkdir(parents=True, exist_ok=True)
     if trust:
+        home.mkdir(parents=True, exist_ok=True)
         text = "".join(s.known_hosts.read_text() for s in servers.values())
         (home / "known_hosts").write_text(text)
     for name, s in servers.items():
