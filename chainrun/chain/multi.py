@@ -62,6 +62,7 @@ class MultiEngine:
     def tick(self) -> TickReport:
         total = TickReport()
         names = sorted({c.cluster for c in self.store.chains(active_only=True)})
+        failed = 0
         for name in names:
             label = "" if name == LOCAL else f"{name}: "
             try:
@@ -70,7 +71,9 @@ class MultiEngine:
                 log.warning("%s%s", label, e)
                 total.warnings.append(f"{label}{e}")
                 total.chains += len([c for c in self.store.chains(active_only=True) if c.cluster == name])
+                failed += 1
                 continue
+            failed += bool(getattr(report, "failed", False))
             total.chains += report.chains
             total.submitted += report.submitted
             total.ended += report.ended
@@ -78,6 +81,9 @@ class MultiEngine:
             for k, v in report.slurm_calls.items():
                 key = k if name == LOCAL else f"{name}:{k}"
                 total.slurm_calls[key] = total.slurm_calls.get(key, 0) + v
+        # the loop backs off only when nothing worked; one unreachable cluster must not slow the others
+        if names and failed == len(names) and hasattr(total, "failed"):
+            total.failed = True
         return total
 
     def close(self) -> None:
