@@ -251,7 +251,8 @@ def _active(k_in, k_out, w, q, *, in_side: str):
     """
     import numpy as np
 
-    w = np.asarray(w, float).reshape(len(k_in), -1)
+    w = np.asarray(w, float)
+    w = w[:, None] if w.ndim == 1 else w
     if len(k_in) == 0:
         return np.zeros((len(q), w.shape[1]))
     oi, oo = np.argsort(k_in, kind="stable"), np.argsort(k_out, kind="stable")

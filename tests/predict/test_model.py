@@ -119,3 +119,16 @@ def _timed(f, *a):
     t = time.perf_counter()
     f(*a)
     return time.perf_counter() - t
+
+
+def test_predict_with_nothing_known(fitted):
+    """A cold start: no snapshot, no history (or empty frames) still answers."""
+    df, pr = fitted
+    t = float(df["submit"].iloc[-1]) + 60
+    req = WaitRequest(user="nobody", nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t)
+    a = pr.predict(req)
+    b = pr.predict(req, df.iloc[:0], df.iloc[:0])
+    assert a == b and 0 < a.p10 <= a.p50 <= a.p90
+    snap = df.tail(10).copy()
+    snap["state"] = "PENDING"
+    assert pr.predict(req, snap, None).p50 > 0
