@@ -220,15 +220,15 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
     else:
         out["eligible"] = out["eligible"].fillna(out["submit"])
     out["timelimit_s"] = _limits(col("timelimit"), raw_minutes=names[cols["timelimit"]].lower() in ("timelimitraw", "timelimitr"))
-    out["nodes"] = pd.to_numeric(col("nodes", "1"), errors="coerce").fillna(1).astype(int)
-    out["cpus"] = pd.to_numeric(col("cpus", "0"), errors="coerce").fillna(0).astype(int)
+    out["nodes"] = _count(col("nodes", "1"), 1)
+    out["cpus"] = _count(col("cpus", "0"), 0)
     tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
     if "alloc_tres" in cols and "req_tres" in cols:  # a pending job has no AllocTRES yet
         tres = tres.where(tres != "", col("req_tres"))
     gpus = _by_unique(tres, lambda v: (m.group(1) if (m := _GPU_RE.search(v)) else None))
     has_tres = "alloc_tres" in cols or "req_tres" in cols
     out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
-    out["gpus"] = out["gpus"].fillna(out["nodes"] * gpus_per_node).astype(int)
+    out["gpus"] = _count(out["gpus"].fillna(out["nodes"] * gpus_per_node), 0)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
     # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
@@ -252,6 +252,16 @@ def _times(s: "pd.Series") -> "pd.Series":
         iso = pd.to_datetime(s[other].str.strip(), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
         epoch[other] = (iso - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1)
     return epoch.where(epoch > 0, np.nan).astype(float)
+
+
+def _count(s: "pd.Series", default: int) -> "pd.Series":
+    """Whole non-negative counts; garbage, inf and negative values become ``default``."""
+    import numpy as np
+    import pandas as pd
+
+    v = pd.to_numeric(s, errors="coerce").astype(float)
+    v = v.where(np.isfinite(v) & (v >= 0) & (v < 1e9), default)
+    return v.astype(int)
 
 
 def _by_unique(s: "pd.Series", f) -> "pd.Series":
