@@ -52,3 +52,22 @@ def test_sbatch_refusal_keeps_the_chain_as_failed(slurm_cluster, chainrun_home, 
     assert p.returncode == 4 and "sbatch failed" in p.stderr and "Traceback" not in p.stderr
     st = json.loads(run_cli("status", "--json", home=chainrun_home).stdout)["data"]
     assert st[0]["status"] == "FAILED" and "first segment refused" in st[0]["reason"]
+
+
+def test_users_own_output_is_kept(slurm_cluster, chainrun_home, tmp_path):
+    script = tmp_path / "mine.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --output=my-%j.log\nsleep 1\n")
+    p = run_cli("submit", str(script), "--total", "2m", "--signal", "USR2@30", "--json", home=chainrun_home, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    out = subprocess.run(["scontrol", "show", "job", data["first_job"]], capture_output=True, text=True).stdout
+    assert f"StdOut={tmp_path}/my-{data['first_job']}.log" in out
+    run_cli("cancel", data["chain"], home=chainrun_home)
+
+
+def test_default_output_is_per_segment_in_the_run_folder(slurm_cluster, chainrun_home, tmp_path):
+    p = run_cli("submit", TOY, "--total", "2m", "--signal", "USR2@30", "--json", home=chainrun_home, cwd=tmp_path)
+    data = json.loads(p.stdout)["data"]
+    out = subprocess.run(["scontrol", "show", "job", data["first_job"]], capture_output=True, text=True).stdout
+    assert f"StdOut={data['run_dir']}/logs/cr.{data['chain']}.0-{data['first_job']}.out" in out
+    run_cli("cancel", data["chain"], home=chainrun_home)
