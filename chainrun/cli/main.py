@@ -64,6 +64,9 @@ def _register() -> None:
     from chainrun.cli import cluster_cmd  # cluster add/list/test/remove/default (SSH)
 
     cluster_cmd.register(app)
+    from chainrun.cli import report_cmd  # report: timeline PNG/HTML and summary
+
+    report_cmd.register(app)
 
 
 _register()
