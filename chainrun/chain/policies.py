@@ -94,8 +94,10 @@ class Predicted:
     """Submit when the predicted wait (at a high quantile) reaches the time the current segment has left.
 
     Submitting at the p90 makes a late start (interruption) unlikely; starting early costs
-    only the short hand-off, so erring early is the cheaper mistake. Without a model it
-    falls back to the fixed lead.
+    only the short hand-off, so erring early is the cheaper mistake. The chain's ``--lead``
+    is a floor: the model can only make the submission earlier, never later, because a
+    model is least reliable exactly where it predicts "no wait". Without a model this is
+    the fixed lead.
     """
 
     name = "predicted"
@@ -104,13 +106,20 @@ class Predicted:
         if view.current.phase != RUNNING or view.handover_at is None:
             return Decision(False)
         est = view.predict_wait() if view.predict_wait else None
+        left = view.handover_at - view.now
         if est is None:
             d = Lead().decide(view)
             return Decision(d.submit, "no model: " + d.reason if d.submit else "", estimate=None)
-        left = view.handover_at - view.now
-        if left <= est.seconds:
+        if left > effective_lead(est.seconds, view.chain.lead_s):
+            return Decision(False, estimate=est)
+        if est.seconds >= view.chain.lead_s:
             return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
-        return Decision(False, estimate=est)
+        return Decision(True, f"within the {view.chain.lead_s}s lead floor (model said {est.seconds:.0f}s)", estimate=est)
+
+
+def effective_lead(predicted_wait_s: float, floor_s: float) -> float:
+    """How long before the hand-over point the `predicted` policy submits: never less than the floor."""
+    return max(predicted_wait_s, floor_s)
 
 
 POLICIES: dict[str, type] = {p.name: p for p in (Reactive, Dependency, Lead, Predicted)}

@@ -50,6 +50,13 @@ def test_predicted_submits_when_wait_reaches_time_left():
     assert d.submit and d.estimate == est
 
 
+def test_predicted_lead_is_a_floor():
+    p = get_policy("predicted")
+    tiny = WaitEstimate(seconds=5, model="cluster")  # the model says "no wait"
+    assert not p.decide(view(9_099, estimate=tiny)).submit  # 601 s left, floor 600
+    assert p.decide(view(9_100, estimate=tiny)).submit  # 600 s left: the floor decides
+
+
 def test_predicted_without_model_falls_back_to_lead():
     p = get_policy("predicted")
     assert p.decide(view(9_100)).submit and not p.decide(view(9_000)).submit
