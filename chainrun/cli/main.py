@@ -7,13 +7,14 @@ modules import them inside their functions, so ``chainrun --help`` stays fast.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import sys
 from typing import Annotated, Optional
 
 import typer
 
 from chainrun import __version__
-from chainrun.errors import ChainrunError
+from chainrun.errors import ChainrunError, StateError, UsageError
 
 app = typer.Typer(
     name="chainrun",
@@ -73,31 +74,72 @@ _register()
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every failure becomes one line on stderr and a documented exit code."""
     from chainrun.cli import logsetup
 
+    click = _click()
+
     try:
-        app(args=argv, prog_name="chainrun", standalone_mode=True)
-    except SystemExit as e:  # typer/click exit paths
+        rv = app(args=argv, prog_name="chainrun", standalone_mode=False)
+        return rv if isinstance(rv, int) and not isinstance(rv, bool) else 0
+    except SystemExit as e:  # sys.exit inside a command
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         return code
+    except click.exceptions.NoArgsIsHelpError as e:  # `chainrun model`: the group's help, as before
+        e.show()
+        return e.exit_code
+    except click.exceptions.UsageError as e:  # unknown option, missing argument, value out of range
+        where = f"chainrun {e.ctx.command_path.split(' ', 1)[1]}" if e.ctx and " " in e.ctx.command_path else "chainrun"
+        msg = " ".join(e.format_message().split())
+        typer.echo(f"chainrun: error: {msg} (see `{where} --help`)", err=True)
+        return UsageError.exit_code
+    except click.exceptions.ClickException as e:
+        typer.echo(f"chainrun: error: {' '.join(e.format_message().split())}", err=True)
+        return e.exit_code or 1
+    except typer.Abort:
+        typer.echo("chainrun: aborted", err=True)
+        return 1
     except ChainrunError as e:
         logging.getLogger("chainrun").debug("error", exc_info=True)
-        typer.echo(f"chainrun: error: {e}", err=True)
+        typer.echo(f"chainrun: error: {' '.join(str(e).split())}", err=True)
         return e.exit_code
     except KeyboardInterrupt:
         typer.echo("chainrun: interrupted", err=True)
         return 130
+    except sqlite3.DatabaseError as e:  # locked, disk full or I/O error under the state store
+        path = logsetup.log_exception(e)
+        _verbose_traceback(logsetup)
+        typer.echo(f"chainrun: error: state store: {e} (nothing was changed; details in {path})", err=True)
+        return StateError.exit_code
+    except OSError as e:  # a file or folder we could not read or write: the system's words, one line
+        path = logsetup.log_exception(e)
+        _verbose_traceback(logsetup)
+        what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
+        typer.echo(f"chainrun: error: {what} (details in {path})", err=True)
+        return 1
     except Exception as e:  # a bug: one line for the user, the traceback in the log
         path = logsetup.log_exception(e)
-        if logsetup.VERBOSE:
-            import traceback
-
-            traceback.print_exc()
+        _verbose_traceback(logsetup)
         typer.echo(
-            f"chainrun: internal error: {type(e).__name__}: {e} (traceback in {path}; please report it)", err=True
+            f"chainrun: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
+            f"(traceback in {path}; please report it)", err=True
         )
         return EXIT_INTERNAL
-    return 0
+
+
+def _click():
+    try:  # typer >= 0.20 carries its own copy of click: its exceptions are not click's
+        from typer import _click as click
+    except ImportError:  # pragma: no cover - older typer
+        import click
+    return click
+
+
+def _verbose_traceback(logsetup) -> None:
+    if logsetup.VERBOSE:
+        import traceback
+
+        traceback.print_exc()
 
 
 def run() -> None:  # console-script entry

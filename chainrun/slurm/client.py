@@ -95,7 +95,7 @@ class SlurmClient:
         if res.ok:
             return res
         msg = f"{what} failed: {res.first_error_line()}"
-        if res.returncode == 127:
+        if res.returncode == 127 and not res.timed_out:
             raise SlurmError(msg, hint="is Slurm installed and on PATH here? (sites with modules: use a login shell)")
         if is_transient(res):
             raise TransientSlurmError(msg)
