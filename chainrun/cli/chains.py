@@ -188,6 +188,9 @@ def watch(
     until_done: Annotated[bool, typer.Option("--until-done", help="Exit when no chain is active any more.")] = False,
     cluster: ClusterOpt = None,
     json_out: JsonOpt = False,
+    notify: Annotated[Optional[list[str]], typer.Option(
+        "--notify", help="Notify this webhook URL or mail address on completion, failure and long interruptions "
+        "(repeatable; defaults: [notify] in config.toml).")] = None,
 ) -> None:
     from chainrun import paths
     from chainrun.chain.multi import MultiEngine
@@ -205,9 +208,10 @@ def watch(
             if not plain and not json_out and not once and sys.stdout.isatty():
                 from chainrun.cli.live import live_watch
 
-                live_watch(engine, interval=interval, until_done=until_done)
+                live_watch(engine, interval=interval, until_done=until_done, notify=notify)
                 return
-            _plain_watch(store, engine, interval=interval, once=once, until_done=until_done, json_out=json_out)
+            _plain_watch(store, engine, interval=interval, once=once, until_done=until_done, json_out=json_out,
+                         notify=notify)
     except WatcherBusy as e:
         if not once:
             raise
@@ -219,14 +223,19 @@ def watch(
         store.close()
 
 
-def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool, json_out: bool) -> None:
+def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool, json_out: bool,
+                 notify: list[str] | None = None) -> None:
     from chainrun.chain.watcher import run_watch
+    from chainrun.notify import watch_notifier
+
+    notifier = watch_notifier(store, notify)  # reads events after each tick; never raises
 
     recent = store.events(limit=1)
     last_event = recent[-1][0] if recent else 0
 
     def log_tick(report) -> None:
         nonlocal last_event
+        notifier.after_tick()
         if json_out:
             typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,

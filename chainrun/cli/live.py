@@ -15,8 +15,11 @@ from chainrun.cli import tables
 from chainrun.cli.render import clock
 
 
-def live_watch(engine: Engine, *, interval: float, until_done: bool) -> None:
+def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: list[str] | None = None) -> None:
+    from chainrun.notify import watch_notifier
+
     store = engine.store
+    notifier = watch_notifier(store, notify)  # reads events after each tick; never raises
     events: deque[str] = deque(maxlen=12)
     recent = store.events(limit=1)
     last = recent[-1][0] if recent else 0
@@ -34,6 +37,8 @@ def live_watch(engine: Engine, *, interval: float, until_done: bool) -> None:
                 events.append(f"{clock(e.ts)} {e.chain_id} {e.kind}: {e.message}")
             for w in report.warnings:
                 events.append(f"{clock(time.time())} warning: {w}")
+            for msg, target, ok in notifier.after_tick():
+                events.append(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
             live.update(frame(), refresh=True)
             if until_done and not store.chains(active_only=True):
                 return

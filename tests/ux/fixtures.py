@@ -14,7 +14,7 @@ from chainrun.state.store import Store
 T0 = 1_700_000_000.0
 
 
-def make_chain(home: Path, chain_id: str = "train-abcd", *, status: str = "COMPLETED") -> Store:
+def make_chain(home: Path, chain_id: str = "train-abcd", *, status: str = "COMPLETED", running_last: bool = False) -> Store:
     home.mkdir(parents=True, exist_ok=True)
     store = Store(home / "state.sqlite")
     ch = Chain(id=chain_id, name="train", cluster="local", script="/x/train.sh", workdir="/x", run_dir="/x/run",
@@ -38,6 +38,8 @@ def make_chain(home: Path, chain_id: str = "train-abcd", *, status: str = "COMPL
                 submit=T0 + 7000, eligible=T0 + 7000, start=T0 + 7820, end=T0 + 9000, credit_s=1180,
                 overlap_s=180, predicted_wait_s=700, predicted_model="lgbm", extra={"gap_s": -180.0}),
     ]
+    if running_last:  # segment 3 still trains
+        segs[-1].phase, segs[-1].outcome, segs[-1].slurm_state, segs[-1].credit_s = "RUNNING", None, "RUNNING", 0.0
     for s in segs:
         store.save_segment(s)
     ch.status, ch.reason, ch.finished, ch.credited_s = status, "training finished in segment 3", T0 + 9010, 7720
