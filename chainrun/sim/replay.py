@@ -97,17 +97,20 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
         points = points[: cfg.max_experiments]
     rules = default_rules(cfg.fixed_leads_s, cfg.quantiles)
     _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, rules=rules)
-    chunks = _split(points, max(1, cfg.workers))
-    if len(chunks) > 1:
+    workers = max(1, cfg.workers)
+    # a few chunks per worker, the later (busier, costlier) ones first: the pool balances itself
+    chunks = _split(points, 3 * workers if workers > 1 else 1)
+    if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(len(chunks)) as pool:
-            parts = pool.map(_run_chunk, chunks)
+        with mp.get_context("fork").Pool(min(workers, len(chunks))) as pool:
+            parts = pool.map(_run_chunk, chunks[::-1], chunksize=1)[::-1]
     else:
-        parts = [_run_chunk(chunks[0])] if chunks else []
+        parts = [_run_chunk(c) for c in chunks]
     transitions = [t for p, _, _ in parts for t in p]
     kinds = sorted({k for _, ks, _ in parts for k in ks})
     cost = {k: round(sum(c[k] for _, _, c in parts), 1) for k in parts[0][2]} if parts else {}
+    cost["worker_s"] = [round(c["worker_s"], 1) for _, _, c in parts]  # balance of the split
     from chainrun.sim.metrics import policy_table
 
     reports = default_reports(rules)
@@ -134,16 +137,16 @@ def injection_points(w: Workload, cfg: SimConfig, first: float) -> list[tuple[fl
 
 
 def _split(points: list, k: int) -> list[list]:
-    """Contiguous time ranges (each worker replays forward once), cut so that the later, busier
-    and more expensive part of a trace is not all on one worker."""
+    """Contiguous time ranges (each replays the trace forward once and fits its own weeks)."""
     if not points:
         return []
     k = min(k, len(points))
-    cut = [round(len(points) * (i / k) ** 0.8) for i in range(k + 1)]  # later chunks shorter
+    cut = [round(len(points) * i / k) for i in range(k + 1)]
     return [points[a:b] for a, b in zip(cut, cut[1:]) if b > a]
 
 
 def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[str], dict]:
+    t_begin = time.monotonic()
     s = _SHARED
     w, cfg = s["w"], s["cfg"]
     factory = cfg.predictor or chainrun_predictor
@@ -157,4 +160,5 @@ def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[
         out.extend(run_experiment(base, t0, chain_nodes, n + 2 * i, n + 2 * i + 1, s["rules"], cfg.spec,
                                   knowledge, gpus_per_node=cfg.gpus_per_node,
                                   show_predecessor=cfg.show_predecessor))
-    return out, sorted(knowledge.model_kinds), {"fallbacks": knowledge.fallbacks, **knowledge.cost}
+    cost = {"fallbacks": knowledge.fallbacks, **knowledge.cost, "worker_s": time.monotonic() - t_begin}
+    return out, sorted(knowledge.model_kinds), cost
