@@ -82,7 +82,7 @@ class Engine:
             except SlurmError as e:  # unreadable output or an error we do not know: Slurm's state, not the chains'
                 report.failed = True
                 report.warnings.append(f"Slurm query failed ({e}); nothing changed, trying again next tick")
-                log.warning("tick skipped: %s", e, exc_info=True)
+                log.info("tick skipped: %s", e, exc_info=True)  # the traceback: log file always, screen with -v
         report.slurm_calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items() if v - before.get(k, 0)}
         return report
 

@@ -66,7 +66,7 @@ def run_watch(
         except Exception as e:
             if once:
                 raise
-            log.exception("watcher tick failed")
+            log.info("watcher tick failed", exc_info=True)  # the traceback: log file always, screen with -v
             report = TickReport(failed=True, warnings=[f"tick failed ({type(e).__name__}: {e}); trying again"])
         ticks += 1
         if report.failed:
