@@ -2,7 +2,8 @@
 
 Choices that matter for fidelity, each visible here:
 - run time = recorded End - Start, cut at the limit; jobs that never ran are dropped (they
-  held no nodes); a missing limit becomes the longest limit in the trace (the partition max).
+  held no nodes); a missing limit becomes the longest limit in the trace (the partition max);
+  a job still running when sacct was dumped (no End) runs to its limit or the dump's last time.
 - the partition opens at the first recorded Start: LS6's A100s queued jobs for weeks before
   entering service, and a replay that starts them on day one would invent a different month.
 - dependency-like runs (same user, starts within ``dep_gap_s`` of that user's previous job's
@@ -31,12 +32,16 @@ class Workload:
 def build_workload(trace: "pd.DataFrame", *, infer_dependencies: bool = True, dep_gap_s: float = 60.0) -> Workload:
     import numpy as np
 
-    t = trace[trace["start"].notna() & trace["end"].notna() & (trace["nodes"] > 0)]
+    t = trace[trace["start"].notna() & (trace["nodes"] > 0)]
     t = t.sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)
     if t.empty:
         from chainrun.errors import UsageError
 
-        raise UsageError("the trace has no job that ran (no row with both Start and End)")
+        raise UsageError("the trace has no job that ran (no row with a Start time)")
+    if t["end"].isna().any():  # running at dump time: it holds its nodes to the end of what we know
+        last = float(np.nanmax(t[["submit", "start", "end"]].to_numpy(float)))
+        t = t.copy()
+        t["end"] = t["end"].fillna(np.minimum(t["start"] + t["timelimit_s"].fillna(np.inf), last))
     limit = t["timelimit_s"].to_numpy(float)
     max_limit = float(np.nanmax(limit)) if np.isfinite(limit).any() else 48 * 3600.0
     limit = np.where(np.isfinite(limit) & (limit > 0), limit, max_limit)

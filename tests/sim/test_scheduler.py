@@ -71,3 +71,17 @@ def test_fork_is_independent_and_submit_starts_at_once_when_it_fits():
     f.submit(99, 1, 50, 50)
     assert f.watched[99] == 10  # a free node: no waiting for the next event
     assert 99 not in sim.watched and sim.free == 1
+
+
+def test_a_job_running_when_sacct_was_dumped_holds_its_nodes():
+    import math
+
+    from chainrun.sim.workload import build_workload
+
+    from .tracegen import frame
+
+    df = frame([{"submit": 0, "start": 0, "end": 100, "limit_s": 1000},
+                {"submit": 10, "start": 10, "end": 5000, "limit_s": 1000}])
+    df.loc[0, "end"] = math.nan  # still running at the dump: runs to its limit (1000 s)
+    w = build_workload(df)
+    assert [j[4] for j in w.jobs] == [1000.0, 1000.0]  # (the second ran 4990 s: cut at its limit)
