@@ -16,8 +16,10 @@ polls); it sees only ``Context`` (the masked past and the live queue, see knowle
               * with hand-off an hour early only moves an hour of work into one more segment,
                 i.e. 1/48 of an extra transition (~1 h of cost with hand-off minutes and its
                 own small gap): c = 1/48 and q* = 1 / (1 + c) = 0.98.
-              ``predicted_handoff`` replays the quantile chainrun's watcher really uses
-              (chainrun.chain.policies.PREDICT_QUANTILE, 0.9 today); 0.98 is in the sensitivity rows.
+              ``predicted_handoff`` replays chainrun's watcher as shipped: its quantile
+              (chainrun.chain.policies.PREDICT_QUANTILE, 0.9 today) with the chain's default
+              ``--lead`` (30 min) as a floor the model can only move earlier
+              (rule ``predicted_watcher``); the bare quantiles are sensitivity rows.
 - oracle:     not a rule but the limit: searches the submit time with the full future known.
 """
 
@@ -33,6 +35,7 @@ class Rule:
     kind: str  # reactive | dependency | fixed | avg | predicted | oracle
     lead_s: float = 0.0
     quantile: float = 0.5
+    floor_s: float = 0.0  # predicted: never a shorter lead than this
 
 
 def _qname(q: float) -> str:
@@ -49,35 +52,46 @@ class Report:
 
 
 Q_NO_HANDOFF = 0.5
-Q_NEWSVENDOR_HANDOFF = 0.98
+Q_NEWSVENDOR_HANDOFF = 0.98  # see the module doc; a sensitivity row, not the default
 
 
-def _watcher_quantile() -> float:
-    try:  # the replay must act like the shipped watcher, whatever its quantile becomes
+def watcher_settings() -> tuple[float, float]:
+    """(quantile, lead floor in s) of chainrun's `predicted` watcher policy: the replay must act
+    like the shipped watcher, whatever they become."""
+    q, floor = 0.9, 1800.0
+    try:
         from chainrun.chain.policies import PREDICT_QUANTILE
 
-        return float(PREDICT_QUANTILE)
+        q = float(PREDICT_QUANTILE)
     except ImportError:
-        return 0.9
+        pass
+    try:
+        import dataclasses
 
+        from chainrun.chain.create import SubmitRequest
 
-Q_HANDOFF = _watcher_quantile()
+        floor = float({f.name: f.default for f in dataclasses.fields(SubmitRequest)}["lead_s"])
+    except (ImportError, KeyError, TypeError, ValueError):
+        pass
+    return q, floor
 
 
 def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600),
                   quantiles=(0.5, 0.75, 0.9, 0.95, 0.98)) -> list[Rule]:
-    quantiles = tuple(sorted({*quantiles, Q_NO_HANDOFF, Q_HANDOFF}))
+    quantiles = tuple(sorted({*quantiles, Q_NO_HANDOFF}))
     rules = [Rule("reactive", "reactive"), Rule("dependency", "dependency")]
     rules += [Rule(f"fixed_{int(s // 3600)}h", "fixed", lead_s=float(s)) for s in fixed_leads_s]
     rules.append(Rule("avg", "avg"))
     rules += [Rule(_qname(q), "predicted", quantile=q) for q in quantiles]
+    q, floor = watcher_settings()
+    rules.append(Rule("predicted_watcher", "predicted", quantile=q, floor_s=floor))
     rules.append(Rule("oracle", "oracle"))
     return rules
 
 
 def default_reports(rules: list[Rule]) -> list[Report]:
     """Names the external checks rely on: predicted (q 0.5, no hand-off), predicted_handoff
-    (the watcher's quantile, hand-off), oracle (with hand-off: the physical limit), plus every
+    (the shipped watcher rule, hand-off), oracle (with hand-off: the physical limit), plus every
     rule both ways."""
     out: list[Report] = []
     names = {r.name for r in rules}
@@ -92,8 +106,8 @@ def default_reports(rules: list[Rule]) -> list[Report]:
             out.append(Report(f"{r.name}_handoff", r.name, True))
     if _qname(Q_NO_HANDOFF) in names:
         out.append(Report("predicted", _qname(Q_NO_HANDOFF), False))
-    if _qname(Q_HANDOFF) in names:
-        out.append(Report("predicted_handoff", _qname(Q_HANDOFF), True))
+    if "predicted_watcher" in names:
+        out.append(Report("predicted_handoff", "predicted_watcher", True))
     return out
 
 
@@ -162,5 +176,6 @@ def lead_of(rule: Rule, ctx: Context, now: float) -> float:
         return ctx.k.mean_recent_wait(now)
     if rule.kind == "predicted":
         p = ctx.prediction(now)
-        return float(p.quantile(rule.quantile)) if hasattr(p, "quantile") else float(p.p50)
+        lead = float(p.quantile(rule.quantile)) if hasattr(p, "quantile") else float(p.p50)
+        return max(lead, rule.floor_s)
     raise ValueError(rule.kind)
