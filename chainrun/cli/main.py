@@ -68,6 +68,9 @@ def _register() -> None:
     from chainrun.cli import report_cmd  # report: timeline PNG/HTML and summary
 
     report_cmd.register(app)
+    from chainrun.cli import init_cmd  # init --template: copy a trainer that follows the contract
+
+    init_cmd.register(app)
 
 
 _register()
