@@ -10,6 +10,7 @@ The long version (50+ kills) is bench/kill_soak.py and the ``slow`` test below.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 import subprocess
@@ -130,6 +131,12 @@ def faults(slurm_cluster, private_cluster, tmp_path_factory):
         t.start()
     for t in threads:
         t.join()
+    if out := os.environ.get("CHAINRUN_RELIABILITY_JSON"):  # numbers for docs/reliability.md
+        Path(out).write_text(json.dumps({k: {"stats": v.get("stats").__dict__ if v.get("stats") else None,
+                                             "audit": v.get("audit"), "calls": v.get("calls"),
+                                             "adopted": len(v.get("adopted") or []), "error": v.get("error"),
+                                             "down_s": (v["up_at"] - v["down_at"]) if "up_at" in v else None}
+                                         for k, v in results.items()}, indent=1, default=str))
     return results
 
 
