@@ -36,10 +36,6 @@ WINDOW_DAYS = 7.0
 LOOKBACK_DAYS = 60.0
 OVERLAP_S = 86400.0
 _ENV = {"SLURM_TIME_FORMAT": "%s"}
-# pending for a reason that is not the queue: these are not ahead of anyone
-HELD_REASONS = ("Dependency", "DependencyNeverSatisfied", "JobHeldUser", "JobHeldAdmin", "BeginTime",
-                "PartitionTimeLimit", "PartitionNodeLimit", "InvalidAccount", "InvalidQOS")
-
 
 @dataclass
 class FetchResult:
@@ -163,27 +159,14 @@ def live_snapshot(runner: "Runner", *, timeout: float = 60.0) -> "pd.DataFrame":
     """Pending and running jobs of everyone, from one ``squeue`` call, as canonical rows.
 
     Jobs pending for a reason other than the queue (dependency, hold, begin time, a limit
-    they can never meet) are left out: they are not ahead of anyone.
+    they can never meet) are left out: they are not ahead of anyone. The conversion is
+    :func:`chainrun.predict.snapshot.snapshot_from_rows`, shared with the watcher, which
+    feeds it from its own single squeue call per tick.
     """
-    import numpy as np
-    import pandas as pd
-
+    from chainrun.predict.snapshot import snapshot_from_rows
     from chainrun.slurm.client import SlurmClient
 
-    rows = SlurmClient(runner, timeout=timeout).queue(all_users=True)
-    keep = [r for r in rows if r.state in ("PENDING", "RUNNING")
-            and not (r.state == "PENDING" and r.reason.split(",")[0].strip("()") in HELD_REASONS)]
-    return pd.DataFrame({
-        "job_id": [r.job_id for r in keep], "user": [r.user for r in keep], "name": [r.name for r in keep],
-        "partition": [r.partition for r in keep], "qos": [r.qos for r in keep], "account": "",
-        "submit": [np.nan if r.submit is None else r.submit for r in keep],
-        "eligible": [np.nan if r.submit is None else r.submit for r in keep],
-        "start": [np.nan if (r.start is None or r.state == "PENDING") else r.start for r in keep],
-        "end": np.nan,
-        "timelimit_s": [np.nan if r.time_limit_s is None else r.time_limit_s for r in keep],
-        "nodes": [r.nodes for r in keep], "gpus": [r.gpus for r in keep], "cpus": [r.cpus for r in keep],
-        "state": [r.state for r in keep], "exit_code": "0:0", "eligible_known": True, "priority": np.nan,
-    }, columns=list(CANONICAL_COLUMNS))
+    return snapshot_from_rows(SlurmClient(runner, timeout=timeout).queue(all_users=True))
 
 
 def _local(epoch: float) -> str:
