@@ -37,6 +37,7 @@ LOOKBACK_DAYS = 60.0
 OVERLAP_S = 86400.0
 _ENV = {"SLURM_TIME_FORMAT": "%s"}
 
+
 @dataclass
 class FetchResult:
     frame: "pd.DataFrame"
