@@ -7,7 +7,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
