@@ -161,9 +161,21 @@ def test_real_executable_never_prints_a_traceback(tmp_path):
         _check(args, p.returncode, p.stdout, p.stderr)
 
 
-def test_verbose_shows_the_traceback_that_the_log_always_has(tmp_path):
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "state.sqlite").write_bytes(b"\x00garbage" * 100)
-    p = run_cli("-v", "status", home=home)
-    assert p.returncode == 6 and "not a chainrun state store" in p.stderr
+def test_verbose_shows_the_traceback_that_the_log_always_has(tmp_path, monkeypatch, capfd):
+    from chainrun import context
+    from chainrun.cli.main import EXIT_INTERNAL, main
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
+
+    def boom(*a, **k):
+        raise RuntimeError("a bug in chainrun")
+
+    monkeypatch.setattr(context, "open_context", boom)
+    for argv, shown in ((["status"], False), (["-v", "status"], True)):
+        capfd.readouterr()
+        assert main(argv) == EXIT_INTERNAL
+        _, err = capfd.readouterr()
+        assert ("Traceback" in err) is shown, err
+        assert "internal error: RuntimeError: a bug in chainrun" in err
+    log = (tmp_path / "home" / "logs" / "chainrun.log").read_text()
+    assert log.count("Traceback") >= 2 and "a bug in chainrun" in log
