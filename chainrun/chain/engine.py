@@ -157,7 +157,10 @@ class Engine:
         found = reconcile.strays(queue, segs, self.user)
         if not found:
             return
-        self.slurm.cancel([q.job_id for _, _, q in found])
+        try:
+            self.slurm.cancel([q.job_id for _, _, q in found])
+        except SlurmRefused as e:  # gone by themselves meanwhile
+            log.warning("scancel of stray jobs: %s", e)
         for chain_id, s, q in found:
             self.store.add_event(chain_id, s.idx, "warning",
                                  f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} "
