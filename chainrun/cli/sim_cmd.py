@@ -76,6 +76,10 @@ def render(res) -> None:
         t.add_row(name, str(p["transitions"]), _h(p["mean_interruption_h"]), _h(p["mean_overlap_h"]),
                   _pct(p["zero_interruption_share"]), f"{p['gpu_hours_twice']:.0f}", _h(p["mean_cut_h"]),
                   *(f"{_h(bl[lv]['mean_interruption_h'])} ({bl[lv]['transitions']})" for lv in ("low", "medium", "heavy")))
-    con.print(t)
+    if m["injections"] == 0:
+        con.print("[yellow]no chain injected: the trace is too short for the 7-day warm-up plus a 48 h segment "
+                  "and 3 days of background[/yellow]")
+    else:
+        con.print(t)
     con.print("interruption/overlap: mean per transition; zero-int: gap <= 60 s; cut: predecessor time handed to a "
               "later segment; low/medium/heavy: mean interruption (transitions) by reactive gap <=2h / <=12h / more.")
