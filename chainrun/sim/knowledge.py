@@ -94,6 +94,7 @@ class Knowledge:
         # state and exit code are facts of the end: unknown while a job pends or runs
         h["state"] = np.where(ended, self._state[lo:hi], np.where(started, "RUNNING", "PENDING"))
         h["exit_code"] = np.where(ended, self._exit[lo:hi], "")
+        h["priority"] = np.nan  # recorded at some later time: never known at `now`
         return h
 
     def mean_recent_wait(self, now: float, n: int = 100) -> float:
@@ -137,4 +138,6 @@ class Knowledge:
         snap["start"] = np.asarray(starts, float)
         snap["end"] = np.nan
         snap["state"] = np.where(snap["start"].isna(), "PENDING", "RUNNING")
+        snap["exit_code"] = ""  # facts of the end (and the trace's after-the-fact priority): unknown now
+        snap["priority"] = np.nan
         return pd.DataFrame(snap)

@@ -91,7 +91,7 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
                          hint=f"use --nodes {widest} or more")
     starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
     first = w.open_at + cfg.warmup_s
-    fid = fidelity(w, starts, since=first)
+    fid = fidelity(w, starts, since=first if sum(j[0] >= first for j in w.jobs) >= 100 else w.open_at)
     points = injection_points(w, cfg, first)
     if cfg.max_experiments is not None:
         points = points[: cfg.max_experiments]
