@@ -7,6 +7,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 bash scripts/install.sh
+.venv/bin/python -m pip install -q -e ".[templates]" 2>&1 | { grep -v -i warning || true; }  # torch, lightning, transformers for the template tests
+command -v tmux >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || echo "[test] tmux missing; the watch screenshot test will say so" >&2
 export CHAINRUN_SLURM_USERS=${CHAINRUN_SLURM_USERS:-chainrun}  # the SSH tests' remote user gets an association
 bash scripts/start-cluster.sh >/dev/null
 export SLURM_CONF=${SLURM_CONF:-/tmp/chainrun-slurm/etc/slurm.conf}
