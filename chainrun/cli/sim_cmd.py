@@ -64,7 +64,7 @@ def render(res) -> None:
     con = Console(highlight=False, width=None if sys.stdout.isatty() else 180)  # a pipe gets the whole table
     f, m = res.fidelity, res.meta
     con.print(
-        f"[bold]Fidelity[/bold] (trace replayed alone on {m['nodes']} nodes, {m["fidelity_jobs"]} jobs compared): "
+        f"[bold]Fidelity[/bold] (trace replayed alone on {m['nodes']} nodes, {m['fidelity_jobs']} jobs compared): "
         f"Spearman {f.spearman:.2f}, median sim/real wait {f.median_ratio:.2f}, within x2 {f.within_2x * 100:.0f}%"
     )
     t = Table(title=f"{m['injections']} injected chains (every {m['chains_every_h']:g} h, {'/'.join(map(str, m['chain_nodes']))} "
