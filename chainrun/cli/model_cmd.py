@@ -22,11 +22,11 @@ def register(app: typer.Typer) -> None:
     app.command("predict", help="Predict how long a job submitted now would wait (p10/p50/p90).")(predict)
 
 
-def _runner():
-    # the SSH runner for remote clusters plugs in here later; the model commands need only run()
-    from chainrun.runner.local import LocalRunner
+def _runner(cluster: str = "local"):
+    # local, or the cluster's SSH runner (connects on first use); the model commands need only run()
+    from chainrun.context import open_runner
 
-    return LocalRunner()
+    return open_runner(cluster)[0]
 
 
 def _fmt(seconds: float) -> str:
@@ -56,8 +56,12 @@ def refresh(
         typer.echo(service.cron_line(cluster))
         return
     lookback_days = parse_duration(lookback, what="--lookback") / 86400.0 if lookback else None
-    res = service.refresh(_runner(), cluster=cluster, lookback_days=lookback_days)
-    if install_cron:
+    runner = _runner(cluster)
+    try:
+        res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days)
+    finally:
+        runner.close()
+    if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab
         line, changed = service.install_cron(_runner(), cluster)
         res["cron"] = {"line": line, "changed": changed}
     if json_out:
@@ -147,9 +151,46 @@ def predict(
     from chainrun.predict import service
 
     limit = parse_duration(time_, what="--time")
-    p = service.predict_now(_runner(), cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
-                            partition=partition, qos=qos)
+    if cluster == "all":
+        return _predict_all(nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit, partition=partition, qos=qos,
+                            json_out=json_out)
+    runner = _runner(cluster)
+    try:
+        p = service.predict_now(runner, cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
+                                partition=partition, qos=qos, user=getattr(runner, "user", None))
+    finally:
+        runner.close()
     if json_out:
         typer.echo(envelope("predict", {"p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model}))
         return
     typer.echo(f"expected wait {_fmt(p.p50)} (80 % between {_fmt(p.p10)} and {_fmt(p.p90)}); model: {p.model}")
+
+
+def _predict_all(*, json_out: bool, **job) -> None:
+    """``predict --cluster all``: every configured cluster, ranked by predicted median wait."""
+    from chainrun import clusters
+    from chainrun.cli.render import envelope
+    from chainrun.errors import ChainrunError
+    from chainrun.predict import service
+
+    ranked, failed = [], []
+    for name in ["local", *sorted(clusters.load().clusters)]:
+        try:
+            runner = _runner(name)
+            try:
+                p = service.predict_now(runner, cluster=name, user=getattr(runner, "user", None), **job)
+            finally:
+                runner.close()
+        except ChainrunError as e:  # no model yet, or unreachable: say so, rank the others
+            failed.append({"cluster": name, "error": str(e)})
+            continue
+        ranked.append({"cluster": name, "p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model})
+    ranked.sort(key=lambda r: r["p50_s"])
+    if json_out:
+        typer.echo(envelope("predict", {"ranked": ranked, "unavailable": failed}))
+        return
+    for i, r in enumerate(ranked, 1):
+        typer.echo(f"{i}. {r['cluster']}: expected wait {_fmt(r['p50_s'])} "
+                   f"(80 % between {_fmt(r['p10_s'])} and {_fmt(r['p90_s'])})")
+    for f in failed:
+        typer.echo(f"-  {f['cluster']}: {f['error']}", err=True)

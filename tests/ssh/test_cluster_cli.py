@@ -101,3 +101,15 @@ def test_no_secret_in_logs_json_or_config(ssh_home, ssh_server):
         assert "PRIVATE KEY" not in t
         assert not any(line in t for line in secret_lines)
     assert "password" not in (ssh_home / "config.toml").read_text().replace("passwords are never stored", "")
+
+
+@pytest.mark.slurm
+def test_model_refresh_and_predict_all_over_ssh(ssh_home, slurm_cluster):
+    p = run_cli("model", "refresh", "--cluster", "lo", "--json", home=ssh_home, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["data"]["history_rows"] >= 20  # sacct history read through SSH
+    p = run_cli("predict", "--cluster", "all", "--time", "10m", "--json", home=ssh_home)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    assert [r["cluster"] for r in data["ranked"]] == ["lo"]  # local has no model in this home
+    assert data["unavailable"][0]["cluster"] == "local" and "no queue-delay model" in data["unavailable"][0]["error"]
