@@ -85,3 +85,19 @@ def test_a_job_running_when_sacct_was_dumped_holds_its_nodes():
     df.loc[0, "end"] = math.nan  # still running at the dump: runs to its limit (1000 s)
     w = build_workload(df)
     assert [j[4] for j in w.jobs] == [1000.0, 1000.0]  # (the second ran 4990 s: cut at its limit)
+
+
+def test_multifactor_job_size_lets_a_wide_job_overtake_a_slightly_older_narrow_one():
+    # 0 holds the only 2 nodes until 100; 1 (1 node) is 10 s older than 2 (2 nodes), but the
+    # size term (worth 50 s of age per full-partition job) puts 2 first when 0 ends
+    jobs = [job(0, 0, 2, 100, 100), job(1, 1, 1, 100, 100), job(2, 11, 2, 100, 100)]
+    assert starts(2, jobs)[1:] == [100, 200]
+    assert starts(2, jobs, size_weight_s=50.0)[1:] == [200, 100]
+
+
+def test_json_has_no_nan():
+    from chainrun.sim.fidelity import Fidelity
+    from chainrun.sim.replay import SimResult
+
+    r = SimResult(Fidelity(float("nan"), 1.0, 0.5, 3), {"p": {"x": float("nan")}}, {}, {}, [])
+    assert r.as_json()["fidelity"]["spearman"] is None and r.as_json()["policies"]["p"]["x"] is None
