@@ -13,7 +13,7 @@ from chainrun.durations import format_duration as dur
 from chainrun.report.plot import GAP_COLOUR, OUTCOME_COLOURS, OVERLAP_COLOUR, PREDICTED_COLOUR, WAIT_COLOUR
 from chainrun.report.timeline import Timeline
 
-WIDTH, LEFT, RIGHT, ROW, TOP = 900, 70, 20, 30, 40
+WIDTH, LEFT, RIGHT, ROW, TOP = 900, 70, 80, 30, 40
 
 
 def timeline_svg(tl: Timeline) -> str:
@@ -89,7 +89,7 @@ td,th{border-bottom:1px solid #ddd;padding:3px 10px;text-align:left}
 
 def html_page(tl: Timeline, summary: dict, segments: list[dict]) -> str:
     """The whole page: title, summary numbers, the SVG, a legend and the segment table."""
-    rows = [("status", f"{summary['status'].lower()} {summary['reason']}".strip()),
+    rows = [("status", summary["status"].lower() + (f" ({summary['reason']})" if summary["reason"] else "")),
             ("policy", summary["policy"]), ("cluster", summary["cluster"]),
             ("progress", f"{dur(summary['done_s'])} of {dur(summary['total_s'])}"),
             ("segments", f"{summary['segments']} ({summary['segments_ran']} ran, {summary['retries']} retries)"),
@@ -100,8 +100,9 @@ def html_page(tl: Timeline, summary: dict, segments: list[dict]) -> str:
     if summary.get("prediction_mae_s") is not None:
         rows.append(("prediction error", f"{dur(summary['prediction_mae_s'])} mean absolute, "
                                           f"{len(summary['predicted_vs_actual'])} segment(s)"))
-    legend = [(OUTCOME_COLOURS["continue"], "segment (continue)"), (OUTCOME_COLOURS["done"], "done"),
-              (OUTCOME_COLOURS["crash"], "crash"), (WAIT_COLOUR, "queue wait"), (GAP_COLOUR, "gap (interruption)"),
+    seen = sorted({b.outcome for b in tl.bars})
+    legend = [(OUTCOME_COLOURS.get(k, "#9d9d9d"), f"segment: {k}") for k in seen]
+    legend += [(WAIT_COLOUR, "queue wait"), (GAP_COLOUR, "gap (interruption)"),
               (OVERLAP_COLOUR, "overlap"), (PREDICTED_COLOUR, "predicted start")]
     seg_rows = "".join(
         "<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in (

@@ -94,10 +94,10 @@ def test_envelope_matches_render_helper():
     assert set(json.loads(envelope("x", [])).keys()) == ENVELOPE_KEYS
 
 
-@pytest.mark.parametrize("doc", ["templates.md", "troubleshooting.md", "cli.md", "getting-started.md",
-                                 "checkpoint-contract.md"])
+@pytest.mark.parametrize("doc", ["README.md", "docs/templates.md", "docs/troubleshooting.md", "docs/cli.md",
+                                 "docs/getting-started.md", "docs/checkpoint-contract.md"])
 def test_user_guide_pages_exist_and_links_resolve(doc):
-    path = REPO / "docs" / doc
+    path = REPO / doc
     text = path.read_text()
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
         if target.startswith(("http://", "https://", "mailto:")):

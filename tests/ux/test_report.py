@@ -85,6 +85,10 @@ def test_report_cli_json_png_html(store, chainrun_home, tmp_path):
     assert text.count('class="gap"') == 2 and text.count('class="overlap"') == 1
     assert text.count('class="segment ') == 4 and text.count('class="predicted"') == 3
     assert not re.search(r"(?:src|href)\s*=|https?://|url\((?!#)", text), "the page must be self-contained"
+    import xml.etree.ElementTree as ET
+
+    svg = ET.fromstring(text[text.index("<svg"):text.index("</svg>") + 6])  # well-formed
+    assert svg.tag == "svg" and int(svg.get("width")) == 900
     assert not list(tmp_path.glob(".*tmp*")), "no temporary files left behind"
 
 
