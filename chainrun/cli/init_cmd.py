@@ -28,10 +28,13 @@ def register(app: typer.Typer) -> None:
 
 
 def templates_root() -> Path:
-    """The repository's templates/ folder (installed from a checkout, or editable)."""
+    """The repository's templates/ folder (an editable install or a checkout), else the copy
+    shipped inside the package (``chainrun/templates/``) when a build includes one."""
     import chainrun
 
-    return Path(chainrun.__file__).resolve().parent.parent / "templates"
+    pkg = Path(chainrun.__file__).resolve().parent
+    repo = pkg.parent / "templates"
+    return repo if (repo / "pytorch").is_dir() else pkg / "templates"
 
 
 def init(
