@@ -54,7 +54,7 @@ def main() -> None:
             create_chain(c.store, c.slurm, c.runner, req)
             made[name] += 1
 
-    def time_ticks(name: str) -> tuple[float, dict]:
+    def time_ticks(name: str) -> tuple[float, float, dict]:
         eng = MultiEngine(ctx[name].store, only=name)
         try:
             eng.tick()  # opens the connection; a watcher pays this once
@@ -64,7 +64,7 @@ def main() -> None:
                 rep = eng.tick()
                 times.append(time.perf_counter() - t0)
                 calls = rep.slurm_calls
-            return statistics.median(times), calls
+            return statistics.median(times), min(times), calls
         finally:
             eng.close()
 
@@ -73,9 +73,9 @@ def main() -> None:
         for n in (1, 20):
             add_chains("local", n)
             add_chains("lo", n)
-            loc, loc_calls = time_ticks("local")
-            ssh, ssh_calls = time_ticks("lo")
-            rows.append((n, loc, ssh, loc_calls, ssh_calls))
+            loc, loc_min, loc_calls = time_ticks("local")
+            ssh, ssh_min, ssh_calls = time_ticks("lo")
+            rows.append((n, loc, ssh, loc_min, ssh_min, loc_calls, ssh_calls))
     finally:
         for name, c in ctx.items():
             for ch in c.store.chains(active_only=True):
@@ -83,10 +83,12 @@ def main() -> None:
                     cancel_chain(c.store, c.slurm, ch)
             c.close()
 
-    print(f"one watcher tick, median of {args.ticks} (Slurm 22.05 test cluster, sshd on 127.0.0.1)")
-    print(f"{'chains':>6} {'local ms':>9} {'ssh ms':>8} {'ssh/local':>9}  calls per tick (local | ssh)")
-    for n, loc, ssh, lc, sc in rows:
-        print(f"{n:>6} {loc * 1000:>9.1f} {ssh * 1000:>8.1f} {ssh / loc:>9.2f}  {_calls(lc)} | {_calls(sc)}")
+    print(f"one watcher tick, median (min) of {args.ticks}, Slurm 22.05 test cluster, sshd on 127.0.0.1, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{'chains':>6} {'local ms':>13} {'ssh ms':>13} {'ssh/local':>9}  calls per tick (local | ssh)")
+    for n, loc, ssh, lmin, smin, lc, sc in rows:
+        print(f"{n:>6} {loc * 1000:>6.1f} ({lmin * 1000:>4.1f}) {ssh * 1000:>6.1f} ({smin * 1000:>4.1f}) "
+              f"{ssh / loc:>9.2f}  {_calls(lc)} | {_calls(sc)}")
 
 
 def _calls(calls: dict) -> str:

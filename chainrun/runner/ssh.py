@@ -301,7 +301,8 @@ class SSHRunner:
             sftp.chmod(tmp, mode)
             sftp.posix_rename(tmp, path)
         except (OSError, EOFError, paramiko.SSHException) as e:
-            if isinstance(e, OSError) and getattr(e, "errno", None) is not None:
+            t = self._clients[-1].get_transport() if self._clients else None
+            if isinstance(e, OSError) and t is not None and t.is_active():  # e.g. permission denied
                 raise RemoteError(f"cannot write {path} on {self.name}: {_describe(e)}") from None
             self._drop()
             raise RemoteUnreachable(f"SFTP on {self.name} failed writing {path}: {_describe(e)}") from None
