@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
-from chainrun.chain.policies import get_policy
+from chainrun.chain.policies import DEFAULT_LEAD_S, get_policy
 from chainrun.chain.segments import submit_segment, wrapper_path
 from chainrun.durations import format_duration
 from chainrun.errors import SlurmError, UsageError
@@ -32,7 +32,7 @@ class SubmitRequest:
     workdir: str
     segment_s: int | None = None
     policy: str = "lead"
-    lead_s: int = 1800
+    lead_s: int = DEFAULT_LEAD_S
     signal: str = DEFAULT_SIGNAL
     name: str | None = None
     retries: int = 1

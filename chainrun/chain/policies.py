@@ -14,9 +14,26 @@ from chainrun.errors import UsageError
 from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 
 
-# The quantile of the predicted wait the `predicted` policy acts on. High on purpose: a late
-# start costs the whole interruption, an early one only the hand-off (see docs/evaluation.md).
-PREDICT_QUANTILE = 0.9
+# How long before the hand-over point a segment is submitted by default (`--lead`); for the
+# `predicted` policy it is the floor the model can only move earlier. An hour early costs an
+# hour of work moved into a later segment, not an hour of GPUs: the running segment hands off.
+DEFAULT_LEAD_S = 3600
+
+# What one extra segment boundary costs, in the same unit as an hour of interruption: its own
+# small queue gap plus the hand-off minutes. Starting an hour early moves an hour of work into
+# one more boundary every `segment` hours, so the newsvendor quantile of the predicted wait is
+#   q* = cost late / (cost late + cost early) = 1 / (1 + TRANSITION_COST_S / segment_s).
+TRANSITION_COST_S = 3600
+
+
+def predict_quantile(segment_s: float) -> float:
+    """The quantile of the predicted wait the `predicted` policy acts on, for a segment length.
+
+    48 h segments give 0.98, 24 h 0.96, 6 h 0.86; never below the median, never above 0.99
+    (beyond that the model's tails are guesswork). See docs/evaluation.md.
+    """
+    q = 1.0 / (1.0 + TRANSITION_COST_S / max(float(segment_s), 1.0))
+    return min(0.99, max(0.5, q))
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from chainrun.chain.policies import PREDICT_QUANTILE, WaitEstimate
+from chainrun.chain.policies import WaitEstimate, predict_quantile
 from chainrun.errors import ChainrunError
 
 if TYPE_CHECKING:
@@ -58,4 +58,4 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
     )
     snapshot = snapshot_from_rows([r for r in rows if r.job_id != seg.job_id])
     p = model.predict(req, snapshot, history)
-    return WaitEstimate(seconds=p.quantile(PREDICT_QUANTILE), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90)
+    return WaitEstimate(seconds=p.quantile(predict_quantile(chain.segment_s)), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90)

@@ -16,10 +16,10 @@ polls); it sees only ``Context`` (the masked past and the live queue, see knowle
               * with hand-off an hour early only moves an hour of work into one more segment,
                 i.e. 1/48 of an extra transition (~1 h of cost with hand-off minutes and its
                 own small gap): c = 1/48 and q* = 1 / (1 + c) = 0.98.
-              ``predicted_handoff`` replays chainrun's watcher as shipped: its quantile
-              (chainrun.chain.policies.PREDICT_QUANTILE, 0.9 today) with the chain's default
-              ``--lead`` (30 min) as a floor the model can only move earlier
-              (rule ``predicted_watcher``); the bare quantiles are sensitivity rows.
+              ``predicted_handoff`` replays chainrun's watcher as shipped: the quantile
+              ``chainrun.chain.policies.predict_quantile(segment)`` (this same newsvendor rule,
+              0.98 for 48 h segments) with the default ``--lead`` (1 h) as a floor the model can
+              only move earlier (rule ``predicted_watcher``); the bare quantiles are sensitivity rows.
 - oracle:     not a rule but the limit: searches the submit time with the full future known.
 """
 
@@ -52,38 +52,24 @@ class Report:
 
 
 Q_NO_HANDOFF = 0.5
-Q_NEWSVENDOR_HANDOFF = 0.98  # see the module doc; a sensitivity row, not the default
 
 
-def watcher_settings() -> tuple[float, float]:
-    """(quantile, lead floor in s) of chainrun's `predicted` watcher policy: the replay must act
-    like the shipped watcher, whatever they become."""
-    q, floor = 0.9, 1800.0
-    try:
-        from chainrun.chain.policies import PREDICT_QUANTILE
+def watcher_settings(segment_s: float) -> tuple[float, float]:
+    """(quantile, lead floor in s) of chainrun's `predicted` watcher policy for this segment
+    length: the replay acts like the shipped watcher, whatever they become."""
+    from chainrun.chain.policies import DEFAULT_LEAD_S, predict_quantile
 
-        q = float(PREDICT_QUANTILE)
-    except ImportError:
-        pass
-    try:
-        import dataclasses
-
-        from chainrun.chain.create import SubmitRequest
-
-        floor = float({f.name: f.default for f in dataclasses.fields(SubmitRequest)}["lead_s"])
-    except (ImportError, KeyError, TypeError, ValueError):
-        pass
-    return q, floor
+    return predict_quantile(segment_s), float(DEFAULT_LEAD_S)
 
 
 def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600),
-                  quantiles=(0.5, 0.75, 0.9, 0.95, 0.98)) -> list[Rule]:
+                  quantiles=(0.5, 0.75, 0.9, 0.95, 0.98), *, segment_s: float = 48 * 3600.0) -> list[Rule]:
     quantiles = tuple(sorted({*quantiles, Q_NO_HANDOFF}))
     rules = [Rule("reactive", "reactive"), Rule("dependency", "dependency")]
     rules += [Rule(f"fixed_{int(s // 3600)}h", "fixed", lead_s=float(s)) for s in fixed_leads_s]
     rules.append(Rule("avg", "avg"))
     rules += [Rule(_qname(q), "predicted", quantile=q) for q in quantiles]
-    q, floor = watcher_settings()
+    q, floor = watcher_settings(segment_s)
     rules.append(Rule("predicted_watcher", "predicted", quantile=q, floor_s=floor))
     rules.append(Rule("oracle", "oracle"))
     return rules

@@ -95,7 +95,7 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
     points = injection_points(w, cfg, first)
     if cfg.max_experiments is not None:
         points = points[: cfg.max_experiments]
-    rules = default_rules(cfg.fixed_leads_s, cfg.quantiles)
+    rules = default_rules(cfg.fixed_leads_s, cfg.quantiles, segment_s=cfg.spec.segment_s)
     _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, rules=rules)
     workers = max(1, cfg.workers)
     # a few chunks per worker, the later (busier, costlier) ones first: the pool balances itself

@@ -107,3 +107,12 @@ def test_overlap_and_gap():
     record_overlaps([a, b, c])
     assert b.overlap_s == 10 and b.extra["gap_s"] == -10
     assert c.overlap_s == 0 and c.extra["gap_s"] == 60
+
+
+def test_predict_quantile_follows_segment_length():
+    from chainrun.chain.policies import predict_quantile
+
+    assert predict_quantile(48 * 3600) == pytest.approx(0.98, abs=0.001)
+    assert predict_quantile(24 * 3600) == pytest.approx(0.96, abs=0.001)
+    assert predict_quantile(120) == 0.5  # short segments: early is as costly as late
+    assert predict_quantile(10**9) == 0.99
