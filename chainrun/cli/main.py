@@ -23,7 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,  # we print one line; locals could hold secrets
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
 )
 
 EXIT_INTERNAL = 70
