@@ -104,6 +104,10 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
     t.add_row("capacity", f"{m['capacity_nodes']:.0f} nodes (estimated from history)")
     t.add_row("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)")
     t.add_row("answers for you", f"{m['answers_for_you']} ({m['user']})")
+    le = st.get("live_error") or {"n": 0}
+    t.add_row("live error", "no predicted segment has started yet" if not le["n"] else
+              f"{le['n']} segments: MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
+              f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted")
     t.add_row("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items()))
     t.add_row("files", st["model_dir"])
     console().print(t)

@@ -81,7 +81,41 @@ def status(cluster: str = "default", user: str | None = None) -> dict:
         "answers_for_you": f"user:{user}" if user in meta.get("user_models", {}) else "cluster",
         "user": user,
     }
+    out["live_error"] = live_error(cluster)
     return out
+
+
+def live_error(cluster: str) -> dict:
+    """How the predictions the watcher acted on compare with the waits that followed.
+
+    Read from the state store: every segment submitted under the `predicted` policy keeps the
+    predicted wait beside its measured wait (start - eligible).
+    """
+    import math
+
+    from chainrun.paths import state_db
+    from chainrun.state.store import Store
+
+    pairs: list[tuple[float, float]] = []
+    if state_db().exists():
+        store = Store(state_db())
+        try:
+            for c in store.chains():
+                if c.cluster != cluster:
+                    continue
+                for seg in store.segments(c.id):
+                    if seg.predicted_wait_s is not None and seg.wait_s is not None:
+                        pairs.append((seg.predicted_wait_s, seg.wait_s))
+        finally:
+            store.close()
+    if not pairs:
+        return {"n": 0}
+    errs = [abs(math.log10(max(p, 1.0)) - math.log10(max(a, 1.0))) for p, a in pairs]
+    hits = [(p < 60 and a < 60) or (max(p, 1.0) / max(a, 1.0) <= 2 and max(a, 1.0) / max(p, 1.0) <= 2)
+            for p, a in pairs]
+    late = [a > p for p, a in pairs]  # waited longer than predicted: the start came late
+    return {"n": len(pairs), "mae_log10": sum(errs) / len(errs), "within_2x": sum(hits) / len(hits),
+            "waited_longer_than_predicted": sum(late) / len(late)}
 
 
 def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: int, timelimit_s: float,

@@ -197,6 +197,10 @@ def test_predicted_policy_completes_and_records_predictions(chains):
     assert later and all(s["predicted_wait_s"] is not None for s in later), later
     assert all(s["predicted_model"] for s in later)
     assert_continuous_and_exclusive(sc)
+    st = run_cli("model", "status", "--json", home=chains["home"])
+    assert st.returncode == 0, st.stderr
+    live = json.loads(st.stdout)["data"]["live_error"]
+    assert live["n"] >= len(later) and 0 <= live["within_2x"] <= 1  # predictions beside actual waits
 
 
 def test_status_table_and_events(chains):
