@@ -162,6 +162,7 @@ def test_watch_in_tmux_shows_running_chains_with_progress(ux):
     assert "Ctrl-C to stop" in running and "chains" in running
     assert re.search(r"^WATCH-EXIT=0$", final, re.M), final
     assert final.count("completed") >= len(ux["runs"]), final
+    assert "notified ops@example.org: completed" in final, final  # the live view's notifier hook
 
 
 def test_live_watch_notifies_webhook_and_mail(ux):
