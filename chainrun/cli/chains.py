@@ -235,7 +235,7 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
 
     def log_tick(report) -> None:
         nonlocal last_event
-        notifier.after_tick()
+        sent = notifier.after_tick()
         if json_out:
             typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,
@@ -246,6 +246,8 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
             typer.echo(f"{clock(ev.ts)} {ev.chain_id} {ev.kind}: {ev.message}", err=False)
         for w in report.warnings:
             typer.echo(f"{clock(time.time())} warning: {w}", err=True)
+        for msg, target, ok in sent:
+            typer.echo(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
     run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
 

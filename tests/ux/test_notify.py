@@ -115,7 +115,7 @@ def test_failures_are_logged_never_fatal(store, caplog, tmp_path, monkeypatch):
     assert "could not send" in text and "secret-token" not in text  # the webhook's secret is not logged
 
 
-def test_plain_watch_hook_notifies(store, chainrun_home, sendmail):
+def test_plain_watch_hook_notifies(store, chainrun_home, sendmail, capsys):
     from chainrun.cli.chains import _plain_watch
 
     class OneTick:  # the engine's interface as run_watch uses it; the chain completes during the tick
@@ -131,6 +131,9 @@ def test_plain_watch_hook_notifies(store, chainrun_home, sendmail):
                      notify=[url, "ops@example.org"])
     assert len(got) == 1 and "completed" in got[0]["text"]
     assert "To: ops@example.org" in mails(sendmail)[0]
+    out = capsys.readouterr().out
+    assert "train-abcd notified ops@example.org: completed" in out and "train-abcd completed:" in out
+    assert "secret-token" not in out
 
 
 @pytest.mark.parametrize("toml,fragment", [
