@@ -189,8 +189,8 @@ def watch(
     cluster: ClusterOpt = None,
     json_out: JsonOpt = False,
     notify: Annotated[Optional[list[str]], typer.Option(
-        "--notify", help="Notify this webhook URL or mail address on completion, failure and long interruptions "
-        "(repeatable; defaults: [notify] in config.toml).")] = None,
+        "--notify", metavar="URL|ADDRESS", help="Notify this webhook URL or mail address on completion, failure "
+        "and long interruptions (repeatable; defaults: [notify] in config.toml).")] = None,
 ) -> None:
     from chainrun import paths
     from chainrun.chain.multi import MultiEngine

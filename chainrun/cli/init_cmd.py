@@ -38,8 +38,8 @@ def templates_root() -> Path:
 
 
 def init(
-    template: Annotated[str, typer.Option("--template", "-t", help="pytorch, lightning, hf or toy.")],
-    directory: Annotated[Path, typer.Argument(help="Where to put the files (created if missing).")] = Path("."),
+    template: Annotated[str, typer.Option("--template", "-t", metavar="NAME", help="pytorch, lightning, hf or toy.")],
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="Where to put the files (created if missing).")] = Path("."),
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of text.")] = False,
 ) -> None:
     if template not in TEMPLATES:

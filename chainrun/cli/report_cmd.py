@@ -18,11 +18,11 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    chain: Annotated[Optional[str], typer.Argument(help="A chain id (or a unique prefix, or its name); "
+    chain: Annotated[Optional[str], typer.Argument(metavar="CHAIN", help="A chain id (or a unique prefix, or its name); "
                                                          "without it: one summary row per chain.")] = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="Write the timeline picture to this PNG file "
+    png: Annotated[Optional[Path], typer.Option("--png", metavar="FILE", help="Write the timeline picture to this PNG file "
                                                                 "(needs matplotlib).")] = None,
-    html: Annotated[Optional[Path], typer.Option("--html", help="Write a self-contained HTML page "
+    html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Write a self-contained HTML page "
                                                                   "(inline SVG, no external links).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")] = False,
 ) -> None:
