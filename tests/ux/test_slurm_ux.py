@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -78,9 +79,10 @@ def ux(slurm_cluster, tmp_path_factory):
     with webhook_server() as (url, hooks):
         try:
             _tmux(sock, "new-session", "-d", "-s", "ux", "-x", "160", "-y", "48", "bash --norc --noprofile")
-            cmd = (f"env CHAINRUN_HOME={home} PATH={bin_dir}:{os.environ['PATH']} LANG=C.UTF-8 "
-                   f"{PY} -m chainrun.cli.main watch --interval 3 --until-done --notify {url} "
-                   f"--notify ops@example.org; echo WATCH-EXIT=$?")
+            q = shlex.quote
+            path = f"{bin_dir}:{os.environ['PATH']}"  # the fake sendmail first
+            cmd = (f"env CHAINRUN_HOME={q(str(home))} PATH={q(path)} LANG=C.UTF-8 {q(PY)} -m chainrun.cli.main "
+                   f"watch --interval 3 --until-done --notify {q(url)} --notify ops@example.org; echo WATCH-EXIT=$?")
             _tmux(sock, "send-keys", "-t", "ux", cmd, "Enter")
             running_seen = None
             deadline = time.time() + WATCH_TIMEOUT_S
