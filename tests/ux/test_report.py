@@ -119,3 +119,16 @@ def png_size(path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_png_without_matplotlib_is_a_usage_error_and_html_still_works(store, chainrun_home, tmp_path):
+    store.close()
+    fake = tmp_path / "nomatplotlib" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = {"PYTHONPATH": str(fake.parent)}
+    p = run_cli("report", "train", "--png", str(tmp_path / "t.png"), home=chainrun_home, env=env)
+    assert p.returncode == 2 and "needs matplotlib" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "t.png").exists()
+    p = run_cli("report", "train", "--html", str(tmp_path / "t.html"), home=chainrun_home, env=env)
+    assert p.returncode == 0 and (tmp_path / "t.html").exists()
