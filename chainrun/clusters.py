@@ -98,15 +98,45 @@ def load() -> Config:
     return cfg
 
 
+_HEADER = "# chainrun clusters: written by `chainrun cluster add`; passwords are never stored"
+
+
 def save(cfg: Config) -> Path:
-    """Write the config atomically, 0600 (it names hosts and key paths)."""
+    """Write the config atomically, 0600 (it names hosts and key paths).
+
+    The file is shared (``[notify]`` lives there too): only the top-level ``default`` key and
+    the ``[clusters.*]`` tables are rewritten; every other line is kept as it was.
+    """
     path = config_path()
-    parts = ["# chainrun clusters: written by `chainrun cluster add`; passwords are never stored"]
-    if cfg.default:
-        parts.append(f"default = {_toml_value(cfg.default)}")
+    top, tables = _others(path.read_text(encoding="utf-8") if path.exists() else "")
+    parts = [_HEADER + ("\n" + f"default = {_toml_value(cfg.default)}" if cfg.default else "")]
+    if top.strip():
+        parts.append(top.strip("\n"))
+    if tables.strip():
+        parts.append(tables.strip("\n"))
     parts += [c.to_toml() for c in sorted(cfg.clusters.values(), key=lambda c: c.name)]
     write_private(path, "\n\n".join(parts) + "\n")
     return path
+
+
+def _others(text: str) -> tuple[str, str]:
+    """(top-level lines, other tables) of an existing config, without what ``save`` owns."""
+    top: list[str] = []
+    tables: list[str] = []
+    ours = False
+    in_table = False
+    for line in text.splitlines():
+        head = line.strip()
+        if head.startswith("["):
+            in_table = True
+            name = head.strip("[] ").split("]")[0].strip()
+            ours = name == "clusters" or name.startswith("clusters.")
+        if ours or head == _HEADER:
+            continue
+        if not in_table and head.split("=")[0].strip() == "default":
+            continue
+        (tables if in_table else top).append(line)
+    return "\n".join(top), "\n".join(tables)
 
 
 def write_private(path: Path, text: str) -> None:
@@ -137,11 +167,12 @@ def default_name(cfg: Config | None = None) -> str:
 def resolve(cluster: Cluster, *, ssh_config: Path | None = None) -> Target:
     """Fill the cluster's open fields from ``~/.ssh/config`` (by host, then by cluster name)."""
     found = _ssh_lookup(cluster.host, ssh_config)
+    hostname = found.get("hostname") or cluster.host  # --host may be an alias: its HostName
     if not found.get("_matched"):
+        # a block for the cluster's name gives user, port, keys, jump; the explicit --host stays
         by_name = _ssh_lookup(cluster.name, ssh_config)
         if by_name.get("_matched"):
             found = by_name
-    hostname = found.get("hostname") or cluster.host
     port = cluster.port or int(found.get("port") or 22)
     user = cluster.user or found.get("user") or _local_user()
     keys = (os.path.expanduser(cluster.key),) if cluster.key else tuple(os.path.expanduser(k) for k in found.get("identityfile", []))
