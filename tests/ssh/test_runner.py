@@ -134,3 +134,20 @@ def _fingerprint(server) -> str:
     out = subprocess.run(["ssh-keygen", "-lf", str(server.dir / "ssh_host_ed25519_key.pub")], capture_output=True,
                          text=True, check=True).stdout
     return out.split()[1]
+
+
+def test_proxy_jump_through_a_bastion(ssh_server, tmp_path, monkeypatch):
+    # the test server is its own bastion: hop 1 logs in, hop 2 is a direct-tcpip tunnel through it
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host bastion\n  HostName 127.0.0.1\n  Port {ssh_server.port}\n  User {REMOTE_USER}\n"
+                   f"  IdentityFile {ssh_server.key}\n")
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(cfg))
+    spec = Cluster(name="lo", host="127.0.0.1", port=ssh_server.port, user=REMOTE_USER, key=ssh_server.key,
+                   proxy_jump="bastion")
+    r = SSHRunner(spec, known_hosts=ssh_server.known_hosts)
+    try:
+        assert r.run(["id", "-un"], 30).stdout == f"{REMOTE_USER}\n"
+        assert len(r._clients) == 2, "one client for the bastion, one for the cluster through it"
+        assert not isinstance(r._clients[-1].get_transport().sock, socket.socket)  # a tunnel, not a TCP socket
+    finally:
+        r.close()
