@@ -101,6 +101,10 @@ def test_no_secret_in_logs_json_or_config(ssh_home, ssh_server):
         assert "PRIVATE KEY" not in t
         assert not any(line in t for line in secret_lines)
     assert "password" not in (ssh_home / "config.toml").read_text().replace("passwords are never stored", "")
+    for f in ("config.toml", "state.sqlite"):  # state too: it names hosts, paths and scripts
+        assert stat.S_IMODE((ssh_home / f).stat().st_mode) == 0o600, f
+    for d in [ssh_home, *[p for p in ssh_home.rglob("*") if p.is_dir()]]:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
 
 
 @pytest.mark.slurm
