@@ -194,5 +194,5 @@ def test_report_of_a_real_chain_has_segments_and_gaps(ux, tmp_path):
     assert (w, h) == (meta["width"], meta["height"]) and 600 <= w <= 2000 and 150 <= h <= 1200
     html = page.read_text()
     assert html.count('class="segment ') == 2 and 'class="gap"' in html
-    if os.environ.get("CHAINRUN_UX_KEEP_PNG"):  # how docs/img/chain-timeline.png was made
+    if os.environ.get("CHAINRUN_UX_KEEP_PNG"):  # keep the picture of this run to look at
         shutil.copyfile(png, os.environ["CHAINRUN_UX_KEEP_PNG"])
