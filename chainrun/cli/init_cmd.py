@@ -28,13 +28,10 @@ def register(app: typer.Typer) -> None:
 
 
 def templates_root() -> Path:
-    """The repository's templates/ folder (an editable install or a checkout), else the copy
-    shipped inside the package (``chainrun/templates/``) when a build includes one."""
+    """The templates shipped inside the package (the repository's templates/ links here)."""
     import chainrun
 
-    pkg = Path(chainrun.__file__).resolve().parent
-    repo = pkg.parent / "templates"
-    return repo if (repo / "pytorch").is_dir() else pkg / "templates"
+    return Path(chainrun.__file__).resolve().parent / "templates"
 
 
 def init(
