@@ -62,6 +62,9 @@ SCENARIOS = {
     # segment 0 starts and has minutes to find a free CPU on the shared nodes, then must hand off
     "handoff": Scenario("lo", ["--total", "4m", "--segment", "3m", "--policy", "lead", "--lead", "150s", "--",
                                "--partition=long", "--exclude=n1,n2", f"--export=ALL,{TOY}"]),
+    # the queue-delay model of cluster lo, trained from its sacct over SSH, decides when to submit
+    "predicted": Scenario("lo", ["--total", "3m", "--policy", "predicted", "--lead", "40s", "--", N4,
+                                 f"--export=ALL,{TOY}"]),
     "crash": Scenario("lo", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--", N4,
                              f"--export=ALL,TOY_CRASH_AT_STEP=4,{TOY}"]),
     # quotes, spaces, ; $(...) `...` and a newline in the chain name and both script paths
@@ -88,6 +91,8 @@ def chain_status(home: Path, chain: str) -> dict:
 @pytest.fixture(scope="module")
 def run(slurm_cluster, ssh_server, flaky_server, tmp_path_factory):
     home = make_home(tmp_path_factory.mktemp("ssh-chains") / "home", {"lo": ssh_server, "flaky": flaky_server})
+    p = run_cli("model", "refresh", "--cluster", "lo", "--json", home=home, timeout=300)
+    assert p.returncode == 0, p.stderr
     local_dir = tmp_path_factory.mktemp("literal") / f"sp ace's;$(touch {MARK_NAME}-3)\nx"
     local_dir.mkdir()
     (local_dir / f"pay load;$(touch {MARK_NAME}-4).sh").write_text(LITERAL_SCRIPT)
@@ -234,6 +239,14 @@ def test_handoff_over_ssh(run):
     assert all(s["overlap_s"] < 60 for s in segs("handoff")[1:] if s["overlap_s"] > 0)
     assert_continuous_and_exclusive(sc)
     assert "handed off" in run["log"]
+
+
+def test_predicted_policy_over_ssh_records_predictions(run):
+    sc = SCENARIOS["predicted"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    later = segs("predicted")[1:]
+    assert later and all(s["predicted_wait_s"] is not None and s["predicted_model"] for s in later), later
+    assert_continuous_and_exclusive(sc)
 
 
 def test_crash_fails_after_retries_and_cancels_successor(run):
