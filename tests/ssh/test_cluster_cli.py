@@ -117,3 +117,28 @@ def test_model_refresh_and_predict_all_over_ssh(ssh_home, slurm_cluster):
     data = json.loads(p.stdout)["data"]
     assert [r["cluster"] for r in data["ranked"]] == ["lo"]  # local has no model in this home
     assert data["unavailable"][0]["cluster"] == "local" and "no queue-delay model" in data["unavailable"][0]["error"]
+
+
+@pytest.mark.slurm
+def test_submit_uploads_into_the_chain_folder_and_cancel_reaches_the_cluster(ssh_home, slurm_cluster, tmp_path):
+    from tests.conftest import REPO
+
+    p = run_cli("submit", str(REPO / "templates" / "toy_train.sh"), "--cluster", "lo", "--total", "2m",
+                "--signal", "USR2@50", "--json", "--", "--hold", "--exclude=n1,n2", home=ssh_home, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)["data"]
+    run_dir = Path(d["run_dir"])
+    assert d["cluster"] == "lo" and run_dir.parent == Path(f"/home/{REMOTE_USER}/chainrun-runs")
+    script = run_dir / "toy_train.sh"
+    assert script.read_text() == (REPO / "templates" / "toy_train.sh").read_text()
+    assert stat.S_IMODE(script.stat().st_mode) == 0o700 and script.owner() == REMOTE_USER
+    queued = subprocess.run(["squeue", "-h", "-j", d["first_job"], "-o", "%u %j"], capture_output=True, text=True)
+    assert queued.stdout.split() == [REMOTE_USER, f"cr.{d['chain']}.0"]
+    st = run_cli("status", "--cluster", "lo", "--json", home=ssh_home)
+    assert [c["id"] for c in json.loads(st.stdout)["data"]] == [d["chain"]]
+    assert json.loads(run_cli("status", "--cluster", "local", "--json", home=ssh_home).stdout)["data"] == []
+    c = run_cli("cancel", d["chain"], "--json", home=ssh_home)  # no --cluster: the chain's own cluster
+    assert c.returncode == 0, c.stderr
+    assert json.loads(c.stdout)["data"]["cancelled_jobs"] == [d["first_job"]]
+    left = subprocess.run(["squeue", "-h", "-j", d["first_job"], "-t", "PD,R"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
