@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,8 +135,9 @@ def run(slurm_cluster, ssh_server, flaky_server, tmp_path_factory):
         sc.result = chain_status(home, sc.chain)
         sc.result["script"] = store.chain(sc.chain).script  # where the payload really was on the cluster
     store.close()
-    return {"work": work, "home": home, "log": out, "stderr": err, "outage": outage, "first_tick": first_tick,
-            "remote_script": remote_script, "local_script": SCENARIOS["literal-upload"].script}
+    yield {"work": work, "home": home, "log": out, "stderr": err, "outage": outage, "first_tick": first_tick,
+           "remote_script": remote_script, "local_script": SCENARIOS["literal-upload"].script}
+    shutil.rmtree(remote_dir, ignore_errors=True)
 
 
 def _outage(home: Path, chain: str, server) -> dict:
