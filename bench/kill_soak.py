@@ -41,7 +41,7 @@ def one_round(kills: int, total: str, seed: int, base: Path) -> dict:
     h.submit(home, base / "lead", "soaklead", "--total", total, "--policy", "lead", "--lead", "10s", *h.SEG, *N4)
     env = {"PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
     st = h.kill_loop(home, kills=kills, rng=random.Random(seed), log=base / "watch.log", env=env,
-                     shim_state=shim, min_s=1, max_s=10, timeout=3600)
+                     shim_state=shim, sbatch_share=0.15, min_shim_kills=3, min_s=1, max_s=10, timeout=3600)
     audit = h.audit(home, since)
     segs = sum(c["segments"] for c in audit["chains"].values())
     return {"seed": seed, "kills": st.kills, "kills_after_sbatch": st.shim_kills, "restarts": st.restarts,

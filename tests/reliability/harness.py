@@ -118,23 +118,30 @@ class KillStats:
 
 
 def kill_loop(home: Path, *, kills: int, rng: random.Random, log: Path, env: dict | None = None,
-              shim_state: Path | None = None, sbatch_share: float = 0.3, min_s: float = 1.0, max_s: float = 15.0,
-              interval: float = 2, timeout: float = 1200) -> KillStats:
-    """Run `chainrun watch` and SIGKILL it ``kills`` times at random moments, restarting it each time;
-    then let a last watcher drive the chains to the end."""
+              shim_state: Path | None = None, sbatch_share: float = 0.3, min_shim_kills: int = 0,
+              min_s: float = 1.0, max_s: float = 15.0, interval: float = 2, timeout: float = 1200) -> KillStats:
+    """Run `chainrun watch` and SIGKILL it ``kills`` times, restarting it each time; then let a last
+    watcher drive the chains to the end.
+
+    Most rounds kill after a random 1-``max_s`` s. A share of rounds (and every round until
+    ``min_shim_kills`` happened) arm the sbatch shim instead and give the watcher up to 60 s to
+    reach its next sbatch, so the worst moment is hit for sure, not only by luck."""
     st = KillStats()
     t0 = time.time()
     full = {**os.environ, "CHAINRUN_HOME": str(home), **(env or {})}
     with log.open("a") as out:
         while st.kills < kills and time.time() - t0 < timeout and active_chains(home):
-            if shim_state is not None and rng.random() < sbatch_share:
+            armed = shim_state is not None and (st.shim_kills < min_shim_kills or rng.random() < sbatch_share)
+            if armed:
                 (shim_state / "kill-next").touch()
             p = subprocess.Popen(watch_argv(interval), env=full, stdout=out, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
             st.restarts += 1
             try:
-                rc = p.wait(rng.uniform(min_s, max_s))
+                rc = p.wait(60 if armed else rng.uniform(min_s, max_s))
             except subprocess.TimeoutExpired:
+                if shim_state is not None:
+                    (shim_state / "kill-next").unlink(missing_ok=True)  # a timer kill: disarm the shim
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait()
                 st.kills += 1
