@@ -262,7 +262,7 @@ class SSHRunner:
                 err += chan.recv_stderr(65536)
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
-            if chan.closed or chan.eof_received and chan.exit_status_ready():
+            if chan.closed or (chan.eof_received and chan.exit_status_ready()):
                 break
             left = deadline - time.monotonic()
             if left <= 0:
@@ -271,6 +271,10 @@ class SSHRunner:
             select.select([chan], [], [], min(left, 1.0))  # the channel's pipe wakes us on data or exit
             if not self._clients or not chan.get_transport().is_active():
                 raise EOFError("transport closed")
+        while chan.recv_ready():  # whatever arrived between the last read and the close
+            out += chan.recv(65536)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
         rc = chan.recv_exit_status()
         return RunResult(argv, rc, out.decode(errors="replace"), err.decode(errors="replace"), time.monotonic() - t0)
 
