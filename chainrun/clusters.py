@@ -86,9 +86,16 @@ def load() -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read {path}: {e}", hint="fix or remove the file") from None
-    cfg = Config(default=data.get("default"))
+    default = data.get("default")
+    clusters = data.get("clusters") or {}
+    if default is not None and not isinstance(default, str):
+        raise UsageError(f"{path}: `default` must be a cluster name")
+    if not isinstance(clusters, dict) or not all(isinstance(t, dict) for t in clusters.values()):
+        raise UsageError(f"{path}: `clusters` must be tables like [clusters.NAME]", hint="fix or remove the file")
+    cfg = Config(default=default)
     known = set(Cluster.__dataclass_fields__) - {"name"}
-    for name, table in (data.get("clusters") or {}).items():
+    for name, table in clusters.items():
+        _check_shape(path, name, table)
         unknown = set(table) - known
         if unknown:
             raise UsageError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} in [clusters.{name}]")
@@ -96,6 +103,22 @@ def load() -> Config:
             raise UsageError(f"{path}: passwords are never read; use an SSH agent or a key file")
         cfg.clusters[name] = Cluster(name=name, **table)
     return cfg
+
+
+_TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str}
+
+
+def _check_shape(path: Path, name: str, table: dict) -> None:
+    """Valid TOML of the wrong shape is the user's to fix: say which key, never crash."""
+    if "host" not in table:
+        raise UsageError(f"{path}: [clusters.{name}] has no host", hint="fix it, or re-add with `chainrun cluster add`")
+    for key, typ in _TYPES.items():
+        v = table.get(key)
+        if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
+            raise UsageError(f"{path}: [clusters.{name}] {key} must be a {typ.__name__}, not {v!r}")
+    port = table.get("port")
+    if port is not None and not 0 < port < 65536:
+        raise UsageError(f"{path}: [clusters.{name}] port {port} is out of range")
 
 
 _HEADER = "# chainrun clusters: written by `chainrun cluster add`; passwords are never stored"

@@ -13,10 +13,10 @@ import re
 from chainrun.errors import UsageError
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-_UNIT_RE = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_UNIT_FULL_RE = re.compile(r"(?:\d+(?:\.\d+)?[dhms])+")
-_CLOCK_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?")
-_DAYS_HOURS_RE = re.compile(r"(\d+)-(\d+)")
+_UNIT_RE = re.compile(r"(\d+(?:\.\d+)?)([dhms])", re.ASCII)
+_UNIT_FULL_RE = re.compile(r"(?:\d+(?:\.\d+)?[dhms])+", re.ASCII)
+_CLOCK_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{1,2})(?::(\d{1,2}))?", re.ASCII)
+_DAYS_HOURS_RE = re.compile(r"(\d+)-(\d+)", re.ASCII)
 
 DURATION_HELP = "72h, 90m, 3d, 1h30m, 1-12:00:00 or HH:MM:SS"
 
@@ -45,12 +45,12 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
         seconds = int(days or 0) * 86400 + h * 3600 + mi * 60 + s
     elif m := _DAYS_HOURS_RE.fullmatch(text):
         seconds = int(m.group(1)) * 86400 + int(m.group(2)) * 3600
-    elif text.replace(".", "", 1).isdigit():
+    elif text.replace(".", "", 1).isascii() and text.replace(".", "", 1).isdigit():
         raise UsageError(f"{what} {raw!r} has no unit", hint=f"write e.g. {text}h or {text}m")
     if seconds is None:
         raise UsageError(f"invalid {what} {raw!r}", hint=f"use {DURATION_HELP}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError(f"{what} {raw!r} must be longer than zero")
+    if not math.isfinite(seconds) or seconds < 1:
+        raise UsageError(f"{what} {raw!r} must be at least one second")
     if seconds > 365 * 86400:
         raise UsageError(f"{what} {raw!r} is longer than a year")
     return int(round(seconds))

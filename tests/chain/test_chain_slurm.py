@@ -35,17 +35,17 @@ class Scenario:
 
 
 SCENARIOS = {
-    # plain policies, on nodes n3/n4 (1 CPU per segment)
-    "reactive": Scenario("reactive", ["--total", "5m", "--policy", "reactive", "--", "--exclude=n1,n2"], {}),
-    "dependency": Scenario("dependency", ["--total", "5m", "--policy", "dependency", "--", "--exclude=n1,n2"], {}),
+    # plain policies on n4 (1 CPU per segment; n4 has 4)
+    "reactive": Scenario("reactive", ["--total", "5m", "--policy", "reactive", "--", "--nodelist=n4"], {}),
+    "dependency": Scenario("dependency", ["--total", "5m", "--policy", "dependency", "--", "--nodelist=n4"], {}),
     # lead on a node of its own, held exclusively: the successor queues until the predecessor leaves
     "lead": Scenario("lead", ["--total", "5m", "--policy", "lead", "--lead", "40s", "--",
                               "--nodelist=n1", "--exclusive"], {}),
-    # lead with a free node: the successor starts early and must hand off, never train alongside
-    "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--", "--exclude=n1,n2"], {}),
+    # lead with a node of its own (n3, not exclusive): the successor starts early and must hand off
+    "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--", "--nodelist=n3"], {}),
     # every segment crashes; successors are pre-queued so the failure must cancel one
     "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
-                                "--exclude=n1,n2", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
+                                "--nodelist=n4", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
     # the queue-delay model decides (trained by `chainrun model refresh` on this cluster's sacct)
     "predicted": Scenario("predicted", ["--total", "5m", "--policy", "predicted", "--lead", "40s", "--",
                                         "--nodelist=n2", "--exclusive"], {}),

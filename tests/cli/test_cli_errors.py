@@ -19,7 +19,7 @@ def no_traceback(p):
         (["submit", "/nonexistent/train.sh", "--total", "72h"], 2, "script not found"),
         (["submit", TOY, "--total", "72"], 2, "has no unit"),
         (["submit", TOY, "--total", "soon"], 2, "invalid --total"),
-        (["submit", TOY, "--total", "1h", "--segment", "0h"], 2, "longer than zero"),
+        (["submit", TOY, "--total", "1h", "--segment", "0h"], 2, "at least one second"),
         (["submit", TOY, "--total", "1h", "--lead", "1:30"], 2, "ambiguous"),
         (["submit", str(REPO), "--total", "1h"], 2, "is a folder"),
         (["status", "no-such-chain"], 3, "no chain"),
