@@ -58,16 +58,7 @@ def submit(
     segment_s = parse_duration(segment, what="--segment") if segment else None
     lead_s = parse_duration(lead, what="--lead")
     script_path = script.expanduser().resolve()
-    try:
-        text = script_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"script not found: {script}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{script} is a folder, not a script") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{script} is not a text file") from None
-    except OSError as e:
-        raise UsageError(f"cannot read {script}: {e.strerror}") from None
+    text = _read_script(script)
     extra = list(ctx.args)
     req = SubmitRequest(
         script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
