@@ -8,7 +8,8 @@ from typing import Any
 
 from chainrun import __version__
 
-JSON_SCHEMA = 1
+# 2: `sim --json` and `model eval --json` moved into the envelope (their object unchanged under "data")
+JSON_SCHEMA = 2
 
 
 def envelope(command: str, data: Any) -> str:

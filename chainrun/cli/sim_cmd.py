@@ -5,7 +5,6 @@ Heavy imports (pandas, lightgbm) happen inside the command, so ``chainrun --help
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -23,7 +22,7 @@ def sim(
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
     priority: Annotated[str, typer.Option("--priority", help="age, or multifactor (age + job size weights of LS6).")] = "age",
     workers: Annotated[int, typer.Option("--workers", min=1, max=16, help="Worker processes.")] = 2,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of tables.")] = False,
 ) -> None:
     from dataclasses import replace
 
@@ -39,8 +38,10 @@ def sim(
     cfg = SimConfig(nodes=nodes, chains_every_s=float(every), priority=priority, workers=workers)
     cfg.spec = replace(cfg.spec, handoff_s=float(parse_duration(handoff, what="--handoff")))
     res = run_sim(read_trace(trace), cfg)
-    if json_out:  # the bare object: external checks read this shape
-        typer.echo(json.dumps(res.as_json(), indent=1))
+    if json_out:  # the versioned envelope, like every --json; the object itself is under "data"
+        from chainrun.cli.render import envelope
+
+        typer.echo(envelope("sim", res.as_json()))
         return
     render(res)
 

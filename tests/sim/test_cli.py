@@ -19,7 +19,9 @@ def dump(tmp_path):
 def test_sim_json_on_a_sacct_dump(dump, chainrun_home):
     p = run_cli("sim", "--trace", str(dump), "--nodes", "2", "--chains-every", "2d", "--json", home=chainrun_home)
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
+    env = json.loads(p.stdout)
+    assert set(env) == {"chainrun", "schema", "command", "data"} and env["command"] == "sim" and env["schema"] == 2
+    out = env["data"]
     assert set(out["fidelity"]) >= {"spearman", "median_ratio", "within_2x"}
     for name in ("reactive", "dependency", "avg", "predicted", "predicted_handoff", "oracle"):
         row = out["policies"][name]

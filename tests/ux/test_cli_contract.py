@@ -12,7 +12,7 @@ from tests.conftest import REPO, run_cli
 from tests.ux.fixtures import make_chain
 
 ENVELOPE_KEYS = {"chainrun", "schema", "command", "data"}
-JSON_SCHEMA = 1
+JSON_SCHEMA = 2  # 2: sim and model eval moved into the envelope
 
 # Commands another engineer owns whose docs/cli.md section is still to be written (they are
 # documented in docs/model.md, docs/evaluation.md and docs/remote-clusters.md). New commands
