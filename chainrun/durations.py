@@ -21,8 +21,15 @@ _DAYS_HOURS_RE = re.compile(r"(\d+)-(\d+)", re.ASCII)
 DURATION_HELP = "72h, 90m, 3d, 1h30m, 1-12:00:00 or HH:MM:SS"
 
 
-def parse_duration(text: str, *, what: str = "duration") -> int:
-    """Return whole seconds for a duration the user typed, or raise UsageError."""
+MIN_S = 1
+MAX_S = 365 * 86400
+
+
+def parse_duration(text: str, *, what: str = "duration", minimum: int = MIN_S, maximum: int = MAX_S) -> int:
+    """Return whole seconds for a duration the user typed, or raise UsageError.
+
+    ``minimum`` and ``maximum`` are the option's bounds; every hint suggests a value inside them.
+    """
     raw = text
     text = (text or "").strip().lower()
     if not text:
@@ -46,14 +53,50 @@ def parse_duration(text: str, *, what: str = "duration") -> int:
     elif m := _DAYS_HOURS_RE.fullmatch(text):
         seconds = int(m.group(1)) * 86400 + int(m.group(2)) * 3600
     elif text.replace(".", "", 1).isascii() and text.replace(".", "", 1).isdigit():
-        raise UsageError(f"{what} {raw!r} has no unit", hint=f"write e.g. {text}h or {text}m")
+        raise UsageError(f"{what} {raw!r} has no unit", hint=_unit_hint(text, minimum, maximum))
     if seconds is None:
         raise UsageError(f"invalid {what} {raw!r}", hint=f"use {DURATION_HELP}")
-    if not math.isfinite(seconds) or seconds < 1:
-        raise UsageError(f"{what} {raw!r} must be at least one second")
-    if seconds > 365 * 86400:
-        raise UsageError(f"{what} {raw!r} is longer than a year")
+    if not math.isfinite(seconds) or seconds < max(minimum, 1):
+        least = "one second" if minimum <= 1 else format_duration(minimum)
+        raise UsageError(f"{what} {raw!r} must be at least {least}", hint=f"e.g. {_round_up(minimum)}")
+    if seconds > maximum:
+        longest = "a year" if maximum == MAX_S else format_duration(maximum)
+        raise UsageError(f"{what} {raw!r} is longer than {longest}", hint=f"e.g. {_round_down(maximum)}")
     return int(round(seconds))
+
+
+def _in_bounds(seconds: float, minimum: int, maximum: int) -> bool:
+    return math.isfinite(seconds) and max(minimum, 1) <= seconds <= maximum
+
+
+def _unit_hint(number: str, minimum: int, maximum: int) -> str:
+    """``write e.g. 72h or 72m`` for a bare number, naming only values the option accepts."""
+    def valid(n: str) -> list[str]:
+        return [f"{n}{u}" for u in ("h", "m") if _in_bounds(float(n) * _UNITS[u], minimum, maximum)]
+
+    if ok := valid(number):
+        return "write e.g. " + " or ".join(ok)
+    if float(number) * _UNITS["h"] < max(minimum, 1):  # too short in any unit
+        ok = valid("1") or [_round_up(minimum)]
+        return f"at least {format_duration(max(minimum, 1))}: write e.g. " + " or ".join(ok)
+    return f"at most {format_duration(maximum)}: write e.g. {_round_down(maximum)}"
+
+
+def _round_up(seconds: int) -> str:
+    """A short valid example at or just above ``seconds``: ``1h``, ``5m``, ``30s``."""
+    seconds = max(seconds, 1)
+    for unit in ("d", "h", "m"):
+        if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{seconds}s" if seconds < 60 else f"{math.ceil(seconds / 60)}m"
+
+
+def _round_down(seconds: int) -> str:
+    """A short valid example at or just below ``seconds``."""
+    for unit in ("d", "h", "m"):
+        if seconds >= _UNITS[unit]:
+            return f"{seconds // _UNITS[unit]}{unit}"
+    return f"{max(seconds, 1)}s"
 
 
 def format_duration(seconds: float | None) -> str:

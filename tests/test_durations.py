@@ -43,3 +43,41 @@ def test_format():
     assert format_duration(90061) == "1d01h"
     assert format_duration(3900) == "1h05m"
     assert format_duration(-30) == "-30s"
+
+
+def _suggestions(err: UsageError) -> list[str]:
+    """The values a hint suggests (after `e.g.`)."""
+    text = (err.hint or "").split("e.g. ", 1)[1]
+    return [w for w in text.replace(" or ", " ").split() if w]
+
+
+@pytest.mark.parametrize("text", ["0", "0.0001", "72", "10000", "1000000", "0h", "0s", "400d", "0.5s"])
+def test_every_hint_suggests_a_value_that_is_accepted(text):
+    with pytest.raises(UsageError) as e:
+        parse_duration(text, what="--total")
+    assert "e.g." in str(e.value)
+    for suggested in _suggestions(e.value):
+        assert parse_duration(suggested, what="--total") >= 1, suggested
+
+
+def test_total_zero_no_longer_suggests_zero():
+    with pytest.raises(UsageError) as e:
+        parse_duration("0", what="--total")
+    assert "0h" not in str(e.value) and "0m" not in str(e.value)
+    assert "1h" in str(e.value)
+
+
+@given(st.one_of(st.integers(0, 10**7).map(str), st.floats(0, 1e6).map(lambda f: f"{f:.4f}")),
+       st.integers(1, 2 * 86400), st.integers(2 * 86400, 400 * 86400))
+def test_hints_respect_the_options_bounds(number, minimum, maximum):
+    with pytest.raises(UsageError) as e:
+        parse_duration(number, what="--x", minimum=minimum, maximum=maximum)
+    for suggested in _suggestions(e.value):
+        assert minimum <= parse_duration(suggested, minimum=minimum, maximum=maximum) <= maximum
+
+
+def test_option_minimum_is_enforced_and_named():
+    with pytest.raises(UsageError) as e:
+        parse_duration("30s", what="--segment", minimum=90)
+    assert "at least 1m30s" in str(e.value) and "e.g. 2m" in str(e.value)
+    assert parse_duration("2m", what="--segment", minimum=90) == 120
