@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# install.sh -- create .venv in the repository and install chainrun into it (with test extras).
+# install.sh [EXTRA...] -- create .venv in the repository and install chainrun into it with the
+# given extras (default: test), e.g. `scripts/install.sh test templates`. pip is quiet: its
+# output is shown only when it fails (on stderr, and the script exits with pip's code).
 # Works as root on a fresh Debian 12 machine (installs python3-venv if the venv module is missing)
 # and as a normal user where Python >= 3.11 is already there.
 set -euo pipefail
@@ -19,7 +21,23 @@ if [[ ! -x $ROOT/.venv/bin/python ]]; then
     fi
   fi
 fi
-"$ROOT/.venv/bin/python" -m pip install -q --upgrade pip 2>&1 | grep -v -i warning || true
-"$ROOT/.venv/bin/python" -m pip install -q -e "$ROOT[test]" 2>&1 | grep -v -i warning || true
+# quiet_pip ARGS...: pip install, silent on success; on failure its whole output goes to stderr
+# and the script stops with pip's exit code (nothing is filtered, so no failure is hidden)
+quiet_pip() {
+  local out rc=0
+  out=$(mktemp "${TMPDIR:-/tmp}/chainrun-pip.XXXXXX")
+  "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check "$@" >"$out" 2>&1 || rc=$?
+  if [[ $rc -ne 0 ]]; then
+    log "pip install $* failed (exit $rc):"
+    cat "$out" >&2
+    rm -f "$out"
+    exit "$rc"
+  fi
+  rm -f "$out"
+}
+
+extras=$(IFS=,; echo "${*:-test}")
+quiet_pip --upgrade pip
+quiet_pip -e "$ROOT[$extras]"
 "$ROOT/.venv/bin/chainrun" --version >/dev/null || { log "chainrun did not install"; exit 1; }
-log "chainrun $("$ROOT/.venv/bin/chainrun" --version | cut -d' ' -f2) installed in $ROOT/.venv"
+log "chainrun $("$ROOT/.venv/bin/chainrun" --version | cut -d' ' -f2) installed in $ROOT/.venv (extras: $extras)"
