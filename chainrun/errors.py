@@ -62,3 +62,7 @@ class RemoteError(ChainrunError):
     """An SSH connection failed or a host key could not be verified."""
 
     exit_code = 8
+
+
+class HomeError(StateError):
+    """The chainrun home (``CHAINRUN_HOME`` or the default data folder) cannot be created or written."""

@@ -7,6 +7,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from chainrun.errors import ChainrunError
+
 VERBOSE = 0
 _configured = False
 
@@ -30,7 +32,7 @@ def configure(*, verbose: int = 0, quiet: bool = False) -> None:
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
         root.addHandler(fh)
-    except OSError:  # an unwritable home must not stop a read-only command
+    except (OSError, ChainrunError):  # an unusable home must not stop a command that does not need it
         pass
 
 
@@ -42,5 +44,5 @@ def log_exception(exc: BaseException) -> Path | str:
         with open(path, "a", encoding="utf-8") as f:
             f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
         return path
-    except OSError:
+    except (OSError, ChainrunError):  # the home itself is the problem: nowhere to log
         return "<no log file>"

@@ -115,6 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo(f"chainrun: error: state store: {e} (nothing was changed; details in {path})", err=True)
         return StateError.exit_code
     except OSError as e:  # a file or folder we could not read or write: the system's words, one line
+        from chainrun import paths
+
+        if paths.is_in_home(e.filename):  # the home is the problem: name it and say what to do (exit 6)
+            logging.getLogger("chainrun").debug("home error", exc_info=True)
+            err = paths.home_error(e)
+            typer.echo(f"chainrun: error: {' '.join(str(err).split())}", err=True)
+            return err.exit_code
         path = logsetup.log_exception(e)
         _verbose_traceback(logsetup)
         what = f"{e.strerror or e}" + (f": {e.filename}" if e.filename else "")
