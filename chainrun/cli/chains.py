@@ -16,6 +16,8 @@ from chainrun.errors import UsageError
 
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: the configured default, else local).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")]
+PlainOpt = Annotated[bool, typer.Option("--plain", help="Plain lines (one record per line, key=value) instead of a "
+                                         "table; the default when the output is not a terminal.")]
 
 
 def register(app: typer.Typer) -> None:
@@ -128,10 +130,13 @@ def _read_script(script: Path) -> str:
 
 def _print_submitted(res, json_out: bool) -> None:
     ch = res.chain
+    for w in res.warnings:  # e.g. #SBATCH lines chainrun overrides: on stderr, with or without --json
+        typer.echo(f"chainrun: warning: {w}", err=True)
     if json_out:
         typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
                                        "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
-                                       "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster}))
+                                       "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
+                                       "warnings": list(res.warnings)}))
         return
     n = -(-ch.total_s // ch.segment_s)
     typer.echo(f"chain {ch.id}: {format_duration(ch.total_s)} in ~{n} segment(s) of {format_duration(ch.segment_s)} "
@@ -145,6 +150,7 @@ def status(
     chain: Annotated[Optional[str], typer.Argument(help="A chain id (or a unique prefix, or its name).")] = None,
     all_chains: Annotated[bool, typer.Option("--all", "-a", help="Include finished chains.")] = True,
     cluster: ClusterOpt = None,
+    plain: PlainOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun.chain.summary import view_chain
@@ -164,12 +170,13 @@ def status(
     from chainrun.cli import tables
 
     out = console()
-    if chain:
-        out.print(tables.chain_detail(views[0]))
-    elif not views:
-        out.print("no chains yet: start one with `chainrun submit SCRIPT --total 72h`")
+    if not views:
+        typer.echo("no chains yet: start one with `chainrun submit SCRIPT --total 72h`")
+    elif plain or not out.is_terminal:  # pipes, cron mail, CI logs: stable lines
+        tables.print_lines(out, tables.detail_lines(views[0], out.width) if chain else
+                           tables.chain_lines(views, out.width))
     else:
-        out.print(tables.chain_list(views))
+        out.print(tables.chain_detail(views[0]) if chain else tables.chain_list(views))
 
 
 def watch(

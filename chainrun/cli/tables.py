@@ -1,16 +1,64 @@
-"""Rich tables for chains and segments."""
+"""Chains and segments for people: tables that fit the terminal, or plain lines.
+
+Two forms, one content:
+
+- on a terminal, a rich table sized to the console. When the table is too wide it degrades
+  in a fixed, stated order (``CHAIN_LIST_STEPS``, ``CHAIN_DETAIL_STEPS``): notes move below
+  the table, then columns are shortened or dropped. An id column is never shrunk: when even
+  the narrowest table does not fit, the plain lines are printed instead;
+- off a terminal (a pipe, cron mail, CI logs, ``less``) or with ``--plain``: stable lines, one
+  record per line, ``key=value`` fields, the id first. A record longer than the width goes on
+  over indented continuation lines, broken only between fields (never inside an id).
+"""
 
 from __future__ import annotations
 
+import textwrap
 import time
+from dataclasses import dataclass, replace
 
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from chainrun.chain.summary import ChainView
 from chainrun.cli.render import clock
 from chainrun.durations import format_duration as dur
 
 _STATUS_STYLE = {"ACTIVE": "cyan", "COMPLETED": "green", "FAILED": "red", "CANCELLED": "yellow"}
+NOTE_MIN_WIDTH = 24  # a note column narrower than this moves below the table instead
+INDENT = "    "  # continuation lines of a plain record
+
+
+# --------------------------------------------------------------------------- chain figures
+# ChainView gains trained_s / allocated_s / payload_overlaps in the engine; until then (and
+# for stores written before) fall back to what the view has.
+
+def trained_s(v: ChainView) -> float:
+    """Payload training time: the progress toward --total."""
+    return float(getattr(v, "trained_s", None) if getattr(v, "trained_s", None) is not None else v.done_s)
+
+
+def allocated_s(v: ChainView, now: float | None = None) -> float:
+    """Time the segments held their allocations (start to end, or to now while running)."""
+    got = getattr(v, "allocated_s", None)
+    if got is not None:
+        return float(got)
+    now = time.time() if now is None else now
+    return sum(max(0.0, (s.end if s.end is not None else now) - s.start) for s in v.segment_views
+               if s.start is not None)
+
+
+def payload_overlap_errors(v: ChainView) -> list[str]:
+    """One loud line per time two copies of the payload trained at once (never allowed)."""
+    out = []
+    for o in getattr(v, "payload_overlaps", None) or []:
+        jobs = list(o.get("jobs", []) if isinstance(o, dict) else getattr(o, "jobs", []))
+        secs = float(o.get("seconds", 0) if isinstance(o, dict) else getattr(o, "seconds", 0))
+        who = " and ".join(str(j) for j in jobs) or "?"
+        out.append(f"ERROR: two copies trained at once: jobs {who} for {secs:.0f} s")
+    return out
 
 
 def progress_bar(done: float, total: float, width: int = 12) -> str:
@@ -19,38 +67,271 @@ def progress_bar(done: float, total: float, width: int = 12) -> str:
     return "█" * full + "░" * (width - full) + f" {frac * 100:3.0f}%"
 
 
-def chain_list(views: list[ChainView]) -> Table:
-    t = Table(title="chains", title_justify="left")
-    for col in ("chain", "status", "segment", "progress", "ETA", "gaps", "note"):
-        t.add_column(col, no_wrap=col != "note", overflow="fold")
+def _pct(done: float, total: float) -> str:
+    return f"{0.0 if total <= 0 else min(1.0, done / total) * 100:.0f}%"
+
+
+# --------------------------------------------------------------------------- fitting
+@dataclass
+class Column:
+    key: str
+    header: str
+    cells: list[str]  # rich markup, may hold line breaks
+    short: list[str] | None = None  # the abbreviated form, used after a "short" step
+    wrap: bool = False  # may wrap (the note); every other column keeps its full width
+    justify: str = "left"
+
+    def width(self) -> int:
+        return max([_cell_len(self.header)] + [_cell_len(c) for c in self.cells])
+
+    def min_width(self) -> int:
+        return min(self.width(), NOTE_MIN_WIDTH) if self.wrap else self.width()
+
+
+def _cell_len(markup: str) -> int:
+    return max((line.cell_len for line in Text.from_markup(markup).split("\n")), default=0)
+
+
+def _table_width(cols: list[Column]) -> int:
+    # default box, padding (0, 1): a border left of every column and one at the end
+    return sum(c.min_width() for c in cols) + 3 * len(cols) + 1
+
+
+def fit_columns(cols: list[Column], steps: list[tuple[str, str]], width: int) -> tuple[list[Column], bool, bool]:
+    """Apply ``steps`` in order until the table fits ``width``.
+
+    A step is (column key, action): "short" switches to the column's abbreviated cells,
+    "drop" removes it, "below" removes it and reports that its content goes under the table.
+    Returns (columns, moved_below, fits).
+    """
+    cols = list(cols)
+    below = False
+    for key, action in steps:
+        if _table_width(cols) <= width:
+            break
+        i = next((i for i, c in enumerate(cols) if c.key == key), None)
+        if i is None:
+            continue
+        if action == "short" and cols[i].short is not None:
+            cols[i] = replace(cols[i], cells=cols[i].short, short=None)
+        elif action in ("drop", "below"):
+            below = below or action == "below"
+            del cols[i]
+    return cols, below, _table_width(cols) <= width
+
+
+def _table(cols: list[Column], title: str | None = None) -> Table:
+    t = Table(title=title, title_justify="left")
+    for c in cols:
+        if c.wrap:
+            t.add_column(c.header, overflow="fold", min_width=c.min_width(), justify=c.justify)  # type: ignore[arg-type]
+        else:
+            t.add_column(c.header, no_wrap=True, min_width=c.width(), justify=c.justify)  # type: ignore[arg-type]
+    for row in zip(*(c.cells for c in cols)):
+        t.add_row(*row)
+    return t
+
+
+# --------------------------------------------------------------------------- plain lines
+def record(tokens: list[str], width: int, indent: str = INDENT) -> list[str]:
+    """One record as lines: fields joined by two spaces, broken only between fields."""
+    lines: list[str] = []
+    cur = ""
+    for tok in (t for t in tokens if t):
+        if not cur:
+            cur = tok
+        elif len(cur) + 2 + len(tok) <= width:
+            cur += "  " + tok
+        else:
+            lines.append(cur)
+            cur = indent + tok
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def wrap_text(text: str, width: int, *, first: str = "", indent: str = INDENT) -> list[str]:
+    """Free text (a note, an event message) wrapped at spaces; a long word (an id, a path) stays whole."""
+    out: list[str] = []
+    for i, para in enumerate(text.splitlines() or [""]):
+        out += textwrap.wrap(para, width=max(20, width), initial_indent=first if i == 0 else indent,
+                             subsequent_indent=indent, break_long_words=False, break_on_hyphens=False) or [first]
+    return out
+
+
+def _ts(ts: float | None, now: float) -> str:
+    return clock(ts, now=now).replace(" ", "T")  # one token in a plain line
+
+
+def _chain_record(v: ChainView, *, detail: bool = False) -> list[str]:
+    seg = f"{v.current}:{v.current_state.lower()}" if v.current is not None else "-"
+    tr = trained_s(v)
+    toks = [v.id, v.status.lower(), f"cluster={v.cluster}", f"policy={v.policy}", f"segment={seg}",
+            f"trained={dur(tr)}/{dur(v.total_s)}", f"progress={_pct(tr, v.total_s)}"]
+    if detail:
+        toks.append(f"allocated={dur(allocated_s(v))}")
+    toks += [f"eta={_ts(v.eta, time.time())}", f"interruption={dur(v.interruption_s)}", f"overlap={dur(v.overlap_s)}"]
+    if detail:
+        toks.append(f"checkpoints={v.checkpoint_dir}")
+    return toks
+
+
+def _chain_notes(v: ChainView, width: int) -> list[str]:
+    out: list[str] = []
+    for err in payload_overlap_errors(v):
+        out += wrap_text(err, width, first=INDENT)
+    if v.reason:
+        out += wrap_text(v.reason, width, first=INDENT + "note: ")
+    return out
+
+
+def chain_lines(views: list[ChainView], width: int) -> list[str]:
+    """``status`` off a terminal: one record per chain, its note and any error beneath."""
+    out: list[str] = []
+    for v in views:
+        out += record(_chain_record(v), width) + _chain_notes(v, width)
+    return out
+
+
+def _segment_fields(s, now: float) -> dict[str, str]:
+    pred = "-"
+    if s.predicted_wait_s is not None:
+        pred = dur(s.predicted_wait_s) + (f"({s.predicted_model})" if s.predicted_model else "")
+    return {"seg": str(s.idx) + ("(retry)" if s.is_retry else ""), "job": s.job_id or "-",
+            "state": s.slurm_state or s.phase, "outcome": s.outcome or "-", "limit": dur(s.time_limit_s),
+            "submit": _ts(s.submit, now), "eligible": _ts(s.eligible, now), "start": _ts(s.start, now),
+            "end": _ts(s.end, now), "wait": dur(s.wait_s), "predicted": pred,
+            "gap": "-" if s.gap_s is None else (f"+{dur(s.gap_s)}" if s.gap_s > 0 else dur(s.gap_s))}
+
+
+def detail_lines(v: ChainView, width: int) -> list[str]:
+    """``status CHAIN`` off a terminal: the chain's record, then one record per segment."""
+    now = time.time()
+    out = record(_chain_record(v, detail=True), width) + _chain_notes(v, width)
+    for s in v.segment_views:
+        f = _segment_fields(s, now)
+        out += record([f"seg={f['seg']}", f"job={f['job']}"] + [f"{k}={f[k]}" for k in
+                      ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap")],
+                      width)
+        if s.reason and s.outcome in ("crash", "cancelled"):
+            out += wrap_text(s.reason, width, first=INDENT + "note: ")
+    return out
+
+
+def print_lines(console: Console, lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+# --------------------------------------------------------------------------- tables
+# the order in which the chain overview gives way when the terminal is narrow
+CHAIN_LIST_STEPS = [("progress", "short"), ("note", "below"), ("gaps", "drop"), ("eta", "drop"),
+                    ("segment", "short"), ("chain", "short"), ("cluster", "drop")]
+
+
+def _chain_list_columns(views: list[ChainView]) -> list[Column]:
+    ids, clusters, statuses, segs, segs_short, prog, prog_short, etas, gaps, notes = ([] for _ in range(10))
+    ids_short = []
     for v in views:
         style = _STATUS_STYLE.get(v.status, "")
-        seg = f"{v.current} {v.current_state.lower()}" if v.current is not None else "-"
-        t.add_row(
-            f"{v.id}\n[dim]{v.policy}[/]", f"[{style}]{v.status.lower()}[/]", seg,
-            f"{progress_bar(v.done_s, v.total_s, 8)}\n{dur(v.done_s)} / {dur(v.total_s)}", clock(v.eta),
-            f"+{dur(v.interruption_s)}\n[dim]-{dur(v.overlap_s)}[/]", v.reason,
-        )
-    return t
+        tr = trained_s(v)
+        ids.append(f"{escape(v.id)}\n[dim]{v.policy}[/]")
+        ids_short.append(escape(v.id))
+        clusters.append(escape(v.cluster))
+        statuses.append(f"[{style}]{v.status.lower()}[/]")
+        segs.append(f"{v.current} {v.current_state.lower()}" if v.current is not None else "-")
+        segs_short.append(str(v.current) if v.current is not None else "-")
+        prog.append(f"{progress_bar(tr, v.total_s, 8)}\n{dur(tr)} / {dur(v.total_s)}")
+        prog_short.append(f"{_pct(tr, v.total_s)}\n{dur(tr)}/{dur(v.total_s)}")
+        etas.append(clock(v.eta))
+        gaps.append(f"+{dur(v.interruption_s)}\n[dim]-{dur(v.overlap_s)}[/]")
+        errs = payload_overlap_errors(v)
+        notes.append("\n".join([f"[bold red]{escape(e)}[/]" for e in errs] + ([escape(v.reason)] if v.reason else [])))
+    return [
+        Column("chain", "chain", ids, short=ids_short), Column("cluster", "cluster", clusters),
+        Column("status", "status", statuses), Column("segment", "segment", segs, short=segs_short),
+        Column("progress", "trained", prog, short=prog_short), Column("eta", "ETA", etas),
+        Column("gaps", "gaps", gaps), Column("note", "note", notes, wrap=True),
+    ]
 
 
-def chain_detail(v: ChainView) -> Table:
-    now = time.time()
-    style = _STATUS_STYLE.get(v.status, "")
-    title = (f"{v.id}  [{style}]{v.status}[/]  {progress_bar(v.done_s, v.total_s)}  {dur(v.done_s)} / {dur(v.total_s)}"
-             f"  policy {v.policy}  ETA {clock(v.eta)}" + (f"\n{v.reason}" if v.reason else ""))
-    t = Table(title=title, title_justify="left", caption=f"checkpoints: {v.checkpoint_dir}", caption_justify="left")
-    for col in ("seg", "job", "state", "outcome", "limit", "submit", "eligible", "start", "end", "wait",
-                "predicted", "gap", "note"):
-        t.add_column(col, no_wrap=col != "note")
-    for s in v.segment_views:
-        gap = "-" if s.gap_s is None else (f"[red]+{dur(s.gap_s)}[/]" if s.gap_s > 60 else
-                                           f"[yellow]{dur(s.gap_s)}[/]" if s.gap_s < 0 else dur(s.gap_s))
-        t.add_row(
-            str(s.idx) + (" (retry)" if s.is_retry else ""), s.job_id or "-", s.slurm_state or s.phase,
-            s.outcome or "", dur(s.time_limit_s), clock(s.submit, now=now), clock(s.eligible, now=now),
-            clock(s.start, now=now), clock(s.end, now=now), dur(s.wait_s),
-            dur(s.predicted_wait_s) + (f" ({s.predicted_model})" if s.predicted_model else "") if s.predicted_wait_s is not None else "-",
-            gap, s.reason if s.outcome in ("crash", "cancelled") else "",
-        )
-    return t
+@dataclass
+class ChainList:
+    """The chain overview, sized when rendered (so the live view refits on every frame)."""
+
+    views: list[ChainView]
+    title: str | None = "chains"
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        cols, below, fits = fit_columns(_chain_list_columns(self.views), CHAIN_LIST_STEPS, width)
+        if not fits:
+            yield Text("\n".join(chain_lines(self.views, width)))
+            return
+        yield _table(cols, self.title)
+        if below:
+            for v in self.views:
+                for err in payload_overlap_errors(v):
+                    yield Text(f"{v.id}: {err}", style="bold red")
+                if v.reason:
+                    yield Text(f"{v.id}: {v.reason}")
+
+
+def chain_list(views: list[ChainView]) -> ChainList:
+    return ChainList(views)
+
+
+CHAIN_DETAIL_STEPS = [("note", "below"), ("predicted", "short"), ("eligible", "drop"), ("submit", "drop"),
+                      ("predicted", "drop"), ("limit", "drop"), ("wait", "drop"), ("seg", "short"), ("end", "drop"),
+                      ("outcome", "drop"), ("start", "drop")]
+
+
+@dataclass
+class ChainDetail:
+    """One chain: its figures above, one row per segment, sized when rendered."""
+
+    view: ChainView
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        v, now, width = self.view, time.time(), options.max_width
+        rows = [(s, _segment_fields(s, now)) for s in v.segment_views]
+
+        def col(key: str, **kw) -> Column:
+            times = key in ("submit", "eligible", "start", "end")  # a table cell may keep the clock's space
+            return Column(key, key, [f[key].replace("T", " ") if times else f[key] for _, f in rows], **kw)
+
+        gap_cells = [f"[red]{f['gap']}[/]" if s.gap_s is not None and s.gap_s > 60 else
+                     f"[yellow]{f['gap']}[/]" if s.gap_s is not None and s.gap_s < 0 else f["gap"] for s, f in rows]
+        notes = [escape(s.reason) if s.outcome in ("crash", "cancelled") and s.reason else "" for s, _ in rows]
+        cols = [
+            col("seg", short=[f["seg"].replace("(retry)", "r") for _, f in rows]), col("job"), col("state"),
+            col("outcome"), col("limit"), col("submit"), col("eligible"), col("start"), col("end"), col("wait"),
+            col("predicted", short=[dur(s.predicted_wait_s) for s, _ in rows]), Column("gap", "gap", gap_cells),
+        ]
+        if any(notes):
+            cols.append(Column("note", "note", notes, wrap=True))
+        cols, below, fits = fit_columns(cols, CHAIN_DETAIL_STEPS, width)
+        if not fits:
+            yield Text("\n".join(detail_lines(v, width)))
+            return
+        style = _STATUS_STYLE.get(v.status, "")
+        tr = trained_s(v)
+        yield Text.from_markup(f"[bold]{escape(v.id)}[/]  [{style}]{v.status.lower()}[/]  cluster {escape(v.cluster)}  "
+                               f"policy {v.policy}  ETA {clock(v.eta, now=now)}")
+        yield Text(f"{progress_bar(tr, v.total_s)}  trained {dur(tr)} of {dur(v.total_s)}; allocations held "
+                   f"{dur(allocated_s(v, now))}; interruption {dur(v.interruption_s)}, overlap {dur(v.overlap_s)}")
+        for err in payload_overlap_errors(v):
+            yield Text(err, style="bold red")
+        if v.reason:
+            yield Text(v.reason)
+        if rows:
+            yield _table(cols)
+        if below:
+            for s, f in rows:
+                if s.outcome in ("crash", "cancelled") and s.reason:
+                    yield Text(f"segment {f['seg']} (job {f['job']}): {s.reason}")
+        yield Text(f"checkpoints: {v.checkpoint_dir}", style="dim")
+
+
+def chain_detail(v: ChainView) -> ChainDetail:
+    return ChainDetail(v)
