@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
 from chainrun.chain.policies import DEFAULT_LEAD_S, get_policy
 from chainrun.chain.segments import submit_segment, wrapper_path
-from chainrun.durations import format_duration
+from chainrun.durations import format_duration, to_slurm_time
 from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
 from chainrun.slurm.client import SlurmClient
@@ -47,6 +47,7 @@ class SubmitResult:
     chain: Chain
     first: Segment
     partition_max_s: float | None
+    warnings: tuple[str, ...] = ()  # e.g. #SBATCH lines chainrun overrides; the CLI prints them on stderr
 
 
 def parse_signal(text: str) -> tuple[str, int]:
@@ -106,6 +107,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         )
 
     chain_id = make_chain_id(req.name or PurePosixPath(req.script).stem)
+    warnings = script_overrides(req.script_text, script=PurePosixPath(req.script).name, chain_id=chain_id,
+                                segment_s=min(segment, req.total_s), signal=signal, signal_lead_s=signal_lead)
     run_dir = f"{req.workdir.rstrip('/')}/chainrun-runs/{chain_id}"
     ckpt = req.checkpoint_dir or f"{run_dir}/checkpoint"
     script = f"{run_dir}/{_upload_name(req.script)}" if req.upload_script else req.script
@@ -131,7 +134,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
-    return SubmitResult(chain, first, max_s)
+    return SubmitResult(chain, first, max_s, tuple(warnings))
 
 
 def _upload_name(script: str) -> str:
@@ -145,6 +148,66 @@ def _default_output(opts: list[str], run_dir: str) -> list[str]:
     if option_value(opts, "--output", "-o") is not None:
         return []
     return [f"--output={run_dir}/logs/%x-%j.out"]
+
+
+def _owned_option(token: str) -> str | None:
+    """The owned option a word of an sbatch command line sets (``--time=5``, ``-t5``, ``-J x``), else None."""
+    opt = token.split("=", 1)[0]
+    if opt.startswith("--"):
+        return opt if opt in OWNED_OPTIONS else None
+    for short in (o for o in OWNED_OPTIONS if not o.startswith("--")):
+        if token == short or (token.startswith(short) and len(token) > len(short)):
+            return short
+    return None
+
+
+_LONG_NAME = {"-t": "--time", "-J": "--job-name", "-a": "--array"}
+
+
+def script_overrides(script_text: str, *, script: str, chain_id: str, segment_s: int, signal: str,
+                     signal_lead_s: int) -> list[str]:
+    """One warning per ``#SBATCH`` line that sets an option chainrun sets itself for every segment.
+
+    ``sbatch`` lets the command line win over the script, so such a line would silently do nothing;
+    ``-- --time=5`` is refused outright (``_refuse_owned``), a script line is reported instead.
+    """
+    instead = {
+        "--time": (f"--time={to_slurm_time(segment_s)} per segment",
+                   "set the segment length with --segment and the run with --total"),
+        "--job-name": (f"--job-name=cr.{chain_id}.<segment>", "name the chain with --name"),
+        "--signal": (f"--signal=B:{signal}@{signal_lead_s}", "choose it with --signal SIG@SECONDS"),
+        "--parsable": ("--parsable itself", "remove the line"),
+        "--wrap": (f"its own wrapper around {script}", "remove the line"),
+    }
+    out: list[str] = []
+    for lineno, line in _directive_lines(script_text):
+        try:
+            words = shlex.split(line[len("#SBATCH"):], comments=True)
+        except ValueError:
+            continue  # sbatch_options() already refused an unreadable line
+        seen: list[str] = []
+        for w in words:
+            opt = _owned_option(w)
+            name = _LONG_NAME.get(opt, opt) if opt else None
+            if name and name in instead and name not in seen:
+                seen.append(name)
+        for name in seen:
+            uses, how = instead[name]
+            out.append(f"{script} line {lineno} `{line}`: its {name} is ignored, chainrun uses {uses} ({how})")
+    return out
+
+
+def _directive_lines(script_text: str) -> list[tuple[int, str]]:
+    """(line number, stripped text) of the ``#SBATCH`` lines sbatch reads: those before the first command."""
+    out = []
+    for lineno, line in enumerate(script_text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or (stripped.startswith("#") and not stripped.startswith("#SBATCH")):
+            continue
+        if not stripped.startswith("#SBATCH"):
+            break
+        out.append((lineno, stripped))
+    return out
 
 
 def _refuse_owned(args: list[str]) -> None:
