@@ -203,7 +203,7 @@ def watch(
     home = paths.home()
     try:
         with watcher_lock(home):
-            if not plain and not json_out and not once and sys.stdout.isatty():
+            if not plain and not json_out and not once and _live_terminal():
                 from chainrun.cli.live import live_watch
 
                 live_watch(engine, interval=interval, until_done=until_done, notify=notify)
@@ -221,12 +221,23 @@ def watch(
         store.close()
 
 
+def _live_terminal() -> bool:
+    """The live view redraws in place: only on a real terminal that can move its cursor."""
+    return sys.stdout.isatty() and os.environ.get("TERM", "").lower() not in ("dumb", "unknown")
+
+
 def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool, json_out: bool,
                  notify: list[str] | None = None) -> None:
     from chainrun.chain.watcher import run_watch
+    from chainrun.cli.tables import wrap_text
     from chainrun.notify import watch_notifier
 
     notifier = watch_notifier(store, notify)  # reads events after each tick; never raises
+    width = console().width  # COLUMNS, else the terminal's, else 80 (cron, pipes)
+
+    def say(line: str, err: bool = False) -> None:  # one event per record, long messages on indented lines
+        for part in wrap_text(line, width):
+            typer.echo(part, err=err)
 
     recent = store.events(limit=1)
     last_event = recent[-1][0] if recent else 0
@@ -241,11 +252,11 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
             return
         for eid, ev in store.events(after_id=last_event):
             last_event = eid
-            typer.echo(f"{clock(ev.ts)} {ev.chain_id} {ev.kind}: {ev.message}", err=False)
+            say(f"{clock(ev.ts)} {ev.chain_id} {ev.kind}: {ev.message}")
         for w in report.warnings:
-            typer.echo(f"{clock(time.time())} warning: {w}", err=True)
+            say(f"{clock(time.time())} warning: {w}", err=True)
         for msg, target, ok in sent:
-            typer.echo(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
+            say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
     run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
 

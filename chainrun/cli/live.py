@@ -1,11 +1,16 @@
-"""The live view of `chainrun watch` on a terminal: the chain table, events scrolling beneath."""
+"""The live view of `chainrun watch` on a terminal: the chain table, events scrolling beneath.
+
+Only the rendering lives here: the loop is :func:`chainrun.chain.watcher.run_watch`, the same
+one `watch --plain` uses, so a failing tick is caught, shown and retried with backoff here too.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Callable
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
@@ -15,7 +20,10 @@ from chainrun.cli import tables
 from chainrun.cli.render import clock
 
 
-def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: list[str] | None = None) -> None:
+def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: list[str] | None = None,
+               console: Console | None = None, sleep: Callable[[float], None] = time.sleep,
+               max_ticks: int | None = None) -> None:
+    from chainrun.chain.watcher import run_watch
     from chainrun.notify import watch_notifier
 
     store = engine.store
@@ -23,23 +31,27 @@ def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: lis
     events: deque[str] = deque(maxlen=12)
     recent = store.events(limit=1)
     last = recent[-1][0] if recent else 0
+    state = {"line": f"starting; a tick every {interval:.0f}s; Ctrl-C to stop"}
 
     def frame():
         views = [view_chain(c, store.segments(c.id)) for c in store.chains()]
         ev = Text("\n".join(events) or "(no events yet)", style="dim")
-        return Group(tables.chain_list(views), Text(f"last tick {clock(time.time())}, every {interval:.0f}s; Ctrl-C to stop"), ev)
+        return Group(tables.chain_list(views), Text(state["line"]), ev)
 
-    with Live(frame(), auto_refresh=False, transient=False) as live:
-        while True:
-            report = engine.tick()
-            for eid, e in store.events(after_id=last):
-                last = eid
-                events.append(f"{clock(e.ts)} {e.chain_id} {e.kind}: {e.message}")
-            for w in report.warnings:
-                events.append(f"{clock(time.time())} warning: {w}")
-            for msg, target, ok in notifier.after_tick():
-                events.append(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
-            live.update(frame(), refresh=True)
-            if until_done and not store.chains(active_only=True):
-                return
-            time.sleep(interval)
+    def on_tick(report) -> None:
+        nonlocal last
+        now = time.time()
+        for eid, e in store.events(after_id=last):
+            last = eid
+            events.append(f"{clock(e.ts)} {e.chain_id} {e.kind}: {e.message}")
+        for w in report.warnings:
+            events.append(f"{clock(now)} warning: {w}")
+        for msg, target, ok in notifier.after_tick():
+            events.append(f"{clock(now)} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
+        what = "failed (see the warning below)" if report.failed else f"every {interval:.0f}s"
+        state["line"] = f"last tick {clock(now)}, {what}; Ctrl-C to stop"
+        live.update(frame(), refresh=True)
+
+    with Live(frame(), console=console, auto_refresh=False, transient=False) as live:
+        run_watch(engine, interval=interval, once=False, on_tick=on_tick, stop_when_idle=until_done, sleep=sleep,
+                  max_ticks=max_ticks)

@@ -24,6 +24,8 @@ def report(
                                                                 "(needs matplotlib).")] = None,
     html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", help="Write a self-contained HTML page "
                                                                   "(inline SVG, no external links).")] = None,
+    plain: Annotated[bool, typer.Option("--plain", help="Plain lines instead of a table; the default when the "
+                                                        "output is not a terminal.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")] = False,
 ) -> None:
     from chainrun import paths
@@ -68,17 +70,30 @@ def report(
         else:
             typer.echo(envelope("report", [s for _, _, s in results]))
         return
+    from chainrun.cli import tables
+
     out = console()
     if not results:
-        out.print("no chains yet: start one with `chainrun submit SCRIPT --total 72h`")
+        typer.echo("no chains yet: start one with `chainrun submit SCRIPT --total 72h`")
         return
+    lines = plain or not out.is_terminal  # pipes, cron mail, CI logs: stable lines
     if chain:
-        out.print(_detail(results[0][2]))
+        s = results[0][2]
+        if lines:
+            tables.print_lines(out, tables.record([s["chain"], s["status"].lower(), f"cluster={s['cluster']}",
+                                                   f"policy={s['policy']}"], out.width))
+            for what, value in _detail_rows(s):
+                tables.print_lines(out, tables.wrap_text(f"{what}: {value}", out.width, first=tables.INDENT))
+        else:
+            out.print(_detail(s))
         for kind, info in files.items():
             extra = f" ({info['width']}x{info['height']} px)" if kind == "png" else ""
-            out.print(f"{kind}: {info['path']}{extra}")
+            tables.print_lines(out, tables.wrap_text(f"{kind}: {info['path']}{extra}", out.width))
+    elif lines:
+        rows = [s for _, _, s in results]
+        tables.print_lines(out, [ln for s in rows for ln in tables.record(_row_tokens(s), out.width)])
     else:
-        out.print(_table([s for _, _, s in results]))
+        out.print(_Table([s for _, _, s in results]))
 
 
 def _check_target(path: Path) -> None:
@@ -104,39 +119,81 @@ def _atomic(path: Path, write):
     return result if isinstance(result, dict) else {}
 
 
-def _detail(s: dict):
-    from rich.table import Table
-
+def _detail_rows(s: dict) -> list[tuple[str, str]]:
+    """What a chain's report says, as (what, value) pairs: the same for the table and the lines."""
     from chainrun.durations import format_duration as dur
 
-    t = Table(title=f"{s['chain']}  {s['status'].lower()}  policy {s['policy']}" +
-              (f"\n{s['reason']}" if s["reason"] else ""), title_justify="left", show_header=False)
-    t.add_column("what", style="bold")
-    t.add_column("value")
-    t.add_row("progress", f"{dur(s['done_s'])} of {dur(s['total_s'])}")
-    t.add_row("segments", f"{s['segments']} ({s['segments_ran']} ran)")
-    t.add_row("retries", f"{s['retries']} ({s['crashes']} crash(es))")
-    t.add_row("interruption", f"[red]{dur(s['interruption_s'])}[/] in {s['gaps']} gap(s), longest {dur(s['longest_gap_s'])}")
-    t.add_row("overlap", f"[yellow]{dur(s['overlap_s'])}[/] in {s['overlaps']} hand-over(s)")
-    t.add_row("queue wait", f"{dur(s['wait_total_s'])} in total, longest {dur(s['wait_max_s'])}")
+    rows = [(f"ERROR", e) for e in s.get("payload_overlap_errors", [])]
+    if s["reason"]:
+        rows.append(("note", s["reason"]))
+    rows += [
+        ("trained", f"{dur(s['trained_s'])} of {dur(s['total_s'])}"),
+        ("segments", f"{s['segments']} ({s['segments_ran']} ran)"),
+        ("retries", f"{s['retries']} ({s['crashes']} crash(es))"),
+        ("interruption", f"{dur(s['interruption_s'])} in {s['gaps']} gap(s), longest {dur(s['longest_gap_s'])}"),
+        ("overlap", f"{dur(s['overlap_s'])} in {s['overlaps']} hand-over(s)"),
+        ("queue wait", f"{dur(s['wait_total_s'])} in total, longest {dur(s['wait_max_s'])}"),
+    ]
     if s["prediction_mae_s"] is not None:
-        t.add_row("predicted wait", f"mean absolute error {dur(s['prediction_mae_s'])} over "
-                                    f"{len(s['predicted_vs_actual'])} segment(s)")
-    t.add_row("allocated", f"{dur(s['allocated_s'])} over {dur(s['wall_s'])} wall clock")
-    return t
+        rows.append(("predicted wait", f"mean absolute error {dur(s['prediction_mae_s'])} over "
+                                       f"{len(s['predicted_vs_actual'])} segment(s)"))
+    rows.append(("allocated", f"{dur(s['allocated_s'])} over {dur(s['wall_s'])} wall clock"))
+    return rows
 
 
-def _table(rows: list[dict]):
+def _detail(s: dict):
+    from rich.markup import escape
     from rich.table import Table
 
+    style = {"interruption": "red", "overlap": "yellow", "ERROR": "bold red"}
+    t = Table(title=f"{escape(s['chain'])}  {s['status'].lower()}  cluster {escape(s['cluster'])}  policy {s['policy']}",
+              title_justify="left", show_header=False)
+    t.add_column("what", style="bold", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    for what, value in _detail_rows(s):
+        t.add_row(what, f"[{style[what]}]{escape(value)}[/]" if what in style else escape(value))
+    return t
+
+
+def _row_tokens(s: dict) -> list[str]:
     from chainrun.durations import format_duration as dur
 
-    t = Table(title="chain reports", title_justify="left")
-    for col in ("chain", "status", "segs", "retries", "gaps", "overlap", "longest gap"):
-        t.add_column(col, no_wrap=col == "chain", min_width=max((len(r["chain"]) for r in rows), default=5)
-                     if col == "chain" else None)
-    for s in rows:
-        t.add_row(s["chain"], s["status"].lower(), f"{s['segments']}", f"{s['retries']}",
-                  f"{dur(s['interruption_s'])} ({s['gaps']})", f"{dur(s['overlap_s'])} ({s['overlaps']})",
-                  dur(s["longest_gap_s"]))
-    return t
+    return [s["chain"], s["status"].lower(), f"cluster={s['cluster']}", f"segments={s['segments']}",
+            f"retries={s['retries']}", f"interruption={dur(s['interruption_s'])}", f"gaps={s['gaps']}",
+            f"overlap={dur(s['overlap_s'])}", f"overlaps={s['overlaps']}", f"longest_gap={dur(s['longest_gap_s'])}"]
+
+
+# the order in which the report overview gives way when the terminal is narrow
+REPORT_LIST_STEPS = [("longest", "drop"), ("retries", "drop"), ("segs", "drop"), ("overlap", "drop"),
+                     ("cluster", "drop")]
+
+
+class _Table:
+    """The report overview, sized when rendered; plain lines if even the narrowest table does not fit."""
+
+    def __init__(self, rows: list[dict]):
+        self.rows = rows
+
+    def __rich_console__(self, console, options):
+        from rich.markup import escape
+        from rich.text import Text
+
+        from chainrun.cli.tables import Column, _table, fit_columns, record
+        from chainrun.durations import format_duration as dur
+
+        rs = self.rows
+        cols = [
+            Column("chain", "chain", [escape(s["chain"]) for s in rs]),
+            Column("cluster", "cluster", [escape(s["cluster"]) for s in rs]),
+            Column("status", "status", [s["status"].lower() for s in rs]),
+            Column("segs", "segs", [str(s["segments"]) for s in rs], justify="right"),
+            Column("retries", "retries", [str(s["retries"]) for s in rs], justify="right"),
+            Column("gaps", "gaps", [f"{dur(s['interruption_s'])} ({s['gaps']})" for s in rs]),
+            Column("overlap", "overlap", [f"{dur(s['overlap_s'])} ({s['overlaps']})" for s in rs]),
+            Column("longest", "longest gap", [dur(s["longest_gap_s"]) for s in rs]),
+        ]
+        cols, _, fits = fit_columns(cols, REPORT_LIST_STEPS, options.max_width)
+        if not fits:
+            yield Text("\n".join(ln for s in rs for ln in record(_row_tokens(s), options.max_width)))
+            return
+        yield _table(cols, "chain reports")
