@@ -16,12 +16,12 @@ from pathlib import Path
 
 from chainrun import __version__
 from chainrun.errors import UsageError
-from chainrun.state.records import CONTINUE, CRASH, DONE, HANDOFF, SKIPPED
+from chainrun.state.records import CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, HANDOFF, SKIPPED, UNSTARTED
 
 DONE_FILE_NAME = "CHAINRUN_DONE"
 HANDOFF_TIMEOUT_S = 900  # how long a successor waits for its predecessor's checkpoint at most
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(.*)$")
-_OUTCOMES = {CONTINUE, CRASH, DONE, HANDOFF, SKIPPED}
+_OUTCOMES = {CONTINUE, CRASH, DONE, HANDOFF, SKIPPED, UNSTARTED, CHECKPOINT_CRASH}
 # options chainrun sets itself; the user's values for these are refused or overridden
 OWNED_OPTIONS = ("--job-name", "-J", "--signal", "--time", "-t", "--parsable", "--array", "-a", "--wrap")
 

@@ -22,7 +22,8 @@ from chainrun.runner.base import Runner
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import AcctRow, QueueRow
 from chainrun.state.records import (
-    ACTIVE, CANCELLED_OUT, COMPLETED, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, Chain, Segment,
+    ACTIVE, CANCELLED_OUT, CHECKPOINT_CRASH, COMPLETED, CONTINUE, CRASH, DONE, HANDOFF, ENDED, FAILED, LIVE_PHASES,
+    PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
 )
 from chainrun.state.store import Store
 
@@ -32,6 +33,8 @@ MIN_SEGMENT_S = 60  # Slurm's --time granularity: less than this left means the 
 ADOPT_AFTER_S = 60  # a SUBMITTING segment this old with no job in squeue is looked up in sacct
 LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is declared lost
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
+MAX_CHECKPOINT_CRASHES = 2  # the payload crashed while saving this many times in a row: a broken checkpoint, stop
+MAX_UNSTARTED = 6  # this many segments in a row ended waiting for the chain: its last owner cannot be established
 # pending reasons that never clear by themselves
 HOPELESS_REASONS = {
     "PartitionTimeLimit", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS", "BadConstraints",
@@ -207,18 +210,55 @@ class Engine:
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
         s.exit_code, s.credit_s = row.exit_code, result.credit_s
-        s.extra.update({k: v for k, v in info.items() if k in ("payload_start", "payload_end", "handoff_wait", "signaled")})
+        s.extra.update({k: v for k, v in info.items() if k in ("handoff_wait", "signaled", "signal_at", "gen")})
+        window = outcomes.payload_window(info, row)
+        if window:
+            s.extra["payload_start"], s.extra["payload_end"] = window
         c.credited_s += result.credit_s
         events = [(s.idx, result.outcome, result.message)]
-        if result.outcome in ("continue", "handoff"):
-            c.consecutive_failures = 0
+        if result.outcome in (CONTINUE, HANDOFF):
+            c.consecutive_failures = 0  # UNSTARTED and SKIPPED neither spend a retry nor reset the count
+        if result.outcome in (CRASH, CHECKPOINT_CRASH) and (tail := outcomes.read_tail(self.runner, c, s)):
+            s.extra["log_tail"] = tail[-2000:]
+            events.append((s.idx, "warning", f"last lines of job {s.job_id}:\n{tail}"))
+        events += self._check_overlaps(c, segs, s)
         self.store.save(c, [s], events)
-        if result.outcome == "done":
+        if result.outcome == DONE:
             self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
-        elif result.outcome == "crash":
+        elif result.outcome == CRASH:
             self._count_failure(c, segs, s)
-        elif result.outcome == "cancelled" and result.external:
+        elif result.outcome == CHECKPOINT_CRASH and _streak(segs, CHECKPOINT_CRASH) >= MAX_CHECKPOINT_CRASHES:
+            self._fail(c, segs, f"the payload crashed while checkpointing {MAX_CHECKPOINT_CRASHES} times in a row "
+                                f"(last: segment {s.idx}, job {s.job_id}); fix the checkpoint code and resubmit")
+        elif result.outcome == UNSTARTED and _streak(segs, UNSTARTED) >= MAX_UNSTARTED:
+            self._fail(c, segs, f"{MAX_UNSTARTED} segments in a row could not take the chain over from its last owner; "
+                                f"see {c.run_dir}/control")
+        elif result.outcome == CANCELLED_OUT and result.external:
             self._fail(c, segs, result.reason)
+
+    def _check_overlaps(self, c: Chain, segs: list[Segment], s: Segment) -> list[tuple[int, str, str]]:
+        """The promise checked, not assumed: did two payloads of this chain ever train at once?"""
+        windows: dict[str, tuple[float, float | None]] = {}
+        for o in segs:
+            if o.job_id and o.extra.get("payload_start") is not None and (o is s or o.phase == ENDED):
+                windows[o.job_id] = (float(o.extra["payload_start"]), o.extra.get("payload_end"))
+            elif o is not s and o.phase == RUNNING and o.job_id:  # still training: its start is in its state file
+                w = outcomes.payload_window(outcomes.read_outcome_file(self.runner, c, o), None)
+                if w:
+                    windows[o.job_id] = (w[0], None)
+        found = [(a, b, secs) for a, b, secs in outcomes.payload_overlaps(windows, self.clock()) if s.job_id in (a, b)]
+        events = []
+        for a, b, secs in found:
+            pair = sorted((a, b))
+            known = s.extra.setdefault("payload_overlaps", [])
+            if any(sorted(k["jobs"]) == pair for k in known):
+                continue
+            known.append({"jobs": pair, "seconds": secs})
+            msg = (f"ERROR: two copies of chain {c.id} trained at the same time: jobs {pair[0]} and {pair[1]} "
+                   f"for {secs:.0f}s (both wrote to {c.checkpoint_dir}); please report this")
+            log.error(msg)
+            events.append((s.idx, "error", msg))
+        return events
 
     def _count_failure(self, c: Chain, segs: list[Segment], s: Segment) -> None:
         c.consecutive_failures += 1
@@ -234,7 +274,8 @@ class Engine:
         live = [s for s in segs if s.phase in LIVE_PHASES]
         if any(s.phase == SUBMITTING for s in live):
             return  # an unconfirmed submission: wait for adoption before planning more
-        expected = sum(s.time_limit_s for s in live)
+        # --total counts training: a live segment is expected to train its limit less the signal lead
+        expected = sum(expected_training(c, s) for s in live)
         remaining = c.total_s - c.credited_s - expected
         if not live:
             if c.total_s - c.credited_s < MIN_SEGMENT_S:
@@ -267,7 +308,7 @@ class Engine:
         if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
             raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
         idx = (max(s.idx for s in segs) + 1) if segs else 0
-        wanted = max(remaining, c.signal_lead_s + MIN_SEGMENT_S)
+        wanted = max(remaining, MIN_SEGMENT_S) + c.signal_lead_s  # the signal comes this long before the limit
         limit = min(c.segment_s, to_slurm_minutes(int(wanted)) * 60)  # what Slurm will really grant
         prev_failed = bool(segs) and segs[-1].outcome == "crash"
         seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
@@ -294,8 +335,7 @@ class Engine:
             except SlurmRefused as e:  # the jobs are gone already; nothing left to stop
                 log.warning("scancel %s: %s", ids, e)
         for s in live:
-            s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, "cancelled by chainrun: chain finished"
-            s.extra["cancel_requested"] = True
+            _mark_cancelled(s, "cancelled by chainrun: chain finished")
 
 
 def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "cancelled by the user") -> list[str]:
@@ -308,11 +348,33 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
     if ids:
         slurm.cancel(ids)
     for s in live:
-        s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, reason
-        s.extra["cancel_requested"] = True
+        _mark_cancelled(s, reason)
     c.status, c.reason, c.finished = CANCELLED, reason, time.time()
     store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
     return ids
+
+
+def expected_training(c: Chain, s: Segment) -> float:
+    """How much training a live segment should still deliver toward --total."""
+    return max(0.0, s.time_limit_s - c.signal_lead_s)
+
+
+def _streak(segs: list[Segment], outcome: str) -> int:
+    """How many of the chain's last ended segments had this outcome, in a row."""
+    n = 0
+    for s in sorted((s for s in segs if s.phase == ENDED and s.outcome != CANCELLED_OUT), key=lambda s: s.idx,
+                    reverse=True):
+        if s.outcome != outcome:
+            break
+        n += 1
+    return n
+
+
+def _mark_cancelled(s: Segment, reason: str) -> None:
+    """A segment chainrun cancelled: never shown with the live Slurm state it had before scancel."""
+    s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, reason
+    s.slurm_state = "CANCELLED"
+    s.extra["cancel_requested"] = True
 
 
 __all__ = ["Engine", "TickReport", "cancel_chain", "parse_job_name"]

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.runner.base import Runner
 from chainrun.slurm.parsers import AcctRow
-from chainrun.state.records import CANCELLED_OUT, CONTINUE, CRASH, DONE, ENDED, HANDOFF, SKIPPED, Chain, Segment
+from chainrun.state.records import (
+    CANCELLED_OUT, CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, ENDED, HANDOFF, SKIPPED, UNSTARTED, Chain, Segment,
+)
 
 FINAL_STATES = {
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -35,61 +37,117 @@ class Result:
 
 
 def read_outcome_file(runner: Runner, chain: Chain, seg: Segment) -> dict[str, str]:
-    res = runner.run(["cat", control_path(chain.run_dir, seg.idx, "outcome")], 30)
-    if not res.ok:
-        return {}
-    info = parse_outcome(res.stdout)
-    # a file left by another job with the same index (a resubmission) does not count
-    if info.get("job") and seg.job_id and info["job"] != seg.job_id:
-        return {}
-    return info
+    """What the wrapper wrote about this job: its outcome file, else its last state (``phase=...``).
+
+    A segment killed before it could write an outcome still left its state: ``waiting`` (it
+    never trained) or ``training`` with the payload's start time.
+    """
+    for kind in ("outcome", "state"):
+        res = runner.run(["cat", control_path(chain.run_dir, seg.idx, kind)], 30)
+        if not res.ok:
+            continue
+        info = parse_outcome(res.stdout)
+        # a file left by another job with the same index (a resubmission) does not count
+        if info.get("job") and seg.job_id and info["job"] != seg.job_id:
+            continue
+        if kind == "state" or info.get("outcome"):
+            return info
+    return {}
+
+
+def read_tail(runner: Runner, chain: Chain, seg: Segment) -> str:
+    """The last lines of a failed segment's output, as the wrapper kept them."""
+    res = runner.run(["cat", control_path(chain.run_dir, seg.idx, "tail")], 30)
+    return res.stdout.strip() if res.ok else ""
+
+
+def payload_window(info: dict[str, str], row: AcctRow | None) -> tuple[float, float | None] | None:
+    """When the payload of a job trained: (start, end); end is None while it still trains."""
+    start = _num(info.get("payload_start"))
+    if start is None:
+        return None
+    end = _num(info.get("payload_end"))
+    if end is None and row is not None and row.end:
+        end = float(row.end)  # killed before it could write the end: it trained until the job ended
+    return start, end
 
 
 def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> Result:
     elapsed = _elapsed(row)
-    limit = row.time_limit_s or seg.time_limit_s
     what = f"segment {seg.idx} (job {row.job_id})"
     outcome = info.get("outcome")
     we_cancelled = bool(seg.extra.get("cancel_requested"))
+    window = payload_window(info, row)
+    # --total counts training: the payload's run time (docs/checkpoint-contract.md)
+    trained = max(0.0, window[1] - window[0]) if window and window[1] is not None else 0.0
+    never_trained = outcome in (UNSTARTED, SKIPPED) or (outcome is None and window is None and info.get("phase") == "waiting")
     if outcome == DONE:
-        return Result(DONE, elapsed, "payload said done", f"{what} finished training")
-    if row.state == "CANCELLED" and not we_cancelled:
+        return Result(DONE, trained, "payload said done", f"{what} finished training")
+    if row.state == "CANCELLED" and not we_cancelled and not (never_trained and outcome == UNSTARTED):
         reason = f"{what} was cancelled outside chainrun ({row.state_detail})"
-        return Result(CANCELLED_OUT, elapsed, reason, reason, external=True)
+        return Result(CANCELLED_OUT, trained, reason, reason, external=True)
     if outcome == SKIPPED:
         return Result(SKIPPED, 0.0, "chain already finished", f"{what} had nothing to do")
+    if never_trained:
+        how = f"got {info['stopped_by']}" if info.get("stopped_by") else f"ended {row.state}"
+        reason = f"{how} while waiting for its predecessor's hand-off; never trained"
+        return Result(UNSTARTED, 0.0, reason, f"{what} {reason}")
     if outcome == HANDOFF:
-        return Result(HANDOFF, elapsed, "handed off", f"{what} handed off to its successor after {_fmt(elapsed)}")
+        return Result(HANDOFF, trained, "handed off", f"{what} handed off to its successor after {_fmt(trained)} of training")
     if outcome == CONTINUE:
-        # ran its planned length (signal or limit): the whole allocation counts toward --total
-        signaled = info.get("signaled") == "1" or row.state == "TIMEOUT"
-        credit = float(limit) if signaled and limit else elapsed
         how = "checkpointed on the signal" if info.get("signaled") == "1" else "exited cleanly"
-        return Result(CONTINUE, credit, how, f"{what} {how}; next segment continues")
+        return Result(CONTINUE, trained, how, f"{what} {how} after {_fmt(trained)} of training; next segment continues")
+    if outcome == CHECKPOINT_CRASH:
+        code = info.get("exit", str(row.exit_code))
+        reason = f"crashed while checkpointing after the signal (exit {code})"
+        return Result(CHECKPOINT_CRASH, trained, reason, f"{what} {reason}; the next segment resumes from the last good checkpoint")
     if outcome == CRASH:
         code = info.get("exit", str(row.exit_code))
-        return Result(CRASH, 0.0, f"payload exit code {code}", f"{what} crashed: payload exit code {code}")
+        return Result(CRASH, trained, f"payload exit code {code}", f"{what} crashed: payload exit code {code}")
     # no outcome file: the wrapper was killed, or never ran
+    if window is None and info.get("phase") != "training":
+        trained = 0.0
     if row.state == "TIMEOUT":
-        return Result(CONTINUE, float(limit or elapsed), "reached its time limit",
+        return Result(CONTINUE, trained, "reached its time limit",
                       f"{what} reached its time limit; next segment resumes from the last checkpoint")
     if row.state == "PREEMPTED":
-        return Result(CONTINUE, elapsed, "preempted", f"{what} was preempted; next segment resumes")
+        return Result(CONTINUE, trained, "preempted", f"{what} was preempted; next segment resumes")
     if row.state == "CANCELLED":
-        return Result(CANCELLED_OUT, elapsed, "cancelled by chainrun", f"{what} cancelled")
-    if row.state in _CRASH_STATES:
-        reason = f"{row.state.lower().replace('_', ' ')}, exit {row.exit_code}:{row.exit_signal}"
-        return Result(CRASH, 0.0, reason, f"{what} failed: {reason}")
-    return Result(CONTINUE, elapsed, f"ended {row.state} without an outcome file", f"{what} ended ({row.state})")
+        return Result(CANCELLED_OUT, trained, "cancelled by chainrun", f"{what} cancelled")
+    if row.state in _CRASH_STATES or row.state == "COMPLETED":
+        reason = f"{row.state.lower().replace('_', ' ')}, exit {row.exit_code}:{row.exit_signal}, no outcome written"
+        return Result(CRASH, trained, reason, f"{what} failed: {reason}")
+    return Result(CONTINUE, trained if window else elapsed, f"ended {row.state} without an outcome file",
+                  f"{what} ended ({row.state})")
+
+
+def payload_overlaps(windows: dict[str, tuple[float, float | None]], now: float) -> list[tuple[str, str, float]]:
+    """Pairs of jobs of one chain whose payloads trained at the same time: (job a, job b, seconds)."""
+    items = sorted(windows.items(), key=lambda kv: kv[1][0])
+    out = []
+    for i, (ja, (sa, ea)) in enumerate(items):
+        for jb, (sb, eb) in items[i + 1:]:
+            both = min(ea if ea is not None else now, eb if eb is not None else now) - max(sa, sb)
+            if both > 0:
+                out.append((ja, jb, round(both, 1)))
+    return out
 
 
 def record_overlaps(segs: list[Segment]) -> None:
     """Overlap of each segment with its predecessor: the time both held resources."""
-    ran = [s for s in segs if s.start is not None]
+    # segments that never trained (ended waiting for the chain, or had nothing to do) never held it
+    ran = [s for s in segs if s.start is not None and s.outcome not in (UNSTARTED, SKIPPED)]
     for prev, nxt in zip(ran, ran[1:]):
         if prev.phase == ENDED and prev.end is not None and nxt.start is not None:
             nxt.overlap_s = max(0.0, prev.end - nxt.start)
             nxt.extra["gap_s"] = nxt.start - prev.end
+
+
+def _num(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "") else None
+    except ValueError:
+        return None
 
 
 def _elapsed(row: AcctRow) -> float:

@@ -26,7 +26,7 @@ class SegmentView:
     predicted_model: str
     gap_s: float | None  # start minus the predecessor's end: >0 interruption, <0 overlap
     overlap_s: float
-    credit_s: float
+    credit_s: float  # training time this segment delivered (payload start to exit)
     is_retry: bool
 
 
@@ -47,6 +47,9 @@ class ChainView:
     eta: float | None
     interruption_s: float
     overlap_s: float
+    trained_s: float  # the payload's run time so far: what --total counts
+    allocated_s: float  # time the chain's jobs held their allocations (waits for a hand-off included)
+    payload_overlaps: list[dict]  # two payloads of this chain that trained at once: must stay empty
     retries_used: int
     checkpoint_dir: str
     run_dir: str
@@ -69,13 +72,17 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
     cur = live[0] if live else (segs[-1] if segs else None)
     done = chain.credited_s
     running = next((s for s in live if s.phase == RUNNING), None)
-    if running and running.start:
+    if running and running.start:  # training so far (the wait for a hand-off is not known here: counted)
         done += max(0.0, min(now, running.end or now) - running.start)
+    allocated = sum(max(0.0, (s.end or 0) - s.start) for s in segs if s.start and s.phase not in LIVE_PHASES and s.end)
+    allocated += sum(max(0.0, now - s.start) for s in live if s.phase == RUNNING and s.start)
     eta = None
     if chain.status == ACTIVE:
-        after = max(0.0, chain.total_s - chain.credited_s - sum(s.time_limit_s for s in live))
-        base = running.end if running and running.end else now + sum(s.time_limit_s for s in live)
-        eta = max(now, base) + after
+        per_segment = max(60.0, chain.segment_s - chain.signal_lead_s)  # training one full segment delivers
+        after = max(0.0, chain.total_s - done - sum(max(0.0, s.time_limit_s - chain.signal_lead_s) for s in live
+                                                     if s.phase != RUNNING))
+        base = (running.end - chain.signal_lead_s) if running and running.end else now
+        eta = max(now, base) + after + (after // per_segment) * chain.signal_lead_s
     views = [_segment_view(s) for s in segs]
     return ChainView(
         id=chain.id, name=chain.name, cluster=chain.cluster, policy=chain.policy, status=chain.status,
@@ -84,6 +91,8 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         current_state=(cur.slurm_state or cur.phase) if cur else "", eta=eta,
         interruption_s=sum(max(0.0, v.gap_s) for v in views if v.gap_s is not None),
         overlap_s=sum(v.overlap_s for v in views),
+        trained_s=done, allocated_s=allocated,
+        payload_overlaps=[o for s in segs for o in s.extra.get("payload_overlaps", [])],
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
     )

@@ -25,6 +25,8 @@ DONE = "done"  # the payload said training is finished
 CRASH = "crash"  # ended on its own with an error, or the node failed
 CANCELLED_OUT = "cancelled"  # cancelled by chainrun (or the user) before or while running
 SKIPPED = "skipped"  # started after the chain was already finished
+UNSTARTED = "unstarted"  # ended while waiting for the chain (signal, limit, kill): never trained, no retry spent
+CHECKPOINT_CRASH = "checkpoint-crash"  # trained, got the signal, then failed while saving: a warning
 
 
 @dataclass

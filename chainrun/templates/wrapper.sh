@@ -11,6 +11,12 @@
 #   signal CHAINRUN_SIGNAL reaches every process of the payload some time before the limit,
 #          or as soon as the next segment has started (hand-off): save a checkpoint, exit.
 #   done   create CHAINRUN_DONE_FILE (or run `chainrun-done`) when training is finished.
+#
+# Never two copies: a segment trains only while it owns the chain. Ownership is a
+# generation number claimed by exclusive create of control/owner.<G> (O_EXCL works on
+# NFS and Lustre; no lock has to span nodes). A segment may claim generation G+1 only
+# once the owner of G has released it (its payload has exited) or Slurm reports the
+# owner's job ended. Whoever fails to establish that does not start the payload.
 set -u
 
 CHAINRUN_CHAIN_ID=@@CHAIN_ID@@
@@ -18,7 +24,7 @@ CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
 CHAINRUN_SIGNAL=@@SIGNAL@@
 CHAINRUN_RUN_DIR=@@RUN_DIR@@
 CHAINRUN_PAYLOAD=@@PAYLOAD@@
-CHAINRUN_HANDOFF_TIMEOUT=@@HANDOFF_TIMEOUT@@
+CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-@@HANDOFF_TIMEOUT@@}
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 CHAINRUN_GPUS=${SLURM_GPUS_ON_NODE:-0}
@@ -26,16 +32,44 @@ export CHAINRUN_CHAIN_ID CHAINRUN_SEGMENT CHAINRUN_CHECKPOINT_DIR CHAINRUN_SIGNA
 
 CTL=$CHAINRUN_RUN_DIR/control
 ME=$CTL/seg-$CHAINRUN_SEGMENT
-PREV=$CTL/seg-$((CHAINRUN_SEGMENT - 1))
+JOB=${SLURM_JOB_ID:-local-$$}
 mkdir -p "$CTL" "$CHAINRUN_CHECKPOINT_DIR"
 
 now() { date +%s; }
 say() { echo "[chainrun $(date +%H:%M:%S) seg $CHAINRUN_SEGMENT] $*"; }
-# outcome KEY=VALUE...: written once, atomically; the watcher reads it when the job has ended
-outcome() {
-  local tmp=$ME.outcome.$$
-  printf '%s\n' "$@" "job=${SLURM_JOB_ID:-}" "written=$(now)" > "$tmp" && mv -f "$tmp" "$ME.outcome"
+# put FILE KEY=VALUE...: replace a small key=value file atomically
+put() {
+  local f=$1; shift
+  printf '%s\n' "$@" > "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"
 }
+# outcome KEY=VALUE...: written once, atomically; the watcher reads it when the job has ended
+outcome() { put "$ME.outcome" "$@" "job=$JOB" "gen=$my_gen" "written=$(now)"; }
+# the last lines of this job's output, for the watcher to show when something went wrong
+keep_tail() {
+  local out
+  out=$(readlink -f /proc/$$/fd/1 2>/dev/null) && [[ -f $out ]] && tail -n 20 "$out" > "$ME.tail" 2>/dev/null
+}
+
+my_gen=-1     # the generation this job owns, once it has claimed one
+released=0
+release() {   # let the next segment take over: called once the payload has exited (or never ran)
+  if ((my_gen >= 0 && !released)); then put "$CTL/released.$my_gen" "job=$JOB" "at=$(now)"; released=1; fi
+}
+trap release EXIT
+
+# ---- signals: from the first line on, so an early signal never kills a waiting segment
+signaled=0 handoff=0 stop_wait="" signal_at=""
+forward() { [[ -n ${pgid:-} ]] && kill -s "$1" -- "-$pgid" 2>/dev/null; }
+on_signal() {  # $1: the signal's name
+  signaled=1; signal_at=${signal_at:-$(now)}
+  if [[ -z ${pgid:-} ]]; then stop_wait=$1; return; fi  # still waiting: end the wait cleanly
+  [[ $1 != TERM && -e $CTL/handoff.$my_gen ]] && handoff=1
+  say "got $1$( ((handoff)) && echo ' (hand-off)'): asking the payload to checkpoint"
+  forward "$1"
+}
+trap 'on_signal "$CHAINRUN_SIGNAL"' "$CHAINRUN_SIGNAL"
+trap 'on_signal TERM' TERM
+trap 'on_signal INT' INT
 
 # ---- the real end of this allocation (Slurm may shorten a job with --time-min)
 CHAINRUN_END_TIME=${SLURM_JOB_END_TIME:-}
@@ -44,56 +78,92 @@ if [[ -z $CHAINRUN_END_TIME && -n ${SLURM_JOB_ID:-} ]]; then
   [[ $CHAINRUN_END_TIME =~ ^[0-9]+$ ]] || CHAINRUN_END_TIME=
 fi
 export CHAINRUN_END_TIME
-printf 'job=%s\nstart=%s\nend_time=%s\nhost=%s\n' "${SLURM_JOB_ID:-}" "$(now)" "$CHAINRUN_END_TIME" "$(hostname)" > "$ME.start"
+put "$ME.start" "job=$JOB" "start=$(now)" "end_time=$CHAINRUN_END_TIME" "host=$(hostname)" "pid=$$"
+
+# ---- who owns the chain now
+current_gen() {  # the highest claimed generation, -1 when nobody has trained yet
+  local g=-1 f n
+  for f in "$CTL"/owner.*; do
+    n=${f##*/owner.}
+    [[ $n =~ ^[0-9]+$ ]] && ((10#$n > g)) && g=$((10#$n))
+  done
+  echo "$g"
+}
+owner_job() {  # the job id in owner.<G> (the claimer writes it right after the exclusive create)
+  local j="" i
+  for i in $(seq 1 20); do
+    j=$(sed -n 's/^job=//p' "$CTL/owner.$1" 2>/dev/null | head -n 1)
+    [[ -n $j ]] && break
+    sleep 0.5
+  done
+  echo "$j"
+}
+job_ended() {  # 0 only when Slurm itself says the job is over; "cannot tell" is not "ended"
+  local out rc
+  [[ $1 == local-* || -z $1 ]] && return 1
+  out=$(squeue -h -j "$1" -o %T 2>&1); rc=$?
+  if ((rc == 0)); then
+    case $out in
+      "" | COMPLETED | CANCELLED | FAILED | TIMEOUT | NODE_FAIL | PREEMPTED | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;;
+    esac
+    return 1
+  fi
+  [[ $out == *"Invalid job id"* ]] && return 0  # purged from the controller: long over
+  return 1
+}
+claim() {  # exclusive create: exactly one job can own generation $1
+  (set -C; printf 'job=%s\nseg=%s\nhost=%s\nat=%s\n' "$JOB" "$CHAINRUN_SEGMENT" "$(hostname)" "$(now)" > "$CTL/owner.$1") 2>/dev/null
+}
+
+# ---- wait until the chain is ours: the previous owner released it or its job has ended
+handoff_wait=0
+t0=$(now)
+while [[ -z $stop_wait ]]; do
+  g=$(current_gen)
+  if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
+    oj=$(owner_job "$g")
+    put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0"
+    if [[ ! -e $CTL/handoff.$g ]]; then
+      say "segment of job ${oj:-?} still owns the chain: requesting hand-off"
+      put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+    fi
+    cancelled=0 checked=0
+    while [[ -z $stop_wait && ! -e $CTL/released.$g ]]; do
+      if (($(now) - checked >= 10)); then
+        checked=$(now)
+        if job_ended "$oj"; then say "Slurm reports job $oj ended"; break; fi
+        if ((!cancelled && $(now) - t0 > CHAINRUN_HANDOFF_TIMEOUT)) && [[ $oj != local-* && -n $oj ]]; then
+          say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s: cancelling it and waiting for its end"
+          scancel "$oj" 2>/dev/null; cancelled=1
+        fi
+      fi
+      sleep 1
+    done
+    [[ -n $stop_wait ]] && break
+  fi
+  if claim $((g + 1)); then my_gen=$((g + 1)); break; fi
+  # another segment claimed it first: it owns the chain now, so wait for it in turn
+done
+handoff_wait=$(($(now) - t0))
+
+if [[ -n $stop_wait ]]; then
+  say "got $stop_wait while waiting for the hand-off: ending without training"
+  [[ -n ${g:-} ]] && [[ $(sed -n 's/^by=//p' "$CTL/handoff.$g" 2>/dev/null) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
+  outcome outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait"
+  exit 0
+fi
+((handoff_wait > 1)) && say "the chain is ours (generation $my_gen) after ${handoff_wait}s"
 
 # ---- a chain that is already finished runs nothing
 if [[ -e $CHAINRUN_DONE_FILE ]]; then
   say "chain already finished ($CHAINRUN_DONE_FILE exists); nothing to do"
-  outcome outcome=skipped
+  outcome outcome=skipped "handoff_wait=$handoff_wait"
   exit 0
 fi
 
-# ---- hand-off: if the previous segment is still training, ask it to checkpoint and wait
-handoff_wait=0
-if [[ -e $PREV.start && ! -e $PREV.outcome ]]; then
-  t0=$(now)
-  say "previous segment still running: requesting hand-off"
-  echo "requested=$t0 by=${SLURM_JOB_ID:-}" > "$PREV.handoff"
-  while [[ ! -e $PREV.outcome ]]; do
-    hb=$(stat -c %Y "$PREV.heartbeat" 2>/dev/null || stat -c %Y "$PREV.start")
-    if (( $(now) - hb > 30 )); then say "previous segment stopped answering; taking over"; break; fi
-    if (( $(now) - t0 > CHAINRUN_HANDOFF_TIMEOUT )); then say "hand-off timed out; taking over"; break; fi
-    sleep 1
-  done
-  handoff_wait=$(( $(now) - t0 ))
-  say "hand-off complete after ${handoff_wait}s"
-  if [[ -e $CHAINRUN_DONE_FILE ]]; then
-    outcome outcome=skipped "handoff_wait=$handoff_wait"
-    exit 0
-  fi
-fi
-
 # ---- run the payload in its own process group, in the background, so signals reach us
-signaled=0
-handoff=0
-forward() { # forward SIG: to every process of the payload
-  [[ -n ${pgid:-} ]] && kill -s "$1" -- "-$pgid" 2>/dev/null
-}
-on_signal() {
-  signaled=1
-  [[ -e $ME.handoff ]] && handoff=1
-  say "got $CHAINRUN_SIGNAL$( ((handoff)) && echo ' (hand-off)'): asking the payload to checkpoint"
-  forward "$CHAINRUN_SIGNAL"
-}
-on_term() {
-  signaled=1
-  say "got TERM: passing it on"
-  forward TERM
-}
-trap on_signal "$CHAINRUN_SIGNAL"
-trap on_term TERM
-
 payload_start=$(now)
+put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start"
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
   setsid "$CHAINRUN_PAYLOAD" &
 else
@@ -105,15 +175,18 @@ echo "$pid" > "$ME.pid"
 
 # heartbeat + hand-off watch: a small loop beside the payload
 (
-  trap - "$CHAINRUN_SIGNAL" TERM
+  trap - "$CHAINRUN_SIGNAL" TERM INT EXIT
   asked=0
   while kill -0 "$pid" 2>/dev/null; do
     touch "$ME.heartbeat"
-    if ((!asked)) && [[ -e $ME.handoff ]]; then asked=1; kill -s "$CHAINRUN_SIGNAL" $$ 2>/dev/null; fi
+    if ((!asked)) && [[ -e $CTL/handoff.$my_gen ]]; then asked=1; kill -s "$CHAINRUN_SIGNAL" $$ 2>/dev/null; fi
     sleep 2
   done
 ) &
 monitor=$!
+echo "$monitor" > "$ME.monitor"
+# a payload signaled before it started (the signal came during the claim) still gets it
+((signaled)) && forward "$CHAINRUN_SIGNAL"
 
 rc=0
 while :; do
@@ -123,23 +196,35 @@ done
 # the payload's children may outlive its leader for a moment (e.g. a trainer's data loaders)
 for _ in $(seq 1 60); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 1; done
 payload_end=$(now)
-kill "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null
+kill -KILL "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null  # KILL: a stopped monitor must not hang us
 
-common=("exit=$rc" "signaled=$signaled" "payload_start=$payload_start" "payload_end=$payload_end" "handoff_wait=$handoff_wait")
+common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
+        "payload_end=$payload_end" "handoff_wait=$handoff_wait")
+# exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
+stopped_by_signal() {
+  local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)
+  ((rc == 0 || rc == 128 + 15 || rc == 128 + 9 || rc == 128 + 2)) || { [[ -n $n ]] && ((rc == 128 + n)); }
+}
 if [[ -e $CHAINRUN_DONE_FILE ]]; then
   say "payload says training is finished"
   outcome outcome=done "${common[@]}"
-  exit 0
+  release; exit 0
+elif ((signaled)) && ! stopped_by_signal; then
+  say "payload failed with exit code $rc while checkpointing after the signal"
+  keep_tail
+  outcome outcome=checkpoint-crash "${common[@]}"
+  release; exit "$rc"
 elif ((handoff)); then
   say "handed off to the next segment"
   outcome outcome=handoff "${common[@]}"
-  exit 0
+  release; exit 0
 elif ((signaled)) || ((rc == 0)); then
   say "checkpointed; the next segment continues (exit $rc)"
   outcome outcome=continue "${common[@]}"
-  exit 0
+  release; exit 0
 else
   say "payload failed with exit code $rc"
+  keep_tail
   outcome outcome=crash "${common[@]}"
-  exit "$rc"
+  release; exit "$rc"
 fi

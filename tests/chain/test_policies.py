@@ -1,12 +1,10 @@
-"""Submission policies and outcome classification: pure decisions on hand-made states."""
+"""Submission policies: pure decisions on hand-made states (outcomes: tests/chain/test_outcomes.py)."""
 
 import pytest
 
-from chainrun.chain.outcomes import classify, record_overlaps
 from chainrun.chain.policies import Decision, PolicyView, WaitEstimate, get_policy
 from chainrun.errors import UsageError
-from chainrun.slurm.parsers import AcctRow
-from chainrun.state.records import ENDED, PENDING, RUNNING, Chain, Segment
+from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 
 
 def chain(**kw):
@@ -65,48 +63,6 @@ def test_predicted_without_model_falls_back_to_lead():
 def test_unknown_policy():
     with pytest.raises(UsageError, match="unknown policy"):
         get_policy("eager")
-
-
-def row(state, *, elapsed=100.0, limit=3600.0, code=0, sig=0, job="7"):
-    return AcctRow(job_id=job, name="cr.c.0", user="u", partition="p", qos="", submit=0, eligible=0, start=0,
-                   end=elapsed, elapsed_s=elapsed, time_limit_s=limit, nodes=1, cpus=1, gpus=0, state=state,
-                   exit_code=code, exit_signal=sig, reason="", state_detail=state)
-
-
-@pytest.mark.parametrize(
-    "state,info,outcome,credit",
-    [
-        ("COMPLETED", {"outcome": "continue", "signaled": "1"}, "continue", 3600),  # ran its planned length
-        ("COMPLETED", {"outcome": "continue", "signaled": "0"}, "continue", 100),  # left early on its own
-        ("COMPLETED", {"outcome": "handoff"}, "handoff", 100),
-        ("COMPLETED", {"outcome": "done"}, "done", 100),
-        ("FAILED", {"outcome": "crash", "exit": "3"}, "crash", 0),
-        ("TIMEOUT", {}, "continue", 3600),  # killed at the limit before writing anything
-        ("OUT_OF_MEMORY", {}, "crash", 0),
-        ("NODE_FAIL", {}, "crash", 0),
-        ("PREEMPTED", {}, "continue", 100),
-    ],
-)
-def test_classify(state, info, outcome, credit):
-    r = classify(chain(), Segment(chain_id="c", idx=0, job_id="7", time_limit_s=3600), row(state), info)
-    assert (r.outcome, r.credit_s) == (outcome, credit)
-
-
-def test_cancelled_outside_chainrun_is_external():
-    seg = Segment(chain_id="c", idx=0, job_id="7")
-    r = classify(chain(), seg, row("CANCELLED"), {"outcome": "continue", "signaled": "1"})
-    assert r.outcome == "cancelled" and r.external
-    seg.extra["cancel_requested"] = True
-    assert not classify(chain(), seg, row("CANCELLED"), {}).external
-
-
-def test_overlap_and_gap():
-    a = Segment(chain_id="c", idx=0, phase=ENDED, start=0, end=100)
-    b = Segment(chain_id="c", idx=1, phase=ENDED, start=90, end=200)
-    c = Segment(chain_id="c", idx=2, phase=RUNNING, start=260)
-    record_overlaps([a, b, c])
-    assert b.overlap_s == 10 and b.extra["gap_s"] == -10
-    assert c.overlap_s == 0 and c.extra["gap_s"] == 60
 
 
 def test_predict_quantile_follows_segment_length():

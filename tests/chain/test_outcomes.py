@@ -1,0 +1,95 @@
+"""How a segment's ending is read: the wrapper's outcome/state file beside sacct's final state.
+
+Each case is one row of the outcome table in docs/checkpoint-contract.md.
+"""
+
+import pytest
+
+from chainrun.chain.outcomes import classify, payload_overlaps, payload_window, record_overlaps
+from chainrun.slurm.parsers import AcctRow
+from chainrun.state.records import ENDED, RUNNING, Chain, Segment
+
+
+def chain(**kw):
+    base = dict(id="c", name="c", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+                total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=300,
+                retries=1, sbatch_args=[], partition="p")
+    base.update(kw)
+    return Chain(**base)
+
+
+def row(state, *, elapsed=100.0, limit=3600.0, code=0, sig=0, job="7"):
+    return AcctRow(job_id=job, name="cr.c.0", user="u", partition="p", qos="", submit=0, eligible=0, start=0,
+                   end=elapsed, elapsed_s=elapsed, time_limit_s=limit, nodes=1, cpus=1, gpus=0, state=state,
+                   exit_code=code, exit_signal=sig, reason="", state_detail=state)
+
+
+TRAINED = {"payload_start": "10", "payload_end": "90"}  # 80 s of training inside a 100 s job
+
+
+@pytest.mark.parametrize(
+    "state,info,outcome,credit",
+    [
+        # the wrapper's outcome file: training time is the payload's run time, never the allocation
+        ("COMPLETED", {"outcome": "continue", "signaled": "1", **TRAINED}, "continue", 80),
+        ("COMPLETED", {"outcome": "continue", "signaled": "0", **TRAINED}, "continue", 80),
+        ("COMPLETED", {"outcome": "handoff", **TRAINED}, "handoff", 80),
+        ("COMPLETED", {"outcome": "done", **TRAINED}, "done", 80),
+        ("FAILED", {"outcome": "crash", "exit": "3", **TRAINED}, "crash", 80),
+        ("FAILED", {"outcome": "checkpoint-crash", "exit": "1", **TRAINED}, "checkpoint-crash", 80),
+        ("COMPLETED", {"outcome": "unstarted", "stopped_by": "USR2"}, "unstarted", 0),
+        ("COMPLETED", {"outcome": "skipped"}, "skipped", 0),
+        # scancel of a segment that waited for the hand-off: not a crash, not an external stop of the chain
+        ("CANCELLED", {"outcome": "unstarted", "stopped_by": "TERM"}, "unstarted", 0),
+        # no outcome file: the wrapper was killed; its state file says whether the payload ran
+        ("TIMEOUT", {"phase": "training", "payload_start": "10"}, "continue", 90),
+        ("FAILED", {"phase": "waiting"}, "unstarted", 0),  # killed (e.g. SIGKILL) while waiting: never trained
+        ("TIMEOUT", {"phase": "waiting"}, "unstarted", 0),
+        ("OUT_OF_MEMORY", {"phase": "training", "payload_start": "10"}, "crash", 90),
+        ("NODE_FAIL", {}, "crash", 0),
+        ("PREEMPTED", {"phase": "training", "payload_start": "40"}, "continue", 60),
+        ("COMPLETED", {}, "crash", 0),  # exit 0 with no outcome written: the control folder is broken
+    ],
+)
+def test_classify(state, info, outcome, credit):
+    r = classify(chain(), Segment(chain_id="c", idx=0, job_id="7", time_limit_s=3600), row(state), info)
+    assert (r.outcome, r.credit_s) == (outcome, credit)
+
+
+def test_cancelled_outside_chainrun_is_external():
+    seg = Segment(chain_id="c", idx=0, job_id="7")
+    r = classify(chain(), seg, row("CANCELLED"), {"outcome": "continue", "signaled": "1"})
+    assert r.outcome == "cancelled" and r.external
+    seg.extra["cancel_requested"] = True
+    assert not classify(chain(), seg, row("CANCELLED"), {}).external
+
+
+def test_payload_window_uses_the_job_end_when_the_wrapper_was_killed():
+    assert payload_window({"payload_start": "5", "payload_end": "9"}, row("COMPLETED")) == (5.0, 9.0)
+    assert payload_window({"payload_start": "5"}, row("TIMEOUT", elapsed=50)) == (5.0, 50.0)
+    assert payload_window({"payload_start": "5"}, None) == (5.0, None)
+    assert payload_window({"phase": "waiting"}, row("FAILED")) is None
+    assert payload_window({"payload_start": "garbage"}, None) is None
+
+
+def test_payload_overlaps_names_both_jobs():
+    windows = {"1": (0.0, 100.0), "2": (100.0, 200.0), "3": (150.0, None)}
+    assert payload_overlaps(windows, now=230.0) == [("2", "3", 50.0)]
+    assert payload_overlaps({"1": (0.0, 10.0), "2": (10.0, 20.0)}, now=30.0) == []
+
+
+def test_overlap_and_gap():
+    a = Segment(chain_id="c", idx=0, phase=ENDED, start=0, end=100)
+    b = Segment(chain_id="c", idx=1, phase=ENDED, start=90, end=200)
+    c = Segment(chain_id="c", idx=2, phase=RUNNING, start=260)
+    record_overlaps([a, b, c])
+    assert b.overlap_s == 10 and b.extra["gap_s"] == -10
+    assert c.overlap_s == 0 and c.extra["gap_s"] == 60
+
+
+def test_a_segment_that_never_trained_is_not_a_boundary():
+    a = Segment(chain_id="c", idx=0, phase=ENDED, start=0, end=100)
+    w = Segment(chain_id="c", idx=1, phase=ENDED, start=20, end=60, outcome="unstarted")
+    b = Segment(chain_id="c", idx=2, phase=RUNNING, start=95)
+    record_overlaps([a, w, b])
+    assert "gap_s" not in w.extra and b.extra["gap_s"] == -5 and b.overlap_s == 5
