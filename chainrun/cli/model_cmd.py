@@ -113,31 +113,47 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
     console().print(t)
 
 
-@model_app.command("eval", help="Train on the past of a trace and measure predictions on its future, against baselines.")
+@model_app.command("eval", help="Replay the model's refresh through the end of a trace and score what it would have answered, against baselines.")
 def eval_cmd(
     trace: Annotated[Optional[str], typer.Option("--trace", help="sacct text or sacct -P dump (default: the cached history).")] = None,
     train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on jobs submitted before this date (default: 80 % of the span).")] = None,
     test_until: Annotated[Optional[str], typer.Option("--test-until", help="Test on jobs submitted from --train-until to this date (default: the end).")] = None,
+    refit_every: Annotated[str, typer.Option("--refit-every", help="Refit the models this often through the test window (the cron refresh: 6h).")] = "1d",
+    no_forest: Annotated[bool, typer.Option("--no-forest", help="Leave out the quantile random forest (the slowest model).")] = False,
     cluster: ClusterOpt = "local",
     json_out: JsonOpt = False,
 ) -> None:
-    from chainrun.cli.render import console
+    from chainrun.cli.render import console, envelope
+    from chainrun.durations import parse_duration
     from chainrun.predict import service
 
-    res = service.eval_trace(trace, cluster=cluster, train_until=train_until, test_until=test_until)
-    if json_out:  # the bare object (not the envelope): external checks read this shape
-        typer.echo(json.dumps(res, indent=1))
+    every = parse_duration(refit_every, what="--refit-every")
+    res = service.eval_trace(trace, cluster=cluster, train_until=train_until, test_until=test_until,
+                             refit_every_s=every, random_forest=not no_forest)
+    if json_out:
+        typer.echo(envelope("model eval", res))
         return
     from rich.table import Table
 
-    t = Table(title=f"test {res['test']['from']} .. {res['test']['to']}: {res['test']['n']} jobs "
-                    f"(train {res['train']['n']} jobs from {res['train']['from']})")
-    for c in ("model", "within 2x", "MAE log10", "pinball p10", "p50", "p90", "p10-p90 coverage"):
+    te = res["test"]
+    t = Table(title=f"test {te['from']} .. {te['to']}: {te['n']} jobs, refit every {te['refit_every_h']:g} h "
+                    f"(train {res['train']['n']} jobs from {res['train']['from']}; "
+                    f"{te['excluded_dependency_like']} dependency-like left out)")
+    cols = ("model", "q50 cov", "q90 cov", "q95 cov", "q98 cov", "q50-q98 width", "mean pinball", "pinball q98",
+            "deadline acc 1h / 6h", "Brier skill 1h / 6h", "within 2x")
+    for c in cols:
         t.add_column(c, justify="left" if c == "model" else "right", no_wrap=(c == "model"))
     for name, m in res["models"].items():
-        t.add_row(name, f"{m['within_2x']:.3f}", f"{m['mae_log10']:.3f}", f"{m['pinball']['p10']:.3f}",
-                  f"{m['pinball']['p50']:.3f}", f"{m['pinball']['p90']:.3f}", f"{m['coverage_p10_p90']:.3f}")
+        c, d = m["calibration"], m["deadline"]
+        skill = "/".join("-" if d[h]["brier_skill"] is None else f"{d[h]['brier_skill']:+.2f}" for h in ("1h", "6h"))
+        t.add_row(name, f"{c['q50']:.3f}", f"{c['q90']:.3f}", f"{c['q95']:.3f}", f"{c['q98']:.3f}",
+                  f"{m['sharpness_log10_q50_q98']:.2f}", f"{m['mean_pinball']:.3f}", f"{m['pinball']['p98']:.3f}",
+                  f"{d['1h']['accuracy']:.3f} / {d['6h']['accuracy']:.3f}", skill, f"{m['within_2x']:.3f}")
     console().print(t)
+    b = res["deadline_baselines"]
+    console().print("deadline baselines (accuracy 1h / 6h): majority class "
+                    f"{b['1h']['majority_class_accuracy']:.3f} / {b['6h']['majority_class_accuracy']:.3f}, "
+                    f"user median {b['1h']['user_median_accuracy']:.3f} / {b['6h']['user_median_accuracy']:.3f}")
 
 
 def predict(

@@ -1,18 +1,29 @@
-"""Time-ordered evaluation of the wait model against simple baselines.
+"""Evaluation of the wait model as it is used: a replay of the refresh through the test window.
 
 Split: training targets are jobs submitted after the data's warm-up (first start + 7 days,
-see prep.warmup_end; none for traces under 4 weeks) and before ``train_until`` whose wait was known by then (started
-before it); test targets are jobs submitted in [train_until, test_until) that started.
-Dependency-like jobs (see prep) and censored jobs (never started) are left out of both
-and counted in the report. Features of every row use only what was known at its time,
-from the whole trace (a live system knows the test period's past as it goes).
+see prep.warmup_end; none for traces under 4 weeks) whose wait was known at the refit time.
+The test window [train_until, test_until) is cut into steps of ``refit_every_s``; at the start
+of each step every model is refit on what was known then (the cron refresh does this every
+6 h; one day is the default here for cost) and answers for the jobs submitted during the step.
+Features of every row use only what was known at its time, from the whole trace.
 
-Metrics, on the test targets (log10 of waits with waits under 1 s counted as 1 s):
-- ``within_2x``: share of p50 predictions within a factor 2 of the actual wait; a
-  prediction and an actual that are both under 60 s count as a hit.
-- ``mae_log10``: mean |log10 p50 - log10 actual|.
-- ``pinball``: pinball loss of p10/p50/p90 on the log10 scale.
-- ``coverage_p10_p90``: share of actual waits inside [p10, p90] (nominal 80 %).
+Test jobs: every job submitted in the window. Jobs that never started count as "waited
+longer than any answer" (coverage) and "did not start in time" (deadline). On traces without
+an Eligible column the *dependency rule* (prep) removes jobs that started within 60 s of the
+same user's previous end: that rule reads the job's own start, i.e. the outcome, so the
+report gives every metric twice, with the rule (``models``, comparable to earlier tables)
+and without it (``without_dependency_rule``: every job, asked at its recorded eligible time).
+
+Metrics (log10 of waits, waits under 1 s counted as 1 s):
+- ``calibration``: per quantile, the share of test waits below the predicted quantile (ties
+  count half: many waits sit at the 1 s floor); nominal = the level.
+- ``sharpness_log10_q50_q98``: mean log10(q98 / q50), the width the watcher pays for.
+- ``pinball``: pinball loss of each quantile (started jobs); ``mean_pinball`` their mean.
+- ``deadline``: for H in 10 min, 1 h, 6 h, 24 h, the answer "it starts within H" when
+  P(wait <= H) >= 0.5: ``accuracy``, ``brier`` and ``brier_skill`` = 1 - brier / brier of the
+  training base rate.
+- ``within_2x`` (p50 within a factor 2, both under 60 s a hit), ``mae_log10`` of p50,
+  ``coverage_p10_p90``: kept for comparison with published predictors.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
 from chainrun.predict.features import USER_WINDOW, build_features, log_wait
-from chainrun.predict.model import QUANTILES, fit_predictor, queries_of, training_rows
+from chainrun.predict.model import QUANTILES, _qname, fit_predictor, pinball, queries_of, training_rows
 from chainrun.predict.prep import default_since, prepare
 
 if TYPE_CHECKING:
@@ -31,102 +42,228 @@ if TYPE_CHECKING:
 
 SMALL_S = 60.0
 RF_MAX_ROWS = 50_000
+HORIZONS = {"10m": 600.0, "1h": 3600.0, "6h": 21600.0, "24h": 86400.0}
+REFIT_EVERY_S = 86400.0
+# the random forest as a quantile regression forest; chosen by bench/predict_tune.py on the
+# same validation split and with as many configurations as the LightGBM parameters
+RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 20, "max_features": 0.33}
+_GRID = None
 
 
-def metrics(y_log, pred_log) -> dict:
-    """Metrics of a (n x 3) array of log10 p10/p50/p90 predictions against log10 actuals."""
+def _z():
+    from statistics import NormalDist
+
+    return [NormalDist().inv_cdf(q) for q in QUANTILES]
+
+
+def prob_within_matrix(pred_log, h_s: float) -> "np.ndarray":
+    """P(wait <= h) per row of log10 quantiles (rows x QUANTILES): the curve of
+    :meth:`chainrun.predict.model.Prediction.prob_within`, vectorised."""
+    import numpy as np
+    from scipy.special import ndtr
+
+    from chainrun.predict.model import TAIL_SLOPE
+
+    v = np.maximum.accumulate(np.asarray(pred_log, float), axis=1)
+    z = np.asarray(_z())
+    x = np.log10(max(h_s, 1.0))
+    lo = np.maximum((v[:, 1] - v[:, 0]) / (z[1] - z[0]), TAIL_SLOPE)
+    hi = np.maximum((v[:, -1] - v[:, -2]) / (z[-1] - z[-2]), TAIL_SLOPE)
+    out = np.where(x < v[:, 0], z[0] - (v[:, 0] - x) / lo, z[-1] + (x - v[:, -1]) / hi)
+    for k in range(len(z) - 1):
+        inside = (v[:, k] <= x) & (x < v[:, k + 1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            zz = z[k] + (x - v[:, k]) * (z[k + 1] - z[k]) / (v[:, k + 1] - v[:, k])
+        out = np.where(inside, zz, out)
+    return ndtr(out)
+
+
+def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
+    """Metrics of (n x len(QUANTILES)) log10 quantile answers against log10 actuals.
+
+    ``observed`` False: the job never started (its y is ignored). ``probs``: horizon name ->
+    P(wait <= H) per row; ``base_rates``: horizon name -> share of training waits <= H."""
     import numpy as np
 
-    from chainrun.predict.model import pinball
-
     y = np.asarray(y_log, float)
+    obs = np.asarray(observed, bool)
     p = np.asarray(pred_log, float)
-    a, m = 10**y, 10 ** p[:, 1]
-    hit = (np.abs(p[:, 1] - y) <= np.log10(2.0)) | ((a < SMALL_S) & (m < SMALL_S))
+    j50 = QUANTILES.index(0.5)
+    ys, ps = y[obs], p[obs]
+    a, m = 10**ys, 10 ** ps[:, j50]
+    hit = (np.abs(ps[:, j50] - ys) <= np.log10(2.0)) | ((a < SMALL_S) & (m < SMALL_S))
+    cal = {}
+    for j, q in enumerate(QUANTILES):
+        below = np.where(obs, (y < p[:, j] - 1e-9) + 0.5 * (np.abs(y - p[:, j]) <= 1e-9), 0.0)
+        cal[f"q{int(round(q * 100))}"] = round(float(below.mean()), 4)
+    pin = {_qname(q): round(pinball(ys, ps[:, j], q), 4) for j, q in enumerate(QUANTILES)}
+    j10, j90, j98 = QUANTILES.index(0.1), QUANTILES.index(0.9), QUANTILES.index(0.98)
+    dl = {}
+    for h, hs in HORIZONS.items():
+        actual = obs & (y <= np.log10(hs))
+        pr = np.clip(np.asarray(probs[h], float), 0.0, 1.0)
+        brier = float(np.mean((pr - actual) ** 2))
+        ref = float(np.mean((base_rates[h] - actual) ** 2))
+        dl[h] = {"accuracy": round(float(np.mean((pr >= 0.5) == actual)), 4), "brier": round(brier, 4),
+                 "brier_skill": round(1.0 - brier / ref, 4) if ref > 0 else None,
+                 "share_started_within": round(float(actual.mean()), 4)}
     return {
+        "calibration": cal,
+        "sharpness_log10_q50_q98": round(float(np.mean(p[:, j98] - p[:, j50])), 4),
+        "pinball": pin, "mean_pinball": round(float(np.mean(list(pin.values()))), 4),
+        "deadline": dl,
         "within_2x": round(float(hit.mean()), 4),
-        "mae_log10": round(float(np.mean(np.abs(p[:, 1] - y))), 4),
-        "pinball": {f"p{int(q * 100)}": round(pinball(y, p[:, j], q), 4) for j, q in enumerate(QUANTILES)},
-        "coverage_p10_p90": round(float(np.mean((y >= p[:, 0]) & (y <= p[:, 2]))), 4),
-        "n_test": int(len(y)),
+        "mae_log10": round(float(np.mean(np.abs(ps[:, j50] - ys))), 4),
+        "coverage_p10_p90": round(float(np.mean(obs & (y >= p[:, j10]) & (y <= p[:, j90]))), 4),
+        "n_test": int(obs.sum()), "n_never_started": int((~obs).sum()),
     }
 
 
-def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True) -> dict:
-    """Train on the history before ``train_until``, test on [train_until, test_until); see module doc."""
+def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
+             refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto") -> dict:
+    """Replay the refresh through [train_until, test_until); see the module doc."""
     import numpy as np
 
     if test_until <= train_until:
         raise UsageError("--test-until must be after --train-until")
+    if refit_every_s <= 0:
+        raise UsageError("--refit-every must be > 0")
     t0 = time.time()
     p = prepare(df)
     warm = default_since(p)  # first start + 7 days, unless the trace is under 4 weeks long
     if warm >= train_until:
         raise UsageError("nothing to train on: the warm-up (first start + 7 days) reaches --train-until")
     sub = p["submit"].to_numpy(float)
+    start = p["start"].to_numpy(float)
+    dep = p["dep_like"].to_numpy(bool)
     in_test = (sub >= train_until) & (sub < test_until)
-    test_idx = np.flatnonzero(in_test & ~p["censored"].to_numpy(bool) & ~p["dep_like"].to_numpy(bool))
-    if len(test_idx) == 0:
+    if not (in_test & ~np.isnan(start)).any():
         raise UsageError("no started job was submitted between --train-until and --test-until")
-    train_idx = training_rows(p, since=warm, until=train_until)
-    y_tr = log_wait(p["wait"].to_numpy(float)[train_idx])
-    y_te = log_wait(p["wait"].to_numpy(float)[test_idx])
-
-    models: dict[str, dict] = {}
-    timing: dict[str, float] = {}
-    fitted = {}
-    for name, policy in (("lightgbm", "auto"), ("lightgbm_cluster", "never"), ("lightgbm_per_user", "always")):
+    first = fit_predictor(df, since=warm, until=train_until, per_user="never", prepared=p)
+    frozen = {k: first.meta[k] for k in ("capacity", "categories", "all_users")}
+    feats = dict(capacity=frozen["capacity"], all_users=frozen["all_users"], categories=frozen["categories"])
+    # features of every row at its own time: they use only facts before it, so one pass serves every refit
+    X_all = build_features(queries_of(p, np.arange(len(p))), p, **feats)
+    sets = {
+        "with_rule": np.flatnonzero(in_test & ~dep),
+        "without_rule": np.flatnonzero(in_test),
+    }
+    X_set = {"with_rule": X_all[sets["with_rule"]],
+             "without_rule": build_features(queries_of(p, sets["without_rule"], at="t_queue"), p, **feats)}
+    wait_q = np.where(np.isnan(start), np.nan, np.maximum(start - p["t_queue"].to_numpy(float), 0.0))
+    y_set = {"with_rule": log_wait(p["wait"].to_numpy(float)[sets["with_rule"]]),
+             "without_rule": log_wait(wait_q[sets["without_rule"]])}
+    obs_set = {k: ~np.isnan(start[v]) for k, v in sets.items()}
+    K = len(QUANTILES)
+    names = ["lightgbm", "lightgbm_uncalibrated", "global_median", "user_median"] + (["random_forest"] if random_forest else [])
+    preds = {s: {n: np.full((len(v), K), np.nan) for n in names} for s, v in sets.items()}
+    probs = {s: {n: {h: np.full(len(v), np.nan) for h in HORIZONS} for n in names} for s, v in sets.items()}
+    base = {s: {h: np.full(len(v), np.nan) for h in HORIZONS} for s, v in sets.items()}
+    user_q = {s: _user_last(p, queries_of(p, v, at="t_elig" if s == "with_rule" else "t_queue")) for s, v in sets.items()}
+    timing = {"lightgbm": 0.0, "random_forest": 0.0}
+    refits, user_models = 0, set()
+    steps = np.arange(train_until, test_until, refit_every_s)
+    for T in steps:
+        step_rows = {s: (sub[v] >= T) & (sub[v] < T + refit_every_s) for s, v in sets.items()}
+        if not any(r.any() for r in step_rows.values()):
+            continue
+        refits += 1
         ts = time.time()
-        pr = fit_predictor(df, since=warm, until=train_until, per_user=policy, prepared=p)
-        timing[name] = round(time.time() - ts, 2)
-        fitted[name] = pr
-    pr = fitted["lightgbm"]
-    qte = queries_of(p, test_idx)
-    X_te = build_features(qte, p, capacity=pr.meta["capacity"], all_users=pr.meta["all_users"],
-                          categories=pr.meta["categories"])
-    for name, m in fitted.items():
-        chooser = [m.model_for(u) for u in qte["user"].astype(str)]
-        models[name] = metrics(y_te, m.predict_matrix(X_te, chooser))
-        models[name]["answered_by_user_model"] = round(float(np.mean([c != "cluster" for c in chooser])), 4)
-
-    # baselines
-    lo, mid, hi = np.quantile(y_tr, QUANTILES)
-    models["global_median"] = metrics(y_te, np.tile([lo, mid, hi], (len(y_te), 1)))
-    models["user_median"] = metrics(y_te, _user_last_quantiles(p, qte, fallback=(lo, mid, hi)))
-    if random_forest:
-        ts = time.time()
-        qtr = queries_of(p, train_idx)
-        X_tr = build_features(qtr, p, capacity=pr.meta["capacity"], all_users=pr.meta["all_users"],
-                              categories=pr.meta["categories"])
-        models["random_forest"] = metrics(y_te, _random_forest(X_tr, y_tr, X_te))
-        timing["random_forest"] = round(time.time() - ts, 2)
+        pr = first if T == train_until and per_user == "never" else fit_predictor(
+            df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all)
+        timing["lightgbm"] += time.time() - ts
+        user_models |= set(pr.meta["user_models"])
+        tr = training_rows(p, since=warm, until=T)
+        y_tr = log_wait(p["wait"].to_numpy(float)[tr])
+        rates = {h: float(np.mean(y_tr <= np.log10(hs))) for h, hs in HORIZONS.items()}
+        gq = np.quantile(y_tr, QUANTILES)
+        rf = None
+        if random_forest:
+            ts = time.time()
+            keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
+            rf = QuantileForest(**RF_PARAMS).fit(X_all[keep], log_wait(p["wait"].to_numpy(float)[keep]))
+            timing["random_forest"] += time.time() - ts
+        for s, rows in step_rows.items():
+            if not rows.any():
+                continue
+            X = X_set[s][rows]
+            users = p["user"].astype(str).to_numpy()[sets[s][rows]]
+            chooser = [pr.model_for(u) for u in users]
+            for n, calibrated in (("lightgbm", True), ("lightgbm_uncalibrated", False)):
+                out = pr.predict_matrix(X, chooser, calibrated=calibrated)
+                preds[s][n][rows] = out
+                for h, hs in HORIZONS.items():
+                    probs[s][n][h][rows] = prob_within_matrix(out, hs)
+            preds[s]["global_median"][rows] = gq
+            for h in HORIZONS:
+                probs[s]["global_median"][h][rows] = rates[h]
+                base[s][h][rows] = rates[h]
+            uq, uw = user_q[s]
+            um = uq[rows]
+            fallback = np.isnan(um[:, 0])
+            um[fallback] = gq
+            preds[s]["user_median"][rows] = um
+            for h, hs in HORIZONS.items():
+                w = uw[rows]
+                known = (~np.isnan(w)).sum(axis=1)
+                share = (w <= np.log10(hs)).sum(axis=1) / np.maximum(known, 1)
+                probs[s]["user_median"][h][rows] = np.where(fallback, rates[h], share)
+            if rf is not None:
+                q_rf, p_rf = rf.predict(X, [HORIZONS[h] for h in HORIZONS])
+                preds[s]["random_forest"][rows] = q_rf
+                for i, h in enumerate(HORIZONS):
+                    probs[s]["random_forest"][h][rows] = p_rf[:, i]
+    report = {}
+    for s in sets:
+        ok = ~np.isnan(preds[s]["lightgbm"][:, 0])
+        br = {h: float(np.mean(base[s][h][ok])) for h in HORIZONS}
+        models = {}
+        for n in names:
+            m = metrics(y_set[s][ok], obs_set[s][ok], preds[s][n][ok], {h: probs[s][n][h][ok] for h in HORIZONS},
+                        {h: base[s][h][ok] for h in HORIZONS})
+            models[n] = m
+        # the two non-model answers to the deadline question
+        actual = {h: obs_set[s][ok] & (y_set[s][ok] <= np.log10(hs)) for h, hs in HORIZONS.items()}
+        um_yes = {h: preds[s]["user_median"][ok][:, QUANTILES.index(0.5)] <= np.log10(hs) for h, hs in HORIZONS.items()}
+        baselines = {h: {
+            "base_rate_train": round(br[h], 4),
+            "majority_class_accuracy": round(float(np.mean((base[s][h][ok] >= 0.5) == actual[h])), 4),
+            "user_median_accuracy": round(float(np.mean(um_yes[h] == actual[h])), 4),
+        } for h in HORIZONS}
+        report[s] = {"models": models, "deadline_baselines": baselines, "n": int(ok.sum())}
 
     def window(idx, extra):
         s = sub[idx]
         return {"from": _iso(s.min()) if len(s) else None, "to": _iso(s.max()) if len(s) else None,
                 "n": int(len(idx)), **extra}
 
-    dep = p["dep_like"].to_numpy(bool)
+    train_idx = training_rows(p, since=warm, until=train_until)
     cens = p["censored"].to_numpy(bool)
     return {
-        "models": models,
+        "models": report["with_rule"]["models"],
+        "deadline_baselines": report["with_rule"]["deadline_baselines"],
+        "without_dependency_rule": report["without_rule"],
         "train": window(train_idx, {
             "warmup_until": _iso(warm), "until": _iso(train_until),
-            "user_models": sorted(pr.meta["user_models"]), "fit_seconds": timing,
+            "user_models": sorted(user_models), "fit_seconds": {k: round(v, 2) for k, v in timing.items()},
+            "calibration_rows_first_fit": first.meta["training_window"]["calibration_rows"],
         }),
-        "test": window(test_idx, {
-            "until": _iso(test_until),
+        "test": window(sets["with_rule"], {
+            "until": _iso(test_until), "refit_every_h": round(refit_every_s / 3600.0, 3), "refits": refits,
             "excluded_dependency_like": int((in_test & dep).sum()),
-            "excluded_censored": int((in_test & cens).sum()),
+            "never_started": int((in_test & cens & ~dep).sum()),
             "small_wait_rule": f"prediction and actual both < {SMALL_S:.0f} s count as within 2x",
             "scale": "log10 seconds, waits < 1 s counted as 1 s",
         }),
+        "quantiles": list(QUANTILES),
+        "horizons_s": HORIZONS,
         "seconds": round(time.time() - t0, 1),
     }
 
 
-def _user_last_quantiles(p: "pd.DataFrame", q: "pd.DataFrame", *, fallback) -> "np.ndarray":
-    """p10/p50/p90 of each user's last 20 waits known at t (started before t); fallback if none."""
+def _user_last(p: "pd.DataFrame", q: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
+    """Per query: quantiles (QUANTILES) of the user's last 20 waits known at t (started before t;
+    NaN rows for a user without any), and those waits (NaN-padded, for P(wait <= H))."""
     import numpy as np
 
     from chainrun.predict.prep import SPAN
@@ -138,30 +275,67 @@ def _user_last_quantiles(p: "pd.DataFrame", q: "pd.DataFrame", *, fallback) -> "
     ucode = np.array([codes[u] for u in users[ok]], float)
     keys = ucode * SPAN + start[ok]
     o = np.argsort(keys, kind="stable")
-    keys, lw, ucode = keys[o], log_wait(p["wait"].to_numpy(float)[ok])[o], ucode[o]
+    keys, lw = keys[o], log_wait(p["wait"].to_numpy(float)[ok])[o]
     qcode = np.array([codes[u] for u in q["user"].astype(str)], float)
     k = np.searchsorted(keys, qcode * SPAN + q["t"].to_numpy(float), side="left")  # started before t
     first = np.searchsorted(keys, qcode * SPAN, side="left")  # the user's first job
-    out = np.tile(np.asarray(fallback, float), (len(q), 1))
+    quant = np.full((len(q), len(QUANTILES)), np.nan)
+    waits = np.full((len(q), USER_WINDOW), np.nan)
     for i in np.flatnonzero(k > first):
-        out[i] = np.quantile(lw[max(first[i], k[i] - USER_WINDOW):k[i]], QUANTILES)
-    return out
+        w = lw[max(first[i], k[i] - USER_WINDOW):k[i]]
+        quant[i] = np.quantile(w, QUANTILES)
+        waits[i, :len(w)] = w
+    return quant, waits
 
 
-def _random_forest(X_tr, y_tr, X_te) -> "np.ndarray":
-    """Mirage's choice: a random forest on the same features; quantiles over its trees."""
-    import numpy as np
-    from sklearn.ensemble import RandomForestRegressor
+class QuantileForest:
+    """Meinshausen's quantile regression forest: the forest's answer is the distribution of
+    the training waits in the leaves a query reaches (each tree's leaf weighted equally), not
+    the spread of the trees' means. Kept on a grid of log10 wait (0.02 decade steps)."""
 
-    if len(y_tr) > RF_MAX_ROWS:  # the most recent rows (they are in time order): bounded eval time
-        X_tr, y_tr = X_tr[-RF_MAX_ROWS:], y_tr[-RF_MAX_ROWS:]
-    rf = RandomForestRegressor(n_estimators=100, min_samples_leaf=5, max_features=0.5, n_jobs=1, random_state=7)
-    rf.fit(np.nan_to_num(X_tr, nan=-1.0), y_tr)
-    Xt = np.nan_to_num(X_te, nan=-1.0)
-    per_tree = np.stack([t.predict(Xt) for t in rf.estimators_], axis=1)
-    out = np.quantile(per_tree, QUANTILES, axis=1).T
-    out[:, 1] = rf.predict(Xt)
-    return out
+    def __init__(self, n_estimators: int = 100, min_samples_leaf: int = 20, max_features: float = 0.33,
+                 seed: int = 7) -> None:
+        self.kw = dict(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf, max_features=max_features,
+                       n_jobs=1, random_state=seed)
+
+    def fit(self, X, y) -> "QuantileForest":
+        import numpy as np
+        from sklearn.ensemble import RandomForestRegressor
+
+        self.rf = RandomForestRegressor(**self.kw).fit(np.nan_to_num(X, nan=-1.0), y)
+        self.grid = np.arange(0.0, max(7.0, float(np.max(y)) + 0.02), 0.02)
+        self.leaves = self.rf.apply(np.nan_to_num(X, nan=-1.0))
+        self.ybin = np.clip(np.searchsorted(self.grid, y - 1e-9, side="left"), 0, len(self.grid) - 1)
+        return self
+
+    def cdf(self, X) -> "np.ndarray":
+        """(rows x grid) P(wait <= grid value)."""
+        import numpy as np
+
+        lt = self.rf.apply(np.nan_to_num(X, nan=-1.0))
+        G = len(self.grid)
+        out = np.zeros((len(X), G))
+        for t in range(self.leaves.shape[1]):
+            leaf = self.leaves[:, t]
+            used, inv = np.unique(leaf, return_inverse=True)
+            h = np.zeros((len(used), G))
+            np.add.at(h, (inv, self.ybin), 1.0)
+            c = np.cumsum(h, axis=1)
+            c /= c[:, -1:]
+            pos = np.searchsorted(used, lt[:, t])
+            out += c[np.clip(pos, 0, len(used) - 1)]
+        return out / self.leaves.shape[1]
+
+    def predict(self, X, horizons_s) -> "tuple[np.ndarray, np.ndarray]":
+        """(quantiles at QUANTILES in log10 s, P(wait <= H) for each horizon)."""
+        import numpy as np
+
+        c = self.cdf(X)
+        q = np.stack([self.grid[np.minimum(np.argmax(c >= lv - 1e-12, axis=1), len(self.grid) - 1)]
+                      for lv in QUANTILES], axis=1)
+        idx = [min(int(np.searchsorted(self.grid, np.log10(max(h, 1.0)) + 1e-9, side="right") - 1), len(self.grid) - 1)
+               for h in horizons_s]
+        return q, c[:, idx]
 
 
 def _iso(epoch: float) -> str:

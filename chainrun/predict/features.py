@@ -95,7 +95,9 @@ def build_features(
     q_code = users.get_indexer(queries["user"].astype(str)).astype(float)
     qk = q_code * SPAN + t  # (user, t) query keys
 
-    elig = universe["t_elig"].to_numpy(float)
+    # pending from the recorded eligible time (t_queue), not the dependency re-basing: whether a
+    # job without an Eligible column was dependency-held is only known from its later start
+    elig = universe["t_queue" if "t_queue" in universe else "t_elig"].to_numpy(float)
     start = universe["start"].to_numpy(float)
     end = universe["end"].to_numpy(float)
     nodes = universe["nodes"].to_numpy(float)

@@ -29,8 +29,13 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-QUANTILES = (0.1, 0.5, 0.9)
-FORMAT = 1
+# the quantiles the boosters learn: the band people read (p10-p90), the median, and the upper
+# ones the watcher acts on (0.95 / 0.98 for 24 h / 48 h segments, see chain.policies).
+# Every other level, and P(wait <= H), is interpolated between them (see WaitDistribution).
+QUANTILES = (0.1, 0.5, 0.9, 0.95, 0.98)
+FORMAT = 2
+CAL_FRACTION = 0.2  # the most recent share of training rows: calibration only (conformal shifts)
+MIN_CAL_ROWS = 50  # fewer calibration rows: no shifts, boosters trained on every row
 MIN_ROWS = 20  # fewer and the quantiles are noise; a test cluster has a few dozen
 MIN_USER_ROWS = 300  # training rows before a user may get an own model
 MAX_USER_MODELS = 8  # candidates per fit, heaviest users first
@@ -66,25 +71,97 @@ class WaitRequest:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Wait quantiles in seconds, and which model answered ("cluster" or "user:<name>")."""
+    """The distribution of the wait of one request, in seconds, and which model answered.
+
+    ``p10``/``p50``/``p90`` are kept as fields (every caller reads them); ``qs``/``values``
+    are the learned quantile levels and their waits (monotone). :meth:`quantile` and
+    :meth:`prob_within` read the same piecewise-linear curve of log10 wait against the
+    normal score of q, so ``prob_within(quantile(q)) == q`` wherever the curve is not flat.
+    A Prediction built from three numbers only (baselines, the simulator's stand-ins) uses
+    the three as its curve.
+    """
 
     p10: float
     p50: float
     p90: float
     model: str
+    qs: tuple = ()
+    values: tuple = ()
+
+    def _curve(self) -> "tuple[list[float], list[float]]":
+        from statistics import NormalDist
+
+        qs, vals = (self.qs, self.values) if self.qs else ((0.1, 0.5, 0.9), (self.p10, self.p50, self.p90))
+        nd = NormalDist()
+        z = [nd.inv_cdf(q) for q in qs]
+        v = [_log(x) for x in vals]
+        for i in range(1, len(v)):  # monotone whatever the caller passed
+            v[i] = max(v[i], v[i - 1])
+        return z, v
 
     def quantile(self, q: float) -> float:
-        """Any quantile, interpolated in log-wait vs normal-score space through p10/p50/p90."""
-        import math
+        """Wait (s) at level q in (0, 1): the learned levels exactly, log-linear in the normal
+        score between them, and a straight tail beyond (at least TAIL_SLOPE decades per unit z)."""
         from statistics import NormalDist
 
         if not 0.0 < q < 1.0:
             raise ValueError("q must be in (0, 1)")
-        z = NormalDist().inv_cdf(q)
-        z90 = NormalDist().inv_cdf(0.9)
-        lo, mid, hi = (math.log10(max(v, 1.0)) for v in (self.p10, self.p50, self.p90))
-        v = mid + (z / z90) * ((hi - mid) if z >= 0 else (mid - lo))
-        return float(10.0 ** v)
+        z, v = self._curve()
+        x = NormalDist().inv_cdf(q)
+        return float(10.0 ** max(0.0, _interp(x, z, v)))
+
+    def prob_within(self, seconds: float) -> float:
+        """P(wait <= seconds): the deadline question, from the same curve as :meth:`quantile`."""
+        from statistics import NormalDist
+
+        if float(seconds) < 1.0:
+            return 0.0  # waits are counted from 1 s
+        z, v = self._curve()
+        x = _log(seconds)
+        return float(NormalDist().cdf(_inverse(x, z, v)))
+
+    def as_dict(self) -> dict:
+        qs = self.qs or (0.1, 0.5, 0.9)
+        vals = self.values or (self.p10, self.p50, self.p90)
+        return {"model": self.model, "quantiles_s": {_qname(q): float(v) for q, v in zip(qs, vals)}}
+
+
+TAIL_SLOPE = 0.25  # decades of wait per unit of normal score, at least, beyond the learned levels
+
+
+def _log(seconds: float) -> float:
+    import math
+
+    return math.log10(max(float(seconds), 1.0))
+
+
+def _slopes(z, v):
+    lo = (v[1] - v[0]) / (z[1] - z[0]) if len(z) > 1 else TAIL_SLOPE
+    hi = (v[-1] - v[-2]) / (z[-1] - z[-2]) if len(z) > 1 else TAIL_SLOPE
+    return max(lo, TAIL_SLOPE), max(hi, TAIL_SLOPE)
+
+
+def _interp(x, z, v) -> float:
+    lo, hi = _slopes(z, v)
+    if x <= z[0]:
+        return v[0] - (z[0] - x) * lo
+    if x >= z[-1]:
+        return v[-1] + (x - z[-1]) * hi
+    for i in range(1, len(z)):
+        if x <= z[i]:
+            return v[i - 1] + (x - z[i - 1]) * (v[i] - v[i - 1]) / (z[i] - z[i - 1])
+    return v[-1]
+
+
+def _inverse(y, z, v) -> float:
+    """The normal score at which the curve reaches log wait y (the largest, across flat parts)."""
+    lo, hi = _slopes(z, v)
+    if y < v[0]:
+        return z[0] - (v[0] - y) / lo
+    if y >= v[-1]:
+        return z[-1] + (y - v[-1]) / hi
+    k = max(i for i in range(len(v)) if v[i] <= y)
+    return z[k] + (y - v[k]) * (z[k + 1] - z[k]) / (v[k + 1] - v[k])
 
 
 def _qname(q: float) -> str:
@@ -121,24 +198,42 @@ class Predictor:
 
     def predict(self, request: WaitRequest, snapshot: "pd.DataFrame | None" = None,
                 history: "pd.DataFrame | None" = None) -> Prediction:
-        X = self.features_for(request, snapshot, history)
-        name = self.model_for(request.user)
-        lo, mid, hi = self.predict_matrix(X, [name])[0]
-        return Prediction(float(10**lo), float(10**mid), float(10**hi), name)
+        """The wait distribution of one request (quantiles and P(wait <= H)); see :class:`Prediction`."""
+        return self.predict_many([request], snapshot, history)[0]
 
-    def predict_matrix(self, X, models: list[str]) -> "np.ndarray":
-        """log10-wait quantiles (rows x 3) for a feature matrix; ``models`` per row or one for all."""
+    def predict_many(self, requests: "list[WaitRequest]", snapshot: "pd.DataFrame | None" = None,
+                     history: "pd.DataFrame | None" = None) -> "list[Prediction]":
+        """Distributions for several request shapes asked at the same moment (elastic shapes,
+        ``--exclusive`` or not, one partition or another): one feature pass per shape."""
+        out = []
+        for request in requests:
+            X = self.features_for(request, snapshot, history)
+            name = self.model_for(request.user)
+            row = self.predict_matrix(X, [name])[0]
+            vals = tuple(float(10**v) for v in row)
+            by = dict(zip(QUANTILES, vals))
+            out.append(Prediction(by[0.1], by[0.5], by[0.9], name, tuple(QUANTILES), vals))
+        return out
+
+    def predict_matrix(self, X, models: list[str], *, calibrated: bool = True) -> "np.ndarray":
+        """log10-wait quantiles (rows x len(QUANTILES)) for a feature matrix; ``models`` per row
+        or one for all. Calibration shifts (see fit_predictor) are added, then rows are sorted."""
         import numpy as np
 
         out = np.empty((len(X), len(QUANTILES)))
-        anchor = anchor_of(X, self.meta["anchor_fallback"])
+        anchor = anchor_of(X, self.meta["anchor_fallback"]) if self.meta.get("anchor", True) else \
+            np.full(len(X), self.meta["anchor_fallback"])
         names = np.asarray(models * len(X) if len(models) == 1 else models)
+        cal = self.meta.get("calibration", {}) if calibrated else {}
         for name in np.unique(names):
             rows = names == name
+            shift = cal.get(str(name), {})
             for j, q in enumerate(QUANTILES):
-                out[rows, j] = anchor[rows] + self.boosters[name][q].predict(X[rows], num_threads=1)
-        out = np.sort(out, axis=1)  # quantile models are fitted apart: keep them ordered
-        return np.maximum(out, 0.0)
+                out[rows, j] = anchor[rows] + self.boosters[name][q].predict(X[rows], num_threads=1) + shift.get(_qname(q), 0.0)
+        out = np.maximum(out, 0.0)
+        # quantile models are fitted apart: keep them ordered (a running max keeps the learned
+        # upper levels where a lower one crossed them, instead of swapping levels)
+        return np.maximum.accumulate(out, axis=1)
 
     # ------------------------------------------------------------ storage
     def save(self, directory: str | Path) -> Path:
@@ -211,9 +306,11 @@ def training_rows(p: "pd.DataFrame", *, since: float | None, until: float | None
     return np.flatnonzero(ok)
 
 
-def queries_of(p: "pd.DataFrame", idx) -> "pd.DataFrame":
+def queries_of(p: "pd.DataFrame", idx, at: str = "t_elig") -> "pd.DataFrame":
+    """The question each row asked: its request, at its eligible time (``at="t_queue"``: the
+    recorded one, without the dependency re-basing)."""
     q = p.iloc[idx][["user", "nodes", "gpus", "cpus", "timelimit_s", "partition", "qos"]].copy()
-    q["t"] = p["t_elig"].to_numpy(float)[idx]
+    q["t"] = p[at].to_numpy(float)[idx]
     return q.reset_index(drop=True)
 
 
@@ -235,12 +332,23 @@ def estimate_capacity(p: "pd.DataFrame") -> float:
 
 def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until: float | None = None,
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
-                  rounds: int = ROUNDS) -> Predictor:
+                  rounds: int = ROUNDS, params: dict | None = None, anchor: bool = True, calibrate: bool = True,
+                  frozen: dict | None = None, X_all: "np.ndarray | None" = None) -> Predictor:
     """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
     (first start + 7 days) when the history spans 4 weeks or more, else to its start;
-    ``per_user`` is "auto" (selected on a time holdout), "always" or "never"."""
+    ``per_user`` is "auto" (selected on a time holdout), "always" or "never".
+
+    Split conformal calibration (the method, and why, in docs/model.md): the boosters learn
+    on the older (1 - CAL_FRACTION) of the training rows; on the most recent CAL_FRACTION,
+    plus the jobs of that period still waiting at ``until`` (right-censored), each quantile
+    gets the shift in log10 wait that makes its coverage there equal to its level
+    (Kaplan-Meier over the residuals, so the long waits that have not ended yet count).
+
+    ``frozen`` ({"capacity", "categories", "all_users"}) and ``X_all`` (features of every
+    row of ``prepared`` built with them) let a replay refit often without rebuilding features;
+    ``params``/``anchor``/``calibrate`` exist for the tuning bench (bench/predict_tune.py).
+    """
     import numpy as np
-    import lightgbm as lgb
 
     if per_user not in ("auto", "always", "never"):
         raise ValueError(per_user)
@@ -254,61 +362,157 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     if len(idx) < MIN_ROWS:
         raise ModelError(f"only {len(idx)} started jobs to learn from (need {MIN_ROWS})",
                          hint="widen the history window, or wait until more jobs have run")
-    if all_users is None:
-        all_users = p["user"].nunique() > 1
-    categories = {c: {v: i for i, v in enumerate(sorted(set(p[c].astype(str)) - {""}))} for c in ("partition", "qos")}
+    if frozen is not None:
+        all_users, categories, capacity = frozen["all_users"], frozen["categories"], frozen["capacity"]
+    else:
+        if all_users is None:
+            all_users = p["user"].nunique() > 1
+        categories = {c: {v: i for i, v in enumerate(sorted(set(p[c].astype(str)) - {""}))} for c in ("partition", "qos")}
+        capacity = estimate_capacity(p if until is None else p[p["start"] < until])
     meta = {
         "format": FORMAT, "features": list(FEATURES), "quantiles": list(QUANTILES),
-        "capacity": estimate_capacity(p if until is None else p[p["start"] < until]), "all_users": bool(all_users), "categories": categories,
-        "versions": _versions(), "target": "log10(max(wait_s, 1))",
+        "capacity": capacity, "capacity_source": "history", "all_users": bool(all_users), "categories": categories,
+        "versions": _versions(), "target": "log10(max(wait_s, 1))", "anchor": bool(anchor),
     }
-    q = queries_of(p, idx)
-    X = build_features(q, p, capacity=meta["capacity"], all_users=all_users, categories=categories)
-    y = log_wait(p["wait"].to_numpy(float)[idx])
-    meta["anchor_fallback"] = float(np.mean(y))
-    anchor = anchor_of(X, meta["anchor_fallback"])
-    r = y - anchor  # what the boosters learn; see the module doc
-    t = q["t"].to_numpy(float)
-    users = q["user"].astype(str).to_numpy()
+    t_all = p["t_elig"].to_numpy(float)
+    t = t_all[idx]
+    t_q = p["t_queue"].to_numpy(float)
+    n_cal = int(round(CAL_FRACTION * len(idx))) if calibrate else 0
+    cut = float(np.sort(t)[len(t) - n_cal]) if n_cal >= MIN_CAL_ROWS else np.inf
+    cens = censored_rows(p, since=max(cut, since or -np.inf), until=until) if np.isfinite(cut) else np.zeros(0, int)
+    rows_all = np.concatenate([idx, cens])
+    if X_all is not None:
+        X = X_all[rows_all]
+    else:
+        X = build_features(queries_of(p, rows_all), p, capacity=capacity, all_users=all_users, categories=categories)
+    if len(cens):  # still waiting at the cut: asked at their recorded eligible time (see censored_rows)
+        X[len(idx):] = build_features(queries_of(p, cens, at="t_queue"), p, capacity=capacity,
+                                      all_users=all_users, categories=categories)
+    now = until if until is not None else _last_fact(p)
+    y = np.concatenate([log_wait(p["wait"].to_numpy(float)[idx]), censored_lb(p, cens, now)])
+    observed = np.r_[np.ones(len(idx), bool), np.zeros(len(cens), bool)]
+    t = np.concatenate([t_all[idx], t_q[cens]])
+    users = p["user"].astype(str).to_numpy()[rows_all]
+    meta["anchor_fallback"] = float(np.mean(y[observed]))
+    anc = anchor_of(X, meta["anchor_fallback"]) if anchor else np.full(len(y), meta["anchor_fallback"])
+    r = y - anc  # what the boosters learn; see the module doc
+    early = observed & (t < cut)
+    late = t >= cut  # calibration: started and still-waiting jobs of the recent period
+    if not np.isfinite(cut):
+        early = observed.copy()
+    prm = {**PARAMS, **(params or {})}
+    n_rounds = int(prm.pop("rounds", rounds))
 
-    def fit(rows, n_rounds):
-        ds = lgb.Dataset(X[rows], r[rows], feature_name=list(FEATURES), free_raw_data=False,
-                         params={"verbose": -1})
-        return {qq: lgb.train({**PARAMS, "alpha": qq, "min_data_in_leaf": min(PARAMS["min_data_in_leaf"], max(5, len(rows) // 20))},
-                              ds, num_boost_round=n_rounds) for qq in QUANTILES}
+    def fit(rows, n):
+        import lightgbm as lgb
 
-    boosters = {"cluster": fit(np.arange(len(y)), rounds)}
+        ds = lgb.Dataset(X[rows], r[rows], feature_name=list(FEATURES), free_raw_data=False, params={"verbose": -1})
+        return {qq: lgb.train({**prm, "alpha": qq, "min_data_in_leaf": min(prm["min_data_in_leaf"], max(5, len(rows) // 20))},
+                              ds, num_boost_round=n) for qq in QUANTILES}
+
+    boosters = {"cluster": fit(np.flatnonzero(early), n_rounds)}
+    calibration: dict[str, dict] = {}
+    if np.isfinite(cut):
+        calibration["cluster"] = conformal_shifts(boosters["cluster"], X[late], r[late], observed[late])
     chosen: dict[str, dict] = {}
-    if per_user != "never":
-        cut = np.quantile(t, 0.8)
-        early, late = t < cut, t >= cut
+    if per_user != "never" and np.isfinite(cut):
         counts = {u: int(c) for u, c in zip(*np.unique(users[early], return_counts=True))}
-        cands = [u for u, c in counts.items() if c >= MIN_USER_ROWS and (users[late] == u).sum() >= 20]
-        # the heaviest users only: each candidate costs two small fits (refresh time budget)
+        cands = [u for u, c in counts.items() if c >= MIN_USER_ROWS and (users[late & observed] == u).sum() >= 20]
+        # the heaviest users only: each candidate costs one small fit (refresh time budget)
         cands = sorted(cands, key=lambda u: -counts[u])[:MAX_USER_MODELS]
-        early_global = fit(np.flatnonzero(early), rounds) if (cands and per_user == "auto") else None
         for u in cands:
             mine = users == u
+            cand = fit(np.flatnonzero(mine & early), USER_ROUNDS)
+            rows = np.flatnonzero(mine & late & observed)
+            info: dict = {"train_rows": int((mine & early).sum())}
             if per_user == "auto":
-                cand = fit(np.flatnonzero(mine & early), USER_ROUNDS)
-                rows = np.flatnonzero(mine & late)
-                g = _pinball_all(early_global, X[rows], r[rows])
+                g = _pinball_all(boosters["cluster"], X[rows], r[rows])
                 m = _pinball_all(cand, X[rows], r[rows])
                 if not m < 0.98 * g:
                     continue
-                chosen[u] = {"holdout_pinball_user": m, "holdout_pinball_cluster": g}
-            else:
-                chosen[u] = {}
-            boosters[f"user:{u}"] = fit(np.flatnonzero(mine), USER_ROUNDS)
-            chosen[u]["train_rows"] = int(mine.sum())
+                info.update(holdout_pinball_user=m, holdout_pinball_cluster=g)
+            boosters[f"user:{u}"] = cand
+            ul = mine & late
+            calibration[f"user:{u}"] = conformal_shifts(cand, X[ul], r[ul], observed[ul])
+            chosen[u] = info
+    elif per_user == "always" and not np.isfinite(cut):
+        for u, c in zip(*np.unique(users, return_counts=True)):
+            if c >= MIN_USER_ROWS:
+                boosters[f"user:{u}"] = fit(np.flatnonzero(users == u), USER_ROUNDS)
+                chosen[str(u)] = {"train_rows": int(c)}
     meta.update({
         "trained_at": time.time(), "fit_seconds": round(time.time() - t0, 2), "per_user_policy": per_user,
-        "training_window": {"since": float(np.min(t)), "until": float(np.max(t)), "rows": int(len(y)),
-                            "users": int(len(set(users)))},
-        "user_models": chosen,
-        "train_metrics": _pinball_dict(boosters["cluster"], X, r),
+        "training_window": {"since": float(np.min(t)), "until": float(np.max(t)), "rows": int(observed.sum()),
+                            "users": int(len(set(users))), "boosters_rows": int(early.sum()),
+                            "calibration_rows": int((late & observed).sum()),
+                            "calibration_still_waiting": int((late & ~observed).sum()),
+                            "calibration_from": float(cut) if np.isfinite(cut) else None},
+        "user_models": chosen, "calibration": calibration,
+        "train_metrics": _pinball_dict(boosters["cluster"], X[early], r[early]),
     })
     return Predictor(boosters, meta)
+
+
+def censored_rows(p: "pd.DataFrame", *, since: float | None, until: float | None) -> "np.ndarray":
+    """Jobs eligible in [since, until) that had not started by ``until`` (right-censored waits).
+    Whether such a job is dependency-like is decided by its later start, unknown at ``until``:
+    all count, from their recorded eligible time (``t_queue``)."""
+    import numpy as np
+
+    te = p["t_queue"].to_numpy(float)
+    start = p["start"].to_numpy(float)
+    ok = ~(start < (np.inf if until is None else until))
+    if since is not None:
+        ok &= te >= since
+    if until is not None:
+        ok &= p["submit"].to_numpy(float) < until
+    return np.flatnonzero(ok)
+
+
+def censored_lb(p: "pd.DataFrame", rows, now: float) -> "np.ndarray":
+    """log10 lower bound of the wait of censored rows, as known at ``now``."""
+    import numpy as np
+
+    end = p["end"].to_numpy(float)[rows]
+    stop = np.where(np.isnan(end) | (end > now), now, end)
+    return log_wait(np.maximum(stop - p["t_queue"].to_numpy(float)[rows], 0.0))
+
+
+def _last_fact(p: "pd.DataFrame") -> float:
+    import numpy as np
+
+    return float(np.nanmax(p[["submit", "start", "end"]].to_numpy(float)))
+
+
+def conformal_shifts(models, X, r, observed) -> dict:
+    """Per quantile, the shift (log10) that makes the share of calibration residuals at or
+    below the booster's answer equal to its level; censored rows count via Kaplan-Meier."""
+    import numpy as np
+
+    out = {}
+    n = len(r)
+    if n < MIN_CAL_ROWS or observed.sum() < MIN_CAL_ROWS // 2:
+        return {}
+    for q in QUANTILES:
+        res = r - models[q].predict(X, num_threads=1)
+        level = min(1.0, q * (1.0 + 1.0 / n))  # split-conformal finite-sample correction
+        out[_qname(q)] = round(float(km_quantile(res, observed, level)), 5)
+    return out
+
+
+def km_quantile(values, observed, q: float) -> float:
+    """The q-quantile of a right-censored sample (Kaplan-Meier); the largest value if the
+    estimate never reaches q (too much still unknown at the top: stay on the safe side)."""
+    import numpy as np
+
+    values = np.asarray(values, float)
+    observed = np.asarray(observed, bool)
+    o = np.lexsort((~observed, values))  # by value; at ties events before censored
+    v, e = values[o], observed[o]
+    at_risk = len(v) - np.arange(len(v))
+    surv = np.cumprod(np.where(e, 1.0 - 1.0 / at_risk, 1.0))
+    hit = np.flatnonzero(e & (1.0 - surv >= q - 1e-12))
+    return float(v[hit[0]]) if len(hit) else float(v.max())
 
 
 def anchor_of(X, fallback: float) -> "np.ndarray":
@@ -322,11 +526,11 @@ def anchor_of(X, fallback: float) -> "np.ndarray":
 def _pinball_all(models, X, y) -> float:
     import numpy as np
 
-    return float(np.mean([pinball(y, models[q].predict(X), q) for q in QUANTILES]))
+    return float(np.mean([pinball(y, models[q].predict(X, num_threads=1), q) for q in QUANTILES]))
 
 
 def _pinball_dict(models, X, y) -> dict:
-    return {_qname(q): round(pinball(y, models[q].predict(X), q), 4) for q in QUANTILES}
+    return {_qname(q): round(pinball(y, models[q].predict(X, num_threads=1), q), 4) for q in QUANTILES}
 
 
 def pinball(y, pred, q: float) -> float:

@@ -38,7 +38,7 @@ def group_codes(values: "pd.Series") -> "tuple[object, dict[str, int]]":
 
 
 def prepare(df: "pd.DataFrame", *, now: float | None = None) -> "pd.DataFrame":
-    """Copy of ``df`` with ``t_elig``, ``dep_like``, ``wait``, ``censored``, ``wait_lb`` added."""
+    """Copy of ``df`` with ``t_elig``, ``t_queue``, ``dep_like``, ``wait``, ``censored``, ``wait_lb`` added."""
     import numpy as np
 
     out = df.copy()
@@ -57,6 +57,11 @@ def prepare(df: "pd.DataFrame", *, now: float | None = None) -> "pd.DataFrame":
     if not len(out):
         started = np.zeros(0, bool)
     out["t_elig"] = elig
+    # when the job entered the queue as far as anyone could tell at the time: the recorded
+    # Eligible (or Submit). The re-based ``t_elig`` of a dependency-like job is decided by its
+    # own later start, so queue-state sweeps and still-waiting jobs use this one instead.
+    out["t_queue"] = np.where(np.isnan(out["eligible"].to_numpy(float)), submit,
+                              np.maximum(out["eligible"].to_numpy(float), submit))
     out["dep_like"] = dep
     out["wait"] = np.where(started, np.maximum(start - elig, 0.0), np.nan)
     out["censored"] = ~started

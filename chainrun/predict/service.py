@@ -158,7 +158,8 @@ def install_cron(runner: "Runner", cluster: str) -> tuple[str, bool]:
     return line, True
 
 
-def eval_trace(trace: str | None, *, cluster: str, train_until: str | None, test_until: str | None) -> dict:
+def eval_trace(trace: str | None, *, cluster: str, train_until: str | None, test_until: str | None,
+               refit_every_s: float | None = None, random_forest: bool = True) -> dict:
     import numpy as np
 
     from chainrun.predict import ingest
@@ -175,7 +176,10 @@ def eval_trace(trace: str | None, *, cluster: str, train_until: str | None, test
     lo, hi = float(np.nanmin(sub)), float(np.nanmax(sub))
     tr = parse_date(train_until, "--train-until") if train_until else lo + 0.8 * (hi - lo)
     te = parse_date(test_until, "--test-until") if test_until else hi + 1.0
-    return evaluate(df, train_until=tr, test_until=te)
+    from chainrun.predict.evaluate import REFIT_EVERY_S
+
+    return evaluate(df, train_until=tr, test_until=te, random_forest=random_forest,
+                    refit_every_s=refit_every_s or REFIT_EVERY_S)
 
 
 def parse_date(text: str, what: str) -> float:

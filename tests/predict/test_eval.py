@@ -5,34 +5,86 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from chainrun.cli.main import main
 from chainrun.predict.evaluate import metrics
 
 
-def test_metrics_small_wait_rule_and_coverage():
-    y = np.log10([10.0, 30.0, 1000.0, 1000.0])
-    pred = np.log10([[1, 50, 100], [40, 100, 200], [100, 1900, 5000], [1, 2100, 3000]])
-    m = metrics(y, pred)
-    # 10 vs 50: both under 60 s -> hit; 30 vs 100 -> miss; 1000 vs 1900 -> hit; 1000 vs 2100 -> miss
-    assert m["within_2x"] == 0.5
-    assert m["coverage_p10_p90"] == 0.75 and m["n_test"] == 4
-    assert set(m["pinball"]) == {"p10", "p50", "p90"}
+def _probs(pred, obs=None):
+    from chainrun.predict.evaluate import HORIZONS, prob_within_matrix
+
+    return {h: prob_within_matrix(pred, hs) for h, hs in HORIZONS.items()}
+
+
+def _rates(v):
+    from chainrun.predict.evaluate import HORIZONS
+
+    return {h: v for h in HORIZONS}
+
+
+def test_metrics_small_wait_rule_coverage_ties_and_never_started():
+    y = np.log10([10.0, 30.0, 1000.0, 1000.0, 1.0, 5.0])
+    obs = np.array([True, True, True, True, True, False])  # the last one never started
+    base = np.log10([[1, 50, 100, 150, 200], [40, 100, 200, 300, 400], [100, 1900, 5000, 6000, 7000],
+                     [1, 2100, 3000, 4000, 5000], [1, 1, 10, 20, 30], [1, 1, 10, 20, 30]])
+    m = metrics(y, obs, base, _probs(base), _rates(0.5))
+    # 10 vs 50: both under 60 s -> hit; 30 vs 100 -> miss; 1000 vs 1900 -> hit; 1000 vs 2100 -> miss; 1 vs 1 hit
+    assert m["within_2x"] == 0.6 and m["n_test"] == 5 and m["n_never_started"] == 1
+    # q50: below in rows 1, 2, 3, 4 (10<50, 30<100, 1000<1900, 1000<2100), a tie at the floor (half), never started 0
+    assert m["calibration"]["q50"] == round(4.5 / 6, 4)
+    assert set(m["pinball"]) == {"p10", "p50", "p90", "p95", "p98"}
+    assert set(m["deadline"]) == {"10m", "1h", "6h", "24h"}
+    assert m["deadline"]["10m"]["brier_skill"] is not None
+
+
+def test_probability_matrix_matches_the_prediction_object():
+    from chainrun.predict import Prediction
+    from chainrun.predict.evaluate import prob_within_matrix
+    from chainrun.predict.model import QUANTILES
+
+    vals = (1.0, 30.0, 4000.0, 9000.0, 40000.0)
+    p = Prediction(vals[0], vals[1], vals[2], "x", QUANTILES, vals)
+    row = np.log10([vals])
+    for h in (1.0, 10.0, 600.0, 3600.0, 20000.0, 86400.0, 10 * 86400.0):
+        assert prob_within_matrix(row, h)[0] == pytest.approx(p.prob_within(h), abs=1e-9)
+
+
+def test_quantile_forest_uses_leaf_waits():
+    from chainrun.predict.evaluate import QuantileForest
+
+    rng = np.random.default_rng(0)
+    X = rng.random((600, 3))
+    y = np.where(X[:, 0] > 0.5, rng.normal(4.0, 0.3, 600), rng.normal(1.0, 0.3, 600)).clip(0)
+    f = QuantileForest(n_estimators=20, min_samples_leaf=10, max_features=1.0).fit(X, y)
+    q, pw = f.predict(np.array([[0.9, 0.5, 0.5], [0.1, 0.5, 0.5]]), [3600.0])
+    assert np.all(np.diff(q, axis=1) >= 0)
+    assert 3.3 < q[0, 1] < 4.7 and 0.3 < q[1, 1] < 1.7  # medians of each regime's leaf waits
+    assert q[0, -1] - q[0, 1] > 0.3  # a spread of the waits, not of tree means
+    assert pw[0, 0] < 0.3 and pw[1, 0] > 0.9
 
 
 def test_eval_json_on_a_slice_of_the_real_trace(ls6_slice, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
     rc = main(["model", "eval", "--trace", str(ls6_slice), "--train-until", "2023-01-05",
-               "--test-until", "2023-01-20", "--json"])
+               "--test-until", "2023-01-20", "--refit-every", "5d", "--json"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    res = json.loads(out)
-    assert set(res) >= {"models", "train", "test"}
+    env = json.loads(out)
+    assert env["command"] == "model eval" and "schema" in env
+    res = env["data"]
+    assert set(res) >= {"models", "train", "test", "without_dependency_rule", "deadline_baselines"}
+    assert res["test"]["refit_every_h"] == 120 and res["test"]["refits"] == 3
     for name in ("lightgbm", "user_median", "global_median", "random_forest"):
         m = res["models"][name]
-        assert set(m) >= {"within_2x", "mae_log10", "pinball", "coverage_p10_p90", "n_test"}
-        assert set(m["pinball"]) == {"p10", "p50", "p90"} and m["n_test"] == res["test"]["n"] > 100
+        assert set(m) >= {"within_2x", "mae_log10", "pinball", "coverage_p10_p90", "n_test", "calibration", "deadline",
+                          "sharpness_log10_q50_q98"}
+        assert set(m["calibration"]) >= {"q50", "q90", "q95", "q98"}
+        assert set(m["deadline"]) == {"10m", "1h", "6h", "24h"}
+        assert set(m["deadline"]["1h"]) >= {"accuracy", "brier"}
+        assert m["n_test"] == res["test"]["n"] > 100
         assert 0 <= m["within_2x"] <= 1 and 0 <= m["coverage_p10_p90"] <= 1
+    assert res["without_dependency_rule"]["n"] == res["test"]["n"] + res["test"]["excluded_dependency_like"]
     # warm-up comes from the data: first start of the slice + 7 days
     assert res["train"]["warmup_until"].startswith("2022-12-0")
     assert res["test"]["from"] >= "2023-01-05"

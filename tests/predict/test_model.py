@@ -37,8 +37,56 @@ def test_predict_orders_quantiles_and_names_model(fitted):
     assert isinstance(p, Prediction) and p.model == "cluster"
     assert 0 < p.p10 <= p.p50 <= p.p90
     assert p.quantile(0.5) == pytest.approx(p.p50)
-    qs = [p.quantile(q) for q in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95)]
+    qs = [p.quantile(q) for q in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 0.98, 0.99)]
     assert qs == sorted(qs) and qs[1] == pytest.approx(p.p10) and qs[5] == pytest.approx(p.p90)
+    # the upper levels are learned, not stretched: the answer carries them
+    assert p.qs == model_mod.QUANTILES and qs[7] == pytest.approx(p.values[p.qs.index(0.98)])
+
+
+def test_deadline_probability_is_the_same_curve(fitted):
+    df, pr = fitted
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    p = pr.predict(WaitRequest(user="u1", nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t), snap, hist)
+    hs = [1, 10, 60, 600, 3600, 6 * 3600, 86400, 7 * 86400]
+    ps = [p.prob_within(h) for h in hs]
+    assert ps == sorted(ps) and 0 <= ps[0] and ps[-1] <= 1
+    for q in (0.5, 0.9, 0.95, 0.98):
+        v = p.quantile(q)
+        if v > 1.5:
+            assert p.prob_within(v) == pytest.approx(q, abs=1e-9)
+    assert p.prob_within(0.5) == 0.0
+
+
+def test_calibration_shifts_are_saved_and_used(fitted, tmp_path):
+    df, pr = fitted
+    cal = pr.meta["calibration"]["cluster"]
+    assert set(cal) == {"p10", "p50", "p90", "p95", "p98"}
+    w = pr.meta["training_window"]
+    assert w["boosters_rows"] + w["calibration_rows"] == w["rows"] and w["calibration_rows"] >= 50
+    X = pr.features_for(WaitRequest(user="u1", nodes=1, gpus=4, cpus=0, timelimit_s=3600,
+                                    submit=float(df["submit"].iloc[-1])), None, df)
+    a, b = pr.predict_matrix(X, ["cluster"]), pr.predict_matrix(X, ["cluster"], calibrated=False)
+    assert not np.allclose(a, b)
+
+
+def test_km_quantile_counts_waits_that_have_not_ended():
+    from chainrun.predict.model import km_quantile
+
+    v = np.arange(10.0)
+    assert km_quantile(v, np.ones(10, bool), 0.5) == 4.0
+    # the five largest are only lower bounds at 5: the median can only be reached among them
+    obs = v < 5
+    assert km_quantile(np.r_[v[:5], [5.0] * 5], obs, 0.9) == 5.0
+
+
+def test_predict_many_shapes(fitted):
+    df, pr = fitted
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    reqs = [WaitRequest(user="u1", nodes=n, gpus=4 * n, cpus=0, timelimit_s=3600, submit=t) for n in (1, 2, 4)]
+    many = pr.predict_many(reqs, snap, hist)
+    assert [m.p50 for m in many] == [pr.predict(r, snap, hist).p50 for r in reqs]
 
 
 def test_round_trip_is_exact_and_has_no_pickle(fitted, tmp_path):
@@ -49,7 +97,7 @@ def test_round_trip_is_exact_and_has_no_pickle(fitted, tmp_path):
     meta = json.loads((tmp_path / "m" / "meta.json").read_text())
     assert meta["features"] == list(FEATURES)
     assert {"chainrun", "lightgbm"} <= set(meta["versions"]) and meta["training_window"]["rows"] > 0
-    assert set(meta["train_metrics"]) == {"p10", "p50", "p90"}
+    assert set(meta["train_metrics"]) == {"p10", "p50", "p90", "p95", "p98"}
     back = load_predictor(tmp_path / "m")
     t = float(df["submit"].iloc[-1]) + 60
     snap, hist = _live(df, t)
