@@ -7,7 +7,7 @@ is not yet submitted. Once the current segment has ended, every policy submits a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from chainrun.errors import UsageError
@@ -38,13 +38,19 @@ def predict_quantile(segment_s: float) -> float:
 
 @dataclass(frozen=True)
 class WaitEstimate:
-    """A predicted queue wait for the successor, in seconds, and which model said so."""
+    """A predicted queue wait for the successor, in seconds, and which model said so.
+
+    ``seconds`` is the wait at the ``target`` quantile; ``prob_within(h)`` (when the model
+    gives a distribution) answers the deadline question P(wait <= h) for a job submitted now.
+    """
 
     seconds: float
     model: str
     p10: float | None = None
     p50: float | None = None
     p90: float | None = None
+    target: float | None = None
+    prob_within: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -108,13 +114,16 @@ class Lead:
 
 
 class Predicted:
-    """Submit when the predicted wait (at a high quantile) reaches the time the current segment has left.
+    """Submit when the chance that a job submitted now starts before the hand-over point has
+    fallen to the target probability (``predict_quantile``: 0.98 for 48 h segments).
 
-    Submitting at the p90 makes a late start (interruption) unlikely; starting early costs
-    only the short hand-off, so erring early is the cheaper mistake. The chain's ``--lead``
-    is a floor: the model can only make the submission earlier, never later, because a
-    model is least reliable exactly where it predicts "no wait". Without a model this is
-    the fixed lead.
+    Early in a segment that chance is ~1 and submitting would only start the successor too
+    early; it falls as the hand-over point nears, and the last moment it is still at the
+    target is when to submit: P(wait <= time left) <= target, i.e. the time left has reached
+    the target quantile of the wait. Starting early costs only the short hand-off, so the
+    target is high. The chain's ``--lead`` is a floor: the model can only make the submission
+    earlier, never later, because a model is least reliable exactly where it predicts "no
+    wait". Without a model this is the fixed lead.
     """
 
     name = "predicted"
@@ -127,11 +136,17 @@ class Predicted:
         if est is None:
             d = Lead().decide(view)
             return Decision(d.submit, "no model: " + d.reason if d.submit else "", estimate=None)
+        if left <= view.chain.lead_s:
+            return Decision(True, f"within the {view.chain.lead_s}s lead floor (model said {est.seconds:.0f}s)", estimate=est)
+        if est.prob_within is not None and est.target is not None:
+            p = float(est.prob_within(left))
+            if p > est.target:
+                return Decision(False, estimate=est)
+            return Decision(True, f"P(start within the {left:.0f}s left) = {p:.3f} <= target {est.target:.2f} "
+                                  f"({est.model})", estimate=est)
         if left > effective_lead(est.seconds, view.chain.lead_s):
             return Decision(False, estimate=est)
-        if est.seconds >= view.chain.lead_s:
-            return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
-        return Decision(True, f"within the {view.chain.lead_s}s lead floor (model said {est.seconds:.0f}s)", estimate=est)
+        return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
 
 
 def effective_lead(predicted_wait_s: float, floor_s: float) -> float:

@@ -58,4 +58,6 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
     )
     snapshot = snapshot_from_rows([r for r in rows if r.job_id != seg.job_id])
     p = model.predict(req, snapshot, history)
-    return WaitEstimate(seconds=p.quantile(predict_quantile(chain.segment_s)), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90)
+    q = predict_quantile(chain.segment_s)
+    return WaitEstimate(seconds=p.quantile(q), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
+                        prob_within=p.prob_within)

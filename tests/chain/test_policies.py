@@ -48,6 +48,29 @@ def test_predicted_submits_when_wait_reaches_time_left():
     assert d.submit and d.estimate == est
 
 
+def test_predicted_asks_the_deadline_question():
+    p = get_policy("predicted")
+    # P(wait <= h) = h / 2000: the chance of starting in time is 0.9 with 1800 s left
+    est = WaitEstimate(seconds=1800, model="cluster", target=0.9, prob_within=lambda h: min(1.0, h / 2000))
+    assert not p.decide(view(7_800, estimate=est)).submit  # 1900 s left: P = 0.95 > 0.9, too early
+    d = p.decide(view(7_900, estimate=est))  # 1800 s left: P = 0.9, the last moment at the target
+    assert d.submit and "P(start within" in d.reason and d.estimate == est
+    # the floor still holds when the model says "no wait at all"
+    sure = WaitEstimate(seconds=1, model="cluster", target=0.9, prob_within=lambda h: 1.0)
+    assert not p.decide(view(9_099, estimate=sure)).submit and p.decide(view(9_100, estimate=sure)).submit
+
+
+def test_predicted_rule_from_a_real_model_distribution():
+    from chainrun.predict import Prediction
+
+    dist = Prediction(10.0, 600.0, 3000.0, "cluster", (0.1, 0.5, 0.9, 0.95, 0.98), (10.0, 600.0, 3000.0, 4000.0, 5000.0))
+    est = WaitEstimate(seconds=dist.quantile(0.98), model="cluster", target=0.98, prob_within=dist.prob_within)
+    p = get_policy("predicted")
+    # hand-over at 9700: submit once the time left reaches the 0.98 quantile (5000 s), not before
+    assert not p.decide(view(9_700 - 5_100, estimate=est)).submit
+    assert p.decide(view(9_700 - 4_990, estimate=est)).submit
+
+
 def test_predicted_lead_is_a_floor():
     p = get_policy("predicted")
     tiny = WaitEstimate(seconds=5, model="cluster")  # the model says "no wait"
