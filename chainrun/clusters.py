@@ -105,6 +105,7 @@ def load() -> Config:
     return cfg
 
 
+_TYPE_WORDS = {str: "a string", int: "a whole number", bool: "true or false"}  # words, not Python type names
 _TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str}
 
 
@@ -115,7 +116,7 @@ def _check_shape(path: Path, name: str, table: dict) -> None:
     for key, typ in _TYPES.items():
         v = table.get(key)
         if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
-            raise UsageError(f"{path}: [clusters.{name}] {key} must be a {typ.__name__}, not {v!r}")
+            raise UsageError(f"{path}: [clusters.{name}] {key} must be {_TYPE_WORDS[typ]}, not {v!r}")
     port = table.get("port")
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"{path}: [clusters.{name}] port {port} is out of range")

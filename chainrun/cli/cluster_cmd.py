@@ -1,7 +1,7 @@
 """``chainrun cluster add/list/test/remove/default``: the clusters chains can run on.
 
-paramiko is imported only inside the commands that connect (``test``, and ``add
---accept-new-host-key``), never on the ``chainrun --help`` path.
+paramiko is imported only inside the commands that connect (``test``, and ``add`` unless
+``--no-check``), never on the ``chainrun --help`` path.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def add(
     login_shell: Annotated[bool, typer.Option("--login-shell", help="Run commands in `bash -lc` (sites where Slurm comes from `module load`).")] = False,
     workdir: Annotated[Optional[str], typer.Option("--workdir", help="Remote folder for chain folders (default: the remote home).")] = None,
     default: Annotated[bool, typer.Option("--default", help="Make this the default cluster for commands without --cluster.")] = False,
-    accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key", help="Connect now and trust the server's key if it is not known yet (a changed key is still refused).")] = False,
+    accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key", help="Trust the server's key if it is not known yet (a changed key is still refused).")] = False,
+    no_check: Annotated[bool, typer.Option("--no-check", help="Save without connecting (offline); `chainrun cluster test` checks it later.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun import clusters
@@ -41,9 +42,13 @@ def add(
     cfg = clusters.load()
     spec = clusters.Cluster(name=name, host=host, user=user, port=port, key=key, proxy_jump=proxy_jump,
                             login_shell=login_shell, workdir=workdir)
+    if no_check and accept_new_host_key:
+        from chainrun.errors import UsageError
+
+        raise UsageError("--accept-new-host-key needs a connection", hint="drop --no-check, or drop --accept-new-host-key")
     trusted: list[dict] = []
-    if accept_new_host_key:
-        trusted = _trust_new_keys(spec)
+    if not no_check:  # connect now: a wrong host, port, user, key or an untrusted host key saves nothing
+        trusted = _check_connection(spec, accept_new=accept_new_host_key)
     cfg.clusters[name] = spec
     if default:
         cfg.default = name
@@ -54,19 +59,28 @@ def add(
     for k in trusted:
         typer.echo(f"trusted host key for {k['host']}: {k['type']} {k['fingerprint']}")
     typer.echo(f"cluster {name} saved in {path}" + (" (default)" if cfg.default == name else ""))
-    if not accept_new_host_key:
-        typer.echo(f"check it with `chainrun cluster test {name}`")
+    if no_check:
+        typer.echo(f"not checked: check it with `chainrun cluster test {name}`")
 
 
-def _trust_new_keys(spec) -> list[dict]:
-    """Connect with accept-new: record keys not known yet in chainrun's known_hosts (0600)."""
+def _check_connection(spec, *, accept_new: bool) -> list[dict]:
+    """Log in and run ``true``; with accept-new, record keys not known yet in chainrun's known_hosts (0600).
+
+    Any failure raises a RemoteError whose hint says how to fix it and that nothing was saved.
+    """
     from chainrun import clusters
     from chainrun.runner.ssh import SSHRunner, fingerprint
 
     kh = clusters.known_hosts_path()
-    runner = SSHRunner(spec, known_hosts=kh, accept_new_host_key=True)
+    runner = SSHRunner(spec, known_hosts=kh, accept_new_host_key=accept_new)
     try:
-        runner.run(["true"], 30)
+        res = runner.run(["true"], 30)
+        if not res.ok:
+            raise RemoteError(f"connected to {spec.name}, but `true` failed: {res.first_error_line()}",
+                              hint="check that the account has a working shell")
+    except RemoteError as e:
+        fix = f"{e.hint}; " if e.hint else ""
+        raise type(e)(e.message, hint=f"{fix}nothing was saved; --no-check saves without connecting") from None
     finally:
         runner.close()
     if not runner.new_host_keys:

@@ -32,6 +32,7 @@ def configure(*, verbose: int = 0, quiet: bool = False) -> None:
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(logging.Formatter("%(asctime)s %(process)d %(name)s %(levelname)s %(message)s"))
         root.addHandler(fh)
+        logging.getLogger("paramiko").addHandler(fh)  # its warnings and errors (tracebacks) go to the file only
     except (OSError, ChainrunError):  # an unusable home must not stop a command that does not need it
         pass
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import os
 import posixpath
 import select
 import shlex
@@ -35,6 +36,9 @@ from chainrun.errors import RemoteError
 from chainrun.runner.base import RunResult
 
 log = logging.getLogger(__name__)
+# paramiko's transport thread logs failures with tracebacks; without a handler Python would print them on
+# stderr. The CLI also sends them to the log file (chainrun.cli.logsetup); the user sees one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _NET_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
 
@@ -127,7 +131,9 @@ class SSHRunner:
             self._retry_at = time.monotonic() + delay
             if isinstance(e, RemoteError):
                 raise
-            raise RemoteUnreachable(f"cannot connect to {self.name} ({self._where()}): {_describe(e)}") from None
+            log.debug("%s: connect failed", self.name, exc_info=True)
+            raise RemoteUnreachable(f"cannot connect to {self.name} ({self._where()}): {_describe(e)}",
+                                    hint=_connect_hint(e)) from None
         self._failures, self._retry_at = 0, 0.0
         return self._clients[-1].get_transport()
 
@@ -140,11 +146,12 @@ class SSHRunner:
         chain = [*hops, self.target]
         sock = None
         for i, hop in enumerate(chain):
+            keys = self._key_files(hop, explicit=i + 1 == len(chain) and bool(self.cluster.key))
             client = self._client_for()
             try:
                 client.connect(
-                    hop.hostname, port=hop.port, username=hop.user, key_filename=list(hop.key_files) or None,
-                    allow_agent=True, look_for_keys=not hop.key_files, sock=sock, timeout=self.connect_timeout,
+                    hop.hostname, port=hop.port, username=hop.user, key_filename=keys or None,
+                    allow_agent=True, look_for_keys=not keys, sock=sock, timeout=self.connect_timeout,
                     banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                     channel_timeout=self.connect_timeout, passphrase=None,
                 )
@@ -159,9 +166,14 @@ class SSHRunner:
                 ) from None
             except paramiko.AuthenticationException as e:
                 client.close()
+                tried = ", ".join(keys) if keys else "your SSH agent's and ~/.ssh's keys"
+                only_password = isinstance(e, paramiko.BadAuthenticationType) and "publickey" not in e.allowed_types
                 raise RemoteError(
-                    f"{hop.user}@{hop.hostname} refused our keys ({e})",
-                    hint="load a key into your SSH agent (ssh-add) or pass --key; passwords are not supported",
+                    f"{hop.user}@{hop.hostname}:{hop.port} "
+                    + ("accepts only passwords, which chainrun never uses" if only_password
+                       else f"did not accept our key (tried {tried})"),
+                    hint="check --user and --key, or load the key into your SSH agent with ssh-add; "
+                    "passwords are not supported",
                 ) from None
             except BaseException:
                 client.close()
@@ -179,6 +191,18 @@ class SSHRunner:
                                       timeout=self.connect_timeout)
         self.connects += 1
         log.info("%s: connected to %s", self.name, self._where())
+
+    def _key_files(self, hop: Target, *, explicit: bool) -> list[str]:
+        """The key files to offer: a missing ``--key`` is an error; a missing IdentityFile is skipped, as ssh does."""
+        keys = []
+        for k in hop.key_files:
+            if os.path.isfile(k):
+                keys.append(k)
+            elif explicit:
+                raise RemoteError(f"key file {k} of cluster {self.name} does not exist",
+                                  hint="pass an existing private key with --key, or leave --key out to use "
+                                  "your SSH agent and ~/.ssh keys")
+        return keys
 
     def _client_for(self) -> paramiko.SSHClient:
         client = paramiko.SSHClient()
@@ -328,5 +352,39 @@ class SSHRunner:
 
 
 def _describe(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    """What went wrong, in words a user reads: never a Python class name."""
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        inner = [x for x in e.errors.values() if isinstance(x, OSError)]
+        if inner and all(isinstance(x, ConnectionRefusedError) for x in inner):
+            ports = sorted({addr[1] for addr in e.errors if len(addr) > 1})
+            return f"connection refused: nothing listens for SSH on port {', '.join(map(str, ports))}"
+        return "; ".join(sorted({_describe(x) for x in inner})) or "no address could be reached"
+    if isinstance(e, socket.gaierror):
+        return f"unknown host name ({e.strerror or e})"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "no answer in time (timed out)"
+    if isinstance(e, paramiko.PasswordRequiredException):
+        return "the key file is protected by a passphrase"
+    if isinstance(e, EOFError):
+        return "the server closed the connection"
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror + (f": {e.filename}" if e.filename else "")
+    text = " ".join(str(e).split())
+    if "protocol banner" in text:  # paramiko: the port answered, but not with SSH's greeting
+        return "no SSH greeting from the server"
+    return text or "the connection failed without a reason"
+
+
+def _connect_hint(e: BaseException) -> str | None:
+    """How to fix a failed connection, where the failure says enough."""
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError) or isinstance(e, ConnectionRefusedError):
+        return "check --host, and --port: the login node's SSH port"
+    if isinstance(e, socket.gaierror):
+        return "check --host, or HostName in ~/.ssh/config"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "check the host and port, your network or VPN, or reach it through a bastion with --proxy-jump"
+    if isinstance(e, paramiko.PasswordRequiredException):
+        return "load the key into your SSH agent with ssh-add; chainrun never asks for or stores a passphrase"
+    if isinstance(e, (EOFError, paramiko.SSHException)):
+        return "is that port an SSH server? check --host and --port"
+    return None
