@@ -13,7 +13,6 @@ Two forms, one content:
 
 from __future__ import annotations
 
-import textwrap
 import time
 from dataclasses import dataclass, replace
 
@@ -133,29 +132,60 @@ def _table(cols: list[Column], title: str | None = None) -> Table:
 
 
 # --------------------------------------------------------------------------- plain lines
-def record(tokens: list[str], width: int, indent: str = INDENT) -> list[str]:
-    """One record as lines: fields joined by two spaces, broken only between fields."""
+def _fold(token: str, room: int) -> list[str]:
+    """A token longer than a whole line (a path, user@host): cut after the last '/', else ',',
+    '@', ':' or '.' that leaves a third of the line used, else at the room. Ids and host names
+    are far shorter than any line, so they stay whole."""
+    pieces = []
+    while len(token) > room:
+        cut = room
+        for ch in "/,@:.":
+            at = token.rfind(ch, 0, room) + 1
+            if at > room // 3:
+                cut = at
+                break
+        pieces.append(token[:cut])
+        token = token[cut:]
+    return pieces + ([token] if token else [])
+
+
+def flow(tokens: list[str], width: int, *, first: str = "", indent: str = INDENT, sep: str = "  ") -> list[str]:
+    """Tokens on lines of at most ``width``: broken only between tokens, continuation lines
+    indented; a token longer than a line is folded (see ``_fold``)."""
+    width = max(width, len(indent) + 20)
     lines: list[str] = []
-    cur = ""
+    cur = first
+    fresh = True  # nothing but the prefix on the current line yet
     for tok in (t for t in tokens if t):
-        if not cur:
-            cur = tok
-        elif len(cur) + 2 + len(tok) <= width:
-            cur += "  " + tok
-        else:
+        if not fresh and len(cur) + len(sep) + len(tok) <= width:
+            cur += sep + tok
+            continue
+        if not fresh:
             lines.append(cur)
-            cur = indent + tok
-    if cur:
+            cur = indent
+        if len(cur) + len(tok) > width:  # too long even here: fold it over lines of its own
+            if cur.strip():
+                lines.append(cur.rstrip())
+                cur = indent
+            *full, tok = _fold(tok, width - len(indent))
+            lines += [indent + piece for piece in full]
+        cur += tok
+        fresh = False
+    if cur.strip() or not lines:
         lines.append(cur)
     return lines
 
 
+def record(tokens: list[str], width: int, indent: str = INDENT) -> list[str]:
+    """One record as lines: fields joined by two spaces, broken only between fields."""
+    return flow(tokens, width, indent=indent)
+
+
 def wrap_text(text: str, width: int, *, first: str = "", indent: str = INDENT) -> list[str]:
-    """Free text (a note, an event message) wrapped at spaces; a long word (an id, a path) stays whole."""
+    """Free text (a note, an event message) wrapped at spaces; an id (a word shorter than a line) stays whole."""
     out: list[str] = []
     for i, para in enumerate(text.splitlines() or [""]):
-        out += textwrap.wrap(para, width=max(20, width), initial_indent=first if i == 0 else indent,
-                             subsequent_indent=indent, break_long_words=False, break_on_hyphens=False) or [first]
+        out += flow(para.split(" "), width, first=first if i == 0 else indent, indent=indent, sep=" ")
     return out
 
 
