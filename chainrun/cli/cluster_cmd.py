@@ -101,9 +101,14 @@ def list_(json_out: JsonOpt = False) -> None:
     if json_out:
         typer.echo(envelope("cluster list", rows))
         return
+    from chainrun.cli.render import console
+    from chainrun.cli.tables import flow
+
+    width = console().width  # one cluster per line; a long address goes on over an indented line
     for r in rows:
         where = r["host"] if r["name"] == "local" else _where(r)
-        typer.echo(f"{'*' if r['default'] else ' '} {r['name']:<16} {where}")
+        for line in flow([f"{'*' if r['default'] else ' '} {r['name']:<16}", *where.split(" ")], width, sep=" "):
+            typer.echo(line)
 
 
 @cluster_app.command("remove", help="Forget a cluster (its chains' records stay in the state store).")
