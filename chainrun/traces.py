@@ -6,6 +6,9 @@ Two inputs are accepted, told apart by their first line:
 - a ``sacct -P`` dump (``|``-separated, header line first).
 
 Columns are found by header name (case-insensitive, aliases below), never by position.
+The meaning of each field is the Slurm layer's (``chainrun.slurm.parsers``: the one sacct
+field list ``SACCT_FIELDS``, the TRES reader ``gpus_from_tres``, ``base_state``); this module
+applies it column-wise, fast enough for a million rows.
 The result is a pandas DataFrame with these columns, one row per allocation (job steps
 such as ``123.batch`` are dropped):
 
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
+from chainrun.slurm.parsers import base_state, gpus_from_tres
 from chainrun.slurm.timefmt import parse_slurm_duration
 
 if TYPE_CHECKING:  # pandas is heavy: imported inside functions only
@@ -73,7 +77,6 @@ CANONICAL_COLUMNS = (
     "job_id", "user", "name", "partition", "qos", "account", "submit", "eligible", "start", "end",
     "timelimit_s", "nodes", "gpus", "cpus", "state", "exit_code", "eligible_known", "priority",
 )
-_GPU_RE = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
 # a job whose run reaches its limit (+ the controller's 30-90 s reaction) timed out
 _TIMEOUT_SLACK_S = 120.0
 
@@ -225,14 +228,14 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
     tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
     if "alloc_tres" in cols and "req_tres" in cols:  # a pending job has no AllocTRES yet
         tres = tres.where(tres != "", col("req_tres"))
-    gpus = _by_unique(tres, lambda v: (m.group(1) if (m := _GPU_RE.search(v)) else None))
     has_tres = "alloc_tres" in cols or "req_tres" in cols
+    gpus = _by_unique(tres, gpus_from_tres) if has_tres else pd.Series(np.nan, index=raw.index)
     out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
     out["gpus"] = _count(out["gpus"].fillna(out["nodes"] * gpus_per_node), 0)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
     # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
-    state = _by_unique(col("state"), lambda v: (v.split() or [""])[0].upper().rstrip("+"))
+    state = _by_unique(col("state"), base_state)
     if (state == "").any():  # traces without a State column (LS6): infer it
         state = state.where(state != "", _infer_state(out))
     out["state"] = state

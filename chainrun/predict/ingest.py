@@ -1,11 +1,14 @@
 """Job history from sacct (incremental, cached) and the live queue from squeue.
 
-History: ``sacct -X -P -n --format=SACCT_FORMAT -S .. -E ..`` over windows of a few days,
+History: ``sacct -X -P --format=SACCT_FIELDS -S .. -E ..`` over windows of a few days (the
+argv and the field list come from the Slurm layer, ``chainrun.slurm``; rows are read by
+their header names),
 from the last refresh (minus a day, so jobs that were pending or running then are read
 again with their final state) up to now. Everyone's jobs with ``-a`` when the cluster
 allows it; otherwise our own (then queue-state features are left empty, consistently at
 training and prediction time). Times are asked for as epoch seconds
-(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock. The cache is an
+(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock, and the window
+bounds are given in UTC with ``TZ=UTC`` (right whatever this machine's or the cluster's zone). The cache is an
 ``.npz`` of plain arrays, one per canonical column (chainrun.traces), read with
 ``allow_pickle=False``, plus a small JSON beside it.
 """
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.slurm.client import SACCT_ENV
+from chainrun.slurm.parsers import SACCT_FIELDS
 from chainrun.traces import CANONICAL_COLUMNS, parse_trace_text
 
 if TYPE_CHECKING:
@@ -27,15 +32,17 @@ if TYPE_CHECKING:
 
     from chainrun.runner.base import Runner
 
-# JobName last: a name may contain the "|" separator (traces.py keeps the rest of the line)
-SACCT_FORMAT = (
+# the one sacct field list (chainrun.slurm.parsers), shared with the watcher
+SACCT_FORMAT = SACCT_FIELDS
+# the field list of sacct captures made before the lists were one (headerless, -n)
+LEGACY_FORMAT = (
     "JobIDRaw,User,Partition,QOS,Account,Submit,Eligible,Start,End,TimelimitRaw,NNodes,NCPUS,"
     "AllocTRES,ReqTRES,State,ExitCode,JobName"
 )
 WINDOW_DAYS = 7.0
 LOOKBACK_DAYS = 60.0
 OVERLAP_S = 86400.0
-_ENV = {"SLURM_TIME_FORMAT": "%s"}
+_ENV = SACCT_ENV
 
 
 @dataclass
@@ -54,23 +61,31 @@ def history_paths(cluster: str, base: Path | None = None) -> tuple[Path, Path]:
 
 
 def sacct_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
-    argv = ["sacct", "-X", "-P", "-n", f"--format={SACCT_FORMAT}", "-S", _local(start), "-E", _local(end)]
-    if all_users:
-        argv.append("-a")
-    if cluster:
-        argv += ["-M", cluster]
-    return argv
+    """The history call, built by the Slurm layer (:func:`chainrun.slurm.client.history_argv`)."""
+    from chainrun.slurm.client import history_argv
+
+    return history_argv(start, end, all_users=all_users, cluster=cluster)
 
 
-def parse_sacct_rows(text: str) -> "pd.DataFrame":
-    """Canonical frame from ``sacct -P -n --format=SACCT_FORMAT`` output (no header line)."""
+def parse_sacct_rows(text: str, *, fields: str = SACCT_FORMAT) -> "pd.DataFrame":
+    """Canonical frame from ``sacct -P`` output, keyed by its header line; text without a
+    header (``-n``) is read as ``fields``."""
     import pandas as pd
 
-    header = "|".join(SACCT_FORMAT.split(","))
     body = text.strip("\n")
-    if not body.strip():
+    lines = [ln for ln in body.splitlines() if ln.strip()]
+    if lines and _is_header(lines[0]):
+        header, lines = lines[0], lines[1:]
+    else:
+        header = "|".join(fields.split(","))
+    if not lines:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in CANONICAL_COLUMNS})
-    return parse_trace_text(header + "\n" + body, source="sacct")
+    return parse_trace_text(header + "\n" + "\n".join(lines), source="sacct")
+
+
+def _is_header(line: str) -> bool:
+    first = line.split("|", 1)[0].strip().lower()
+    return first in ("jobidraw", "jobid", "job_id")
 
 
 def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | None = None,
@@ -103,7 +118,7 @@ def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | 
         t = t_end
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else parse_sacct_rows("")
-    if all_users and len(df) and df["user"].nunique() <= 1 and not _is_privileged():
+    if all_users and len(df) and df["user"].nunique() <= 1 and not _is_privileged(runner):
         # -a was accepted but PrivateData hid everyone else: queue state would be a lie
         all_users = False
     return FetchResult(df, all_users, calls)
@@ -170,14 +185,25 @@ def live_snapshot(runner: "Runner", *, timeout: float = 60.0) -> "pd.DataFrame":
     return snapshot_from_rows(SlurmClient(runner, timeout=timeout).queue(all_users=True))
 
 
-def _local(epoch: float) -> str:
-    from datetime import datetime
+def _is_privileged(runner: "Runner") -> bool:
+    """Root on the machine sacct runs on (the cluster's, over SSH), not on this one."""
+    from chainrun.slurm.client import SlurmClient
 
-    return datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        return SlurmClient(runner, timeout=30.0).is_privileged()
+    except (SlurmError, OSError):
+        return False
 
 
-def _is_privileged() -> bool:
-    return hasattr(os, "geteuid") and os.geteuid() == 0
+def node_count(runner: "Runner") -> int | None:
+    """Nodes of the cluster from ``scontrol show node``; None if it cannot be read."""
+    from chainrun.slurm.client import SlurmClient
+
+    try:
+        n = SlurmClient(runner, timeout=60.0).node_count()
+    except (SlurmError, OSError):
+        return None
+    return n or None
 
 
 def now() -> float:

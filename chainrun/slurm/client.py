@@ -40,6 +40,27 @@ _REFUSED_RE = re.compile(
     re.IGNORECASE,
 )
 _ENV = {"SLURM_TIME_FORMAT": "%s"}
+# sacct reads -S/-E in the time zone of the process that runs it: ask it in UTC, on any
+# cluster (TZ reaches a remote sacct as an ``env`` prefix), instead of this machine's zone
+SACCT_ENV = {"SLURM_TIME_FORMAT": "%s", "TZ": "UTC"}
+
+
+def history_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
+    """``sacct`` for the jobs of [start, end] (epoch s) with :data:`parsers.SACCT_FIELDS` and a
+    header line; run it with :data:`SACCT_ENV`. Everyone's jobs with ``all_users`` (``-a``)."""
+    argv = ["sacct", "-X", "-P", f"--format={parsers.SACCT_FIELDS}", "-S", utc_time(start), "-E", utc_time(end)]
+    if all_users:
+        argv.append("-a")
+    if cluster:
+        argv += ["-M", cluster]
+    return argv
+
+
+def utc_time(epoch: float) -> str:
+    """An instant as sacct reads it under ``TZ=UTC``."""
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(max(0.0, float(epoch)), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def is_transient(result: RunResult) -> bool:
@@ -89,9 +110,10 @@ class SlurmClient:
         self.calls: Counter[str] = Counter()
 
     # -------------------------------------------------------------- plumbing
-    def _call(self, argv: Sequence[str], *, what: str, stdin: str | None = None) -> RunResult:
+    def _call(self, argv: Sequence[str], *, what: str, stdin: str | None = None,
+              env: dict | None = None) -> RunResult:
         self.calls[argv[0]] += 1
-        res = self.runner.run(argv, self.timeout, env=_ENV, stdin=stdin)
+        res = self.runner.run(argv, self.timeout, env=env or _ENV, stdin=stdin)
         if res.ok:
             return res
         msg = f"{what} failed: {res.first_error_line()}"
@@ -130,7 +152,7 @@ class SlurmClient:
         if since is not None:
             # job ids are reused after a controller reset: look only at jobs from our era
             argv += ["--starttime", _sacct_time(since)]
-        res = self._call(argv, what="sacct")
+        res = self._call(argv, what="sacct", env=SACCT_ENV)
         return parsers.parse_sacct(res.stdout)
 
     def accounting_by_name(self, names: Iterable[str], *, since: float) -> list[AcctRow]:
@@ -140,11 +162,21 @@ class SlurmClient:
             return []
         argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--name", ",".join(names),
                 "--starttime", _sacct_time(since)]
-        return parsers.parse_sacct(self._call(argv, what="sacct").stdout)
+        return parsers.parse_sacct(self._call(argv, what="sacct", env=SACCT_ENV).stdout)
 
     def partitions(self) -> dict[str, PartitionInfo]:
         res = self._call(["scontrol", "show", "partition", "--oneliner"], what="scontrol show partition")
         return parsers.parse_partitions(res.stdout)
+
+    def node_count(self) -> int:
+        """Nodes of the cluster (``scontrol show node``: one record a node)."""
+        res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")
+        return sum(1 for rec in parsers.parse_scontrol_oneliners(res.stdout) if rec.get("NodeName"))
+
+    def is_privileged(self) -> bool:
+        """Whether the account the commands run as (here or on the remote cluster) is root."""
+        res = self._call(["id", "-u"], what="id -u")
+        return res.stdout.strip() == "0"
 
     def config_value(self, key: str) -> str | None:
         res = self._call(["scontrol", "show", "config"], what="scontrol show config")
@@ -170,7 +202,5 @@ class SlurmClient:
 
 
 def _sacct_time(epoch: float) -> str:
-    # sacct --starttime takes the cluster's local ISO time; a day of slack covers any time zone
-    from datetime import datetime
-
-    return datetime.fromtimestamp(max(0.0, epoch - 86400)).strftime("%Y-%m-%dT%H:%M:%S")
+    # read as UTC (SACCT_ENV); a day of slack: job ids are reused only after a controller reset
+    return utc_time(epoch - 86400)

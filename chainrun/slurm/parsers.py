@@ -74,14 +74,35 @@ def _int(row: dict[str, str], key: str, default: int = 0) -> int:
         return default
 
 
-_GPU_RE = re.compile(r"gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
+_TRES_GPU_RE = re.compile(r"^(?:gres[/:])?gpu(?::([^:=()]+))?[:=](\d+)(?:\(.*\))?$", re.IGNORECASE)
 
 
 def gpus_from_tres(text: str | None) -> int:
-    """GPU count from ``gres:gpu:2``, ``gres/gpu=2``, ``gpu:a100:2`` and the like."""
+    """GPU count from a TRES or GRES string: ``gres/gpu=4``, ``gres:gpu:2``, ``gpu:a100:2(IDX:0-1)``,
+    ``cpu=8,gres/gpu=4,gres/gpu:a100=4``.
+
+    The one TRES reader (the watcher, the model's history and the trace reader all use it).
+    Slurm lists a typed GPU request twice, as the total (``gres/gpu=4``) and per type
+    (``gres/gpu:a100=4``): the untyped total wins; without one, the typed counts add up.
+    """
     if not text:
         return 0
-    return sum(int(n) for n in _GPU_RE.findall(text))
+    untyped, typed, seen = 0, 0, False
+    for entry in str(text).split(","):
+        m = _TRES_GPU_RE.match(entry.strip())
+        if not m:
+            continue
+        if m.group(1) is None:
+            untyped += int(m.group(2))
+            seen = True
+        else:
+            typed += int(m.group(2))
+    return untyped if seen else typed
+
+
+def base_state(text: str | None) -> str:
+    """``CANCELLED by 0`` -> CANCELLED; ``CANCELLED+`` (cut to a column width) -> CANCELLED."""
+    return (str(text or "").split() or [""])[0].upper().rstrip("+")
 
 
 # ------------------------------------------------------------------ squeue
@@ -146,9 +167,11 @@ def parse_squeue(text: str) -> list[QueueRow]:
 # ------------------------------------------------------------------ sacct
 
 SACCT_FIELDS = (
-    "JobIDRaw,JobName,User,Partition,QOS,Submit,Eligible,Start,End,Elapsed,TimelimitRaw,"
-    "NNodes,NCPUS,AllocTRES,State,ExitCode,Reason"
+    "JobIDRaw,User,Partition,QOS,Account,Submit,Eligible,Start,End,Elapsed,TimelimitRaw,"
+    "NNodes,NCPUS,AllocTRES,ReqTRES,State,ExitCode,Reason,JobName"
 )
+"""The one sacct field list: the watcher's job checks, the model's history and ``chainrun.traces``
+read the same fields (by header name). JobName last: a name may contain the separator."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +195,7 @@ class AcctRow:
     exit_signal: int
     reason: str
     state_detail: str  # the full text, e.g. "CANCELLED by 0"
+    account: str = ""
 
     @property
     def wait_s(self) -> float | None:
@@ -183,7 +207,7 @@ class AcctRow:
 def parse_sacct(text: str) -> list[AcctRow]:
     """Rows of ``sacct -X -P --format=SACCT_FIELDS`` (header line required); steps are skipped."""
     rows = []
-    for r in parse_table(text):
+    for r in parse_table(text, last_may_contain_sep=True):
         jid = r.get("JOBIDRAW") or r.get("JOBID") or ""
         if not jid or "." in jid:
             continue
@@ -209,12 +233,13 @@ def parse_sacct(text: str) -> list[AcctRow]:
                 time_limit_s=limit_s,
                 nodes=_int(r, "NNODES", 1),
                 cpus=_int(r, "NCPUS", 0),
-                gpus=gpus_from_tres(r.get("ALLOCTRES")),
-                state=state_text.split()[0] if state_text else "",
+                gpus=gpus_from_tres(r.get("ALLOCTRES") or r.get("REQTRES")),
+                state=base_state(state_text),
                 exit_code=int(code) if code.strip().isdigit() else 0,
                 exit_signal=int(sig) if sig.strip().isdigit() else 0,
                 reason=r.get("REASON", ""),
                 state_detail=state_text,
+                account=r.get("ACCOUNT", ""),
             )
         )
     return rows

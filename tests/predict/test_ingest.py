@@ -16,8 +16,8 @@ class FakeRunner:
 
     name = "fake"
 
-    def __init__(self, text="", *, refuse_all=False, crontab=None):
-        self.text, self.refuse_all, self.calls = text, refuse_all, []
+    def __init__(self, text="", *, refuse_all=False, crontab=None, uid=1000):
+        self.text, self.refuse_all, self.calls, self.uid = text, refuse_all, [], uid
         self.crontab = crontab
 
     def run(self, argv, timeout=60.0, *, env=None, stdin=None):
@@ -26,8 +26,13 @@ class FakeRunner:
         if argv[0] == "sacct":
             if self.refuse_all and "-a" in argv:
                 return RunResult(tuple(argv), 1, "", "sacct: error: Access denied", 0.0)
-            assert env == {"SLURM_TIME_FORMAT": "%s"}
-            return RunResult(tuple(argv), 0, self.text, "", 0.0)
+            assert env == {"SLURM_TIME_FORMAT": "%s", "TZ": "UTC"}  # -S/-E are read as UTC
+            header = "|".join(ingest.LEGACY_FORMAT.split(","))  # the capture's fields, as sacct heads them
+            return RunResult(tuple(argv), 0, header + "\n" + self.text if self.text else header + "\n", "", 0.0)
+        if argv == ["id", "-u"]:
+            return RunResult(tuple(argv), 0, f"{self.uid}\n", "", 0.0)
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return RunResult(tuple(argv), 0, "".join(f"NodeName=n{i} State=IDLE CPUs=4\n" for i in range(4)), "", 0.0)
         if argv[0] == "squeue":
             return RunResult(tuple(argv), 0, (DATA / "squeue_epoch.txt").read_text(), "", 0.0)
         if argv[:2] == ["crontab", "-l"]:
@@ -44,10 +49,11 @@ EPOCH_ROWS = (DATA / "sacct_P_n_epoch_pending.txt").read_text()
 
 
 def test_windows_and_all_users():
-    r = FakeRunner(EPOCH_ROWS)
+    r = FakeRunner(EPOCH_ROWS, uid=0)
     res = ingest.fetch_history(r, since=0, now=20 * 86400, window_days=7)
-    assert len(r.calls) == 3 and all("-a" in c for c in r.calls)
-    assert res.all_users  # root sees everyone
+    sacct = [c for c in r.calls if c[0] == "sacct"]
+    assert len(sacct) == 3 and all("-a" in c for c in sacct)
+    assert res.all_users  # root (on the cluster) sees everyone
     assert res.frame["job_id"].nunique() == len(set(ln.split("|")[0] for ln in EPOCH_ROWS.splitlines()))
 
 
@@ -57,10 +63,19 @@ def test_falls_back_to_own_jobs_when_a_is_refused():
     assert not res.all_users and "-a" not in r.calls[-1] and len(res.frame) > 0
 
 
-def test_private_data_hides_others(monkeypatch):
-    monkeypatch.setattr(ingest, "_is_privileged", lambda: False)
-    res = ingest.fetch_history(FakeRunner(EPOCH_ROWS), since=0, now=86400)
+def test_private_data_hides_others():
+    r = FakeRunner(EPOCH_ROWS)
+    res = ingest.fetch_history(r, since=0, now=86400)
     assert not res.all_users  # -a accepted, but only one user came back
+    assert ["id", "-u"] in r.calls  # asked where sacct runs (the cluster), not of this process
+    assert ingest.fetch_history(FakeRunner(EPOCH_ROWS, uid=0), since=0, now=86400).all_users  # root sees all
+
+
+def test_history_windows_are_asked_in_utc():
+    r = FakeRunner(EPOCH_ROWS)
+    ingest.fetch_history(r, since=1_700_000_000, now=1_700_000_000 + 3600)
+    argv = r.calls[0]
+    assert argv[argv.index("-S") + 1] == "2023-11-14T22:13:20" and argv[argv.index("-E") + 1] == "2023-11-14T23:13:20"
 
 
 def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):

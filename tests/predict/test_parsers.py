@@ -31,7 +31,9 @@ def test_real_sacct_P_with_pending_running_cancelled():
 
 
 def test_real_sacct_epoch_no_header_matches_iso():
-    e = parse_sacct_rows((DATA / "sacct_P_n_epoch_pending.txt").read_text())
+    from chainrun.predict.ingest import LEGACY_FORMAT
+
+    e = parse_sacct_rows((DATA / "sacct_P_n_epoch_pending.txt").read_text(), fields=LEGACY_FORMAT)
     i = read_trace(DATA / "sacct_P_iso_pending.txt")
     both = e.merge(i, on="job_id", suffixes=("_e", "_i"))
     assert len(both) >= 40
@@ -121,8 +123,11 @@ def test_any_garbage_is_a_clean_error_or_a_frame(rows):
 
 
 def test_sacct_argv_and_format():
+    from chainrun.slurm.parsers import SACCT_FIELDS
+
     argv = sacct_argv(1_700_000_000, 1_700_086_400, all_users=True)
-    assert argv[:4] == ["sacct", "-X", "-P", "-n"] and "-a" in argv
+    assert argv[:3] == ["sacct", "-X", "-P"] and "-n" not in argv and "-a" in argv  # a header: read by name
+    assert SACCT_FORMAT == SACCT_FIELDS  # one field list for the watcher and the model
     assert SACCT_FORMAT.split(",")[-1] == "JobName"  # names may hold "|"
     assert "-a" not in sacct_argv(0, 1, all_users=False)
 
@@ -135,3 +140,29 @@ def test_ls6_trace_head():
     assert len(df) == 298 and not df["eligible_known"].any()
     assert (df["gpus"] == df["nodes"] * 3).all()
     assert df["priority"].notna().all()  # read, but never a feature (test_features checks)
+
+
+def test_one_sacct_reader_two_speeds():
+    """The watcher's row parser and the model's column parser read the same text the same way."""
+    from chainrun.slurm.parsers import SACCT_FIELDS, parse_sacct
+
+    head = SACCT_FIELDS.replace(",", "|")
+    text = head + "\n" + "\n".join([
+        "11|ann|gpu|normal|proj|1700000000|1700000010|1700000100|1700003700|01:00:00|120|2|16|"
+        "cpu=16,gres/gpu=4,gres/gpu:a100=4|cpu=16,gres/gpu=4|COMPLETED|0:0|None|train|a|b",
+        "12|bob|gpu|normal|proj|1700000000|1700000000|Unknown|Unknown|00:00:00|60|1|8||gres/gpu:a100=2|PENDING|0:0|Priority|x",
+        "13|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8||gres/gpu=1|CANCELLED by 0|0:15|None|y",
+        "13.batch|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8|||COMPLETED|0:0|None|batch",
+    ])
+    rows = {r.job_id: r for r in parse_sacct(text)}
+    df = parse_sacct_rows(text).set_index("job_id")
+    assert sorted(rows) == sorted(df.index) == ["11", "12", "13"]
+    for j, r in rows.items():
+        d = df.loc[j]
+        assert (r.user, r.partition, r.qos, r.account, r.state) == (d.user, d.partition, d.qos, d.account, d.state)
+        assert (r.nodes, r.cpus, r.gpus) == (d.nodes, d.cpus, d.gpus)
+        assert r.time_limit_s == d.timelimit_s and r.name == d["name"]
+        for a, b in ((r.submit, d.submit), (r.eligible, d.eligible), (r.start, d.start), (r.end, d.end)):
+            assert (a is None and math.isnan(b)) or a == b
+    assert rows["11"].gpus == 4 and rows["11"].name == "train|a|b"  # the typed duplicate is not counted twice
+    assert rows["12"].gpus == 2  # pending: ReqTRES

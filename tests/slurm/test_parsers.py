@@ -116,3 +116,20 @@ def test_table_parsers_never_crash_on_noise(text):
             fn(text)
         except SlurmParseError:
             pass
+
+
+@pytest.mark.parametrize("text,n", [
+    ("gres/gpu=4,gres/gpu:a100=4", 4),  # the total and the typed count of the same GPUs
+    ("gres/gpu:a100=4,gres/gpu=4", 4),
+    ("cpu=8,mem=64G,node=1,billing=8,gres/gpu:a100=2", 2),
+    ("gres/gpu:a100:2,gres/gpu:v100:1", 3),
+    ("gres:gpu:2", 2), ("gpu:a100:2(IDX:0-1)", 2), ("gres/gpu=1,gres/gpumem=40G", 1),
+    ("N/A", 0), ("", 0), (None, 0), ("cpu=1,mem=1G", 0),
+])
+def test_one_tres_reader(text, n):
+    assert parsers.gpus_from_tres(text) == n
+    from chainrun.traces import parse_trace_text
+
+    if text:  # the trace reader uses the same function
+        df = parse_trace_text(f"JobID|User|Submit|Start|End|TimelimitRaw|AllocTRES\n1|u|1700000000|1700000001|1700000002|10|{text}\n")
+        assert df["gpus"].item() == n
