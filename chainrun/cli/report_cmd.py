@@ -121,9 +121,10 @@ def _atomic(path: Path, write):
 
 def _detail_rows(s: dict) -> list[tuple[str, str]]:
     """What a chain's report says, as (what, value) pairs: the same for the table and the lines."""
+    from chainrun.cli.tables import overlap_error_lines
     from chainrun.durations import format_duration as dur
 
-    rows = [(f"ERROR", e) for e in s.get("payload_overlap_errors", [])]
+    rows = [("ERROR", e) for e in overlap_error_lines(s.get("payload_overlaps") or [])]
     if s["reason"]:
         rows.append(("note", s["reason"]))
     rows += [

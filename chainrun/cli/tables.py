@@ -31,12 +31,13 @@ INDENT = "    "  # continuation lines of a plain record
 
 
 # --------------------------------------------------------------------------- chain figures
-# ChainView gains trained_s / allocated_s / payload_overlaps in the engine; until then (and
-# for stores written before) fall back to what the view has.
+# read with getattr: trained_s / allocated_s / payload_overlaps came to ChainView later, and a
+# view built without them (an older summary) still renders
 
 def trained_s(v: ChainView) -> float:
     """Payload training time: the progress toward --total."""
-    return float(getattr(v, "trained_s", None) if getattr(v, "trained_s", None) is not None else v.done_s)
+    got = getattr(v, "trained_s", None)
+    return float(v.done_s if got is None else got)
 
 
 def allocated_s(v: ChainView, now: float | None = None) -> float:
@@ -51,8 +52,12 @@ def allocated_s(v: ChainView, now: float | None = None) -> float:
 
 def payload_overlap_errors(v: ChainView) -> list[str]:
     """One loud line per time two copies of the payload trained at once (never allowed)."""
+    return overlap_error_lines(getattr(v, "payload_overlaps", None) or [])
+
+
+def overlap_error_lines(overlaps: list) -> list[str]:
     out = []
-    for o in getattr(v, "payload_overlaps", None) or []:
+    for o in overlaps:
         jobs = list(o.get("jobs", []) if isinstance(o, dict) else getattr(o, "jobs", []))
         secs = float(o.get("seconds", 0) if isinstance(o, dict) else getattr(o, "seconds", 0))
         who = " and ".join(str(j) for j in jobs) or "?"

@@ -142,9 +142,8 @@ def summarize(view: ChainView, tl: Timeline | None = None) -> dict:
         "crashes": sum(1 for s in view.segment_views if s.outcome == "crash"),
         "total_s": view.total_s, "done_s": view.done_s,
         # payload training time (the progress toward total_s), once the engine records it
-        "trained_s": getattr(view, "trained_s", None) if getattr(view, "trained_s", None) is not None else view.done_s,
+        "trained_s": view.done_s if getattr(view, "trained_s", None) is None else view.trained_s,
         "payload_overlaps": list(getattr(view, "payload_overlaps", None) or []),
-        "payload_overlap_errors": _overlap_errors(view),
         "interruption_s": sum(s.seconds for s in tl.gaps), "overlap_s": sum(s.seconds for s in tl.overlaps),
         "gaps": len(tl.gaps), "long_gaps": sum(1 for s in tl.gaps if s.seconds >= LONG_GAP_S),
         "longest_gap_s": max((s.seconds for s in tl.gaps), default=0.0),
@@ -155,9 +154,3 @@ def summarize(view: ChainView, tl: Timeline | None = None) -> dict:
         "allocated_s": ran, "wall_s": span,
         "created": view.created, "finished": view.finished,
     }
-
-
-def _overlap_errors(view: ChainView) -> list[str]:
-    from chainrun.cli.tables import payload_overlap_errors  # one wording for status and report
-
-    return payload_overlap_errors(view)

@@ -368,3 +368,27 @@ def test_live_view_backs_off_while_ticks_keep_failing(chainrun_home):
         store.close()
     assert slept == [10, 20, 40], slept  # capped exponential backoff, as in `watch --plain`
     assert "failed tick(s) in a row" in ANSI.sub("", con.file.getvalue()).replace("\n", " ")
+
+
+def test_payload_overlap_recorded_by_the_engine_is_shown_by_every_command(chainrun_home):
+    """The engine records an overlap on the segment (extra.payload_overlaps): status, status
+    CHAIN and report CHAIN all say it, on a terminal and piped; report --json carries it."""
+    import json
+
+    _populate(chainrun_home, {"tiny-0a0b": CHAINS["tiny-0a0b"]})
+    store = Store(chainrun_home / "state.sqlite")
+    try:
+        seg = store.segments("tiny-0a0b")[1]
+        seg.extra["payload_overlaps"] = [{"jobs": ["7", "8"], "seconds": 12.4}]
+        store.save_segment(seg)
+    finally:
+        store.close()
+    msg = "ERROR: two copies trained at once: jobs 7 and 8 for 12 s"
+    for args in (["status"], ["status", "tiny-0a0b"], ["report", "tiny-0a0b"]):
+        out, width = run(chainrun_home, "pipe-80", *args)
+        assert msg in out, (args, out)
+        rc, raw = on_tty(chainrun_home, 80, *args)
+        assert rc == 0 and msg in " ".join(ANSI.sub("", raw).split()), (args, raw)
+        assert re.search(r"\x1b\[[0-9;]*31m", raw), "in red"
+    p = piped(chainrun_home, 80, "report", "tiny-0a0b", "--json")
+    assert json.loads(p.stdout)["data"]["payload_overlaps"] == [{"jobs": ["7", "8"], "seconds": 12.4}]
