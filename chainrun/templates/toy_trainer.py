@@ -6,7 +6,10 @@ steps and whenever CHAINRUN_SIGNAL (or TERM) arrives, resumes from the last chec
 and says "done" once it reaches TOY_TOTAL_STEPS (0 = never: the chain ends by --total).
 Every step is appended to steps.log in the checkpoint folder, so a test can check that
 no step was lost or trained twice and that no two segments trained at once.
-TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries).
+TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries); TOY_IGNORE_SIGNAL=1 makes it
+ignore CHAINRUN_SIGNAL (many real trainers do: only TERM at the limit stops it); TOY_CRASH_ON_SAVE=1
+makes it fail with a traceback while saving after a signal. Each line of steps.log ends with the
+Slurm job id, so a test can tell which job trained when.
 """
 
 import json
@@ -27,6 +30,9 @@ save_every = int(os.environ.get("TOY_SAVE_EVERY", "10"))
 total_steps = int(os.environ.get("TOY_TOTAL_STEPS", "0"))
 crash_at = int(os.environ.get("TOY_CRASH_AT_STEP", "0"))
 sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
+ignore_signal = os.environ.get("TOY_IGNORE_SIGNAL") == "1"
+crash_on_save = os.environ.get("TOY_CRASH_ON_SAVE") == "1"
+job = os.environ.get("SLURM_JOB_ID", "-")
 
 stop = {"why": None}
 
@@ -35,7 +41,7 @@ def on_signal(signum, _frame):
     stop["why"] = signal.Signals(signum).name
 
 
-signal.signal(getattr(signal, "SIG" + sig_name), on_signal)
+signal.signal(getattr(signal, "SIG" + sig_name), signal.SIG_IGN if ignore_signal else on_signal)
 signal.signal(signal.SIGTERM, on_signal)
 
 
@@ -50,19 +56,21 @@ print(f"toy: segment {segment} resumes at step {step} on {socket.gethostname()}"
 with steps_log.open("a") as log:
     while True:
         if stop["why"]:
+            if crash_on_save:
+                raise RuntimeError(f"toy: cannot write the checkpoint for step {step} (TOY_CRASH_ON_SAVE)")
             save(step)
-            log.write(f"save {segment} {step} {time.time():.3f}\n")
+            log.write(f"save {segment} {step} {time.time():.3f} {job}\n")
             print(f"toy: {stop['why']} -> saved step {step}, exiting", flush=True)
             sys.exit(0)
         if total_steps and step >= total_steps:
             save(step)
             Path(os.environ.get("CHAINRUN_DONE_FILE", ckpt_dir / "CHAINRUN_DONE")).write_text("done\n")
-            log.write(f"done {segment} {step} {time.time():.3f}\n")
+            log.write(f"done {segment} {step} {time.time():.3f} {job}\n")
             print(f"toy: reached {total_steps} steps, training finished", flush=True)
             sys.exit(0)
         time.sleep(step_s)
         step += 1
-        log.write(f"step {segment} {step} {time.time():.3f}\n")
+        log.write(f"step {segment} {step} {time.time():.3f} {job}\n")
         log.flush()
         if crash_at and step == crash_at:
             print(f"toy: crashing at step {step} as asked", flush=True)
