@@ -26,7 +26,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "templates" / "toy_train.sh"
 # 1-minute segments, signal 20 s before the limit. Slurm sends it up to 60 s early, so a
-# segment trains 0-40 s and is credited its full minute: a 5-minute chain is ~5 segments, ~2.5 min
+# segment trains 0-40 s, and --total counts that training: a 2-minute chain is ~5-8 segments
 SEG = ["--segment", "1m", "--signal", "USR2@20"]
 PRIVATE_DIR = "/tmp/chainrun-slurm-r"
 PRIVATE_ENV = {
@@ -214,6 +214,23 @@ def audit(home: Path, since: float, env: dict | None = None) -> dict:
         out["unfinished"] += detail["status"] != "COMPLETED"
         out["training_faults"] += training != "ok"
     return out
+
+
+def train_model(home: Path) -> None:
+    """Give the cluster some history and train the queue-delay model in this home."""
+    from tests.chain.test_chain_slurm import train_model as train
+
+    train(home)
+
+
+def model_decisions(home: Path, chain: str) -> dict:
+    """Of a chain's segments submitted early (while their predecessor still ran: the policy's decision),
+    how many carried the model's estimate rather than the lead fallback."""
+    detail = json.loads(cli("status", chain, "--json", home=home).stdout)["data"][0]
+    segs = [s for s in detail["segments_detail"] if s["job_id"]]
+    early = [b for a, b in zip(segs, segs[1:]) if b["submit"] and a["end"] and b["submit"] < a["end"]]
+    return {"later_segments": len(early), "with_model": sum(1 for s in early if s["predicted_model"]),
+            "models": sorted({s["predicted_model"] for s in early})}
 
 
 def events(home: Path, kind: str) -> list[str]:

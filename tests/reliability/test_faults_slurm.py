@@ -31,19 +31,23 @@ CI_KILLS = 10
 CONTROLLER_DOWN_S = 35  # longer than several ticks (interval 3 s) and than the backoff's first steps
 
 
-def _kill_scenario(base: Path, kills: int, seed: int, total: str = "5m", max_s: float = 8) -> dict:
+def _kill_scenario(base: Path, kills: int, seed: int, total: str = "2m", max_s: float = 8) -> dict:
     home = base / "home"
     shim_state = base / "shim"
     h.kill_after_sbatch_shim(base / "bin", shim_state)
+    h.train_model(home)  # the predicted chain must decide with a model, not fall back to --lead
     since = time.time()
     chains = [
         h.submit(home, base / "dep", "kdep", "--total", total, "--policy", "dependency", *h.SEG, *N4),
         h.submit(home, base / "lead", "klead", "--total", total, "--policy", "lead", "--lead", "10s", *h.SEG, *N4),
+        h.submit(home, base / "pred", "kpred", "--total", total, "--policy", "predicted", "--lead", "10s", *h.SEG,
+                 *N4),
     ]
     env = {"PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
     stats = h.kill_loop(home, kills=kills, rng=random.Random(seed), log=base / "watch.log", env=env,
                         shim_state=shim_state, min_shim_kills=3, min_s=1, max_s=max_s)
     return {"home": home, "chains": chains, "stats": stats, "audit": h.audit(home, since),
+            "predicted": h.model_decisions(home, chains[2]),
             "adopted": h.events(home, "adopted"), "log": (base / "watch.log").read_text()}
 
 
@@ -51,7 +55,7 @@ def _flaky_scenario(base: Path) -> dict:
     home = base / "home"
     h.flaky_sbatch_shim(base / "bin", base / "shim", k=2)
     since = time.time()
-    chain = h.submit(home, base / "work", "flaky", "--total", "3m", "--policy", "dependency", *h.SEG, *N4)
+    chain = h.submit(home, base / "work", "flaky", "--total", "2m", "--policy", "dependency", *h.SEG, *N4)
     env = {**os.environ, "CHAINRUN_HOME": str(home), "PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
     p = subprocess.run(h.watch_argv(2), env=env, capture_output=True, text=True, timeout=900,
                        stdin=subprocess.DEVNULL)
@@ -63,7 +67,7 @@ def _flaky_scenario(base: Path) -> dict:
 def _controller_scenario(base: Path, env: dict) -> dict:
     home = base / "home"
     since = time.time()
-    chain = h.submit(home, base / "work", "ctld", "--total", "3m", "--policy", "dependency", *h.SEG, env=env)
+    chain = h.submit(home, base / "work", "ctld", "--total", "2m", "--policy", "dependency", *h.SEG, env=env)
     full = {**os.environ, **env, "CHAINRUN_HOME": str(home)}
     watcher = subprocess.Popen(h.watch_argv(3), env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                text=True, stdin=subprocess.DEVNULL)
@@ -159,8 +163,11 @@ def test_watcher_killed_at_random_moments_loses_and_duplicates_nothing(faults):
     st = res["stats"]
     assert st.kills >= CI_KILLS, f"only {st.kills} kills before the chains ended; {st}"
     assert st.final_rc == 0 and not st.odd_exits, (st, res["log"][-3000:])
-    assert len(res["audit"]["chains"]) == 2
+    assert len(res["audit"]["chains"]) == 3
     _clean(res["audit"])
+    # every early submission of the predicted chain carried the model's estimate, not the lead fallback
+    pred = res["predicted"]
+    assert pred["later_segments"] >= 1 and pred["with_model"] == pred["later_segments"], pred
     # a watcher killed right after sbatch never recorded the job: the next one must adopt it
     assert st.shim_kills >= 3 and len(res["adopted"]) >= st.shim_kills, (res["adopted"], st)
 
@@ -186,7 +193,7 @@ def test_chain_survives_the_controller_going_away(faults):
 @pytest.mark.slow
 def test_kill_soak_50(slurm_cluster, tmp_path):
     """The long version: 50 kills over longer chains (about 8 minutes). Runs only with -m slow."""
-    res = _kill_scenario(tmp_path, 50, seed=int(os.environ.get("CHAINRUN_KILL_SEED", "50")), total="15m", max_s=10)
+    res = _kill_scenario(tmp_path, 50, seed=int(os.environ.get("CHAINRUN_KILL_SEED", "50")), total="6m", max_s=10)
     st = res["stats"]
     assert st.kills >= 50 and st.final_rc == 0 and not st.odd_exits, st
     _clean(res["audit"])
