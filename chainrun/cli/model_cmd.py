@@ -101,13 +101,25 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
     t.add_row("training jobs", f"{w.get('rows')} from {w.get('users')} users, "
               f"{time.strftime('%Y-%m-%d', time.gmtime(w.get('since', 0)))} .. {time.strftime('%Y-%m-%d', time.gmtime(w.get('until', 0)))}")
     t.add_row("history", f"{st['history'].get('rows', 0)} jobs, " + ("all users" if m["all_users"] else "own jobs only (no queue features)"))
-    t.add_row("capacity", f"{m['capacity_nodes']:.0f} nodes (estimated from history)")
+    src = {"scontrol": "from scontrol show node", "history": "estimated from history: no node list was readable"}
+    t.add_row("capacity", f"{m['capacity_nodes']:.0f} nodes ({src.get(m.get('capacity_source'), m.get('capacity_source'))})")
+    if m.get("quantiles"):
+        cal = m.get("calibration") or {}
+        t.add_row("quantiles", ", ".join(f"q{int(round(q * 100))}" for q in m["quantiles"]) +
+                  (" (calibrated on the most recent jobs: shifts " +
+                   ", ".join(f"{k} {v:+.2f}" for k, v in cal.items()) + " log10 s)" if cal else " (not calibrated: too few recent jobs)"))
     t.add_row("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)")
     t.add_row("answers for you", f"{m['answers_for_you']} ({m['user']})")
     le = st.get("live_error") or {"n": 0}
-    t.add_row("live error", "no predicted segment has started yet" if not le["n"] else
-              f"{le['n']} segments: MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
-              f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted")
+    t.add_row("acted on", "no predicted segment has started yet" if not le["n"] else
+              f"{le['n']} segments: {le['acted_quantile_coverage'] * 100:.0f} % waited at most the acted-on "
+              f"quantile (nominal {le['acted_quantile'] * 100:.0f} %)")
+    if le.get("deadline_n"):
+        t.add_row("deadline", f"{le['deadline_hit_rate'] * 100:.0f} % of {le['deadline_n']} segments started "
+                              "before their predecessor ended")
+    if le["n"]:
+        t.add_row("live error", f"MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
+                                f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted")
     t.add_row("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items()))
     t.add_row("files", st["model_dir"])
     console().print(t)
@@ -178,12 +190,19 @@ def predict(
     try:
         p = service.predict_now(runner, cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
                                 partition=partition, qos=qos, user=getattr(runner, "user", None))
+        note = service.time_limit_note(runner, timelimit_s=limit, partition=partition)
     finally:
         runner.close()
+    within = {h: p.prob_within(s) for h, s in (("10m", 600), ("1h", 3600), ("6h", 21600), ("24h", 86400))}
     if json_out:
-        typer.echo(envelope("predict", {"p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model}))
+        typer.echo(envelope("predict", {"p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model,
+                                        "quantiles_s": p.as_dict()["quantiles_s"], "p_start_within": within,
+                                        "warnings": [note] if note else []}))
         return
-    typer.echo(f"expected wait {_fmt(p.p50)} (80 % between {_fmt(p.p10)} and {_fmt(p.p90)}); model: {p.model}")
+    if note:
+        typer.echo(f"warning: {note}", err=True)
+    typer.echo(f"expected wait {_fmt(p.p50)} (80 % between {_fmt(p.p10)} and {_fmt(p.p90)}, "
+               f"98 % within {_fmt(p.quantile(0.98))}); starts within 1h: {within['1h'] * 100:.0f} %; model: {p.model}")
 
 
 def _predict_all(*, json_out: bool, **job) -> None:

@@ -333,7 +333,8 @@ def estimate_capacity(p: "pd.DataFrame") -> float:
 def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until: float | None = None,
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
                   rounds: int = ROUNDS, params: dict | None = None, anchor: bool = True, calibrate: bool = True,
-                  frozen: dict | None = None, X_all: "np.ndarray | None" = None) -> Predictor:
+                  frozen: dict | None = None, X_all: "np.ndarray | None" = None,
+                  capacity: float | None = None) -> Predictor:
     """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
     (first start + 7 days) when the history spans 4 weeks or more, else to its start;
     ``per_user`` is "auto" (selected on a time holdout), "always" or "never".
@@ -368,10 +369,12 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
         if all_users is None:
             all_users = p["user"].nunique() > 1
         categories = {c: {v: i for i, v in enumerate(sorted(set(p[c].astype(str)) - {""}))} for c in ("partition", "qos")}
-        capacity = estimate_capacity(p if until is None else p[p["start"] < until])
+        source = "scontrol" if capacity else "history"
+        if not capacity:  # no node count from the cluster: the history's guess (node-slots on shared nodes)
+            capacity = estimate_capacity(p if until is None else p[p["start"] < until])
     meta = {
         "format": FORMAT, "features": list(FEATURES), "quantiles": list(QUANTILES),
-        "capacity": capacity, "capacity_source": "history", "all_users": bool(all_users), "categories": categories,
+        "capacity": float(capacity), "capacity_source": source if frozen is None else "frozen", "all_users": bool(all_users), "categories": categories,
         "versions": _versions(), "target": "log10(max(wait_s, 1))", "anchor": bool(anchor),
     }
     t_all = p["t_elig"].to_numpy(float)

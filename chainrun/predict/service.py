@@ -48,7 +48,8 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
     info = {"last_refresh": now, "all_users": all_users, "rows": int(len(hist))}
     ingest.save_cache(cluster, hist, info)
     t_fetch = time.time() - t0
-    predictor = fit_predictor(hist, all_users=all_users)
+    nodes = ingest.node_count(runner)  # the real node count; the history's guess counts shared nodes twice
+    predictor = fit_predictor(hist, all_users=all_users, capacity=nodes)
     predictor.meta["cluster"] = cluster
     path = predictor.save(model_dir(cluster))
     return {
@@ -76,6 +77,8 @@ def status(cluster: str = "default", user: str | None = None) -> dict:
     out["model"] = {
         "trained_at": meta.get("trained_at"), "training_window": meta.get("training_window"),
         "all_users": meta.get("all_users"), "capacity_nodes": meta.get("capacity"),
+        "capacity_source": meta.get("capacity_source", "history"), "quantiles": meta.get("quantiles"),
+        "calibration": meta.get("calibration", {}).get("cluster"),
         "user_models": sorted(meta.get("user_models", {})), "versions": meta.get("versions"),
         "train_metrics": meta.get("train_metrics"), "fit_seconds": meta.get("fit_seconds"),
         "answers_for_you": f"user:{user}" if user in meta.get("user_models", {}) else "cluster",
@@ -89,33 +92,53 @@ def live_error(cluster: str) -> dict:
     """How the predictions the watcher acted on compare with the waits that followed.
 
     Read from the state store: every segment submitted under the `predicted` policy keeps the
-    predicted wait beside its measured wait (start - eligible).
+    wait it acted on (the target quantile, see chain.policies.predict_quantile) beside its
+    measured wait (start - eligible). Scored as it was used: the share of waits at or below
+    the acted-on quantile (ties half; nominal = the target), and the deadline hit rate (the
+    segment started before its predecessor ended); MAE and within 2x for comparison.
     """
     import math
 
+    from chainrun.chain.policies import predict_quantile
     from chainrun.paths import state_db
     from chainrun.state.store import Store
 
     pairs: list[tuple[float, float]] = []
+    targets: list[float] = []
+    deadline: list[bool] = []
     if state_db().exists():
         store = Store(state_db())
         try:
             for c in store.chains():
                 if c.cluster != cluster:
                     continue
-                for seg in store.segments(c.id):
-                    if seg.predicted_wait_s is not None and seg.wait_s is not None:
+                segs = store.segments(c.id)
+                for i, seg in enumerate(segs):
+                    if seg.predicted_wait_s is None:
+                        continue
+                    prev = next((p for p in reversed(segs[:i]) if p.start is not None), None)
+                    if seg.wait_s is not None:
                         pairs.append((seg.predicted_wait_s, seg.wait_s))
+                        targets.append(predict_quantile(c.segment_s))
+                    if prev is not None and prev.end is not None and not prev.is_live:
+                        # decided once the predecessor ended: started by then, or missed
+                        deadline.append(seg.start is not None and seg.start <= prev.end)
         finally:
             store.close()
+    out: dict = {"n": len(pairs)}
+    if deadline:
+        out.update(deadline_n=len(deadline), deadline_hit_rate=sum(deadline) / len(deadline))
     if not pairs:
-        return {"n": 0}
+        return out
     errs = [abs(math.log10(max(p, 1.0)) - math.log10(max(a, 1.0))) for p, a in pairs]
     hits = [(p < 60 and a < 60) or (max(p, 1.0) / max(a, 1.0) <= 2 and max(a, 1.0) / max(p, 1.0) <= 2)
             for p, a in pairs]
     late = [a > p for p, a in pairs]  # waited longer than predicted: the start came late
-    return {"n": len(pairs), "mae_log10": sum(errs) / len(errs), "within_2x": sum(hits) / len(hits),
-            "waited_longer_than_predicted": sum(late) / len(late)}
+    below = [1.0 if a < p else 0.5 if a == p else 0.0 for p, a in pairs]
+    out.update(mae_log10=sum(errs) / len(errs), within_2x=sum(hits) / len(hits),
+               waited_longer_than_predicted=sum(late) / len(late),
+               acted_quantile=sum(targets) / len(targets), acted_quantile_coverage=sum(below) / len(below))
+    return out
 
 
 def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: int, timelimit_s: float,
@@ -132,6 +155,37 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
     req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos, submit=time.time())
     return predictor.predict(req, snapshot, history)
+
+
+def time_limit_note(runner: "Runner", *, timelimit_s: float, partition: str = "") -> str | None:
+    """A warning when no partition (or not the asked one) allows ``timelimit_s``; None if one
+    does, or if the partitions cannot be read (the prediction stands on its own)."""
+    from chainrun.slurm.client import SlurmClient
+
+    try:
+        parts = SlurmClient(runner, timeout=30.0).partitions()
+    except (SlurmError, OSError):
+        return None
+    if not parts:
+        return None
+
+    def fmt(s: float) -> str:
+        return f"{s / 86400:g}d" if s >= 86400 and s % 3600 == 0 else f"{s / 3600:g}h"
+
+    if partition and partition in parts:
+        mx = parts[partition].max_time_s
+        if mx is not None and mx < timelimit_s:
+            return (f"partition {partition} allows at most {fmt(mx)}, less than the asked {fmt(timelimit_s)}: "
+                    "Slurm will refuse or hold this job; chainrun submit cuts a run into segments under the limit")
+        return None
+    limits = [(p.max_time_s, name) for name, p in parts.items()]
+    if any(mx is None for mx, _ in limits):
+        return None  # an UNLIMITED partition
+    mx, name = max(limits)
+    if mx < timelimit_s:
+        return (f"the longest partition ({name}) allows {fmt(mx)}, less than the asked {fmt(timelimit_s)}: "
+                "no partition runs this job as asked; chainrun submit cuts a run into segments under the limit")
+    return None
 
 
 def cron_line(cluster: str) -> str:

@@ -143,3 +143,53 @@ def test_predict_without_model_says_refresh(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
     assert main(["predict", "--nodes", "1", "--time", "1h"]) == 7
     assert "chainrun model refresh" in capsys.readouterr().err
+
+
+def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
+    """Coverage of the acted-on quantile (ties half) and the deadline hit rate, from the state store."""
+    from chainrun.paths import state_db
+    from chainrun.state.records import ENDED, RUNNING, Chain, Segment
+    from chainrun.state.store import Store
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    st = Store(state_db())
+    c = Chain(id="c1", name="c1", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+              total_s=4 * 172800, segment_s=172800, policy="predicted", lead_s=3600, signal="USR2",
+              signal_lead_s=300, retries=1, sbatch_args=[], partition="p")
+    st.add_chain(c)
+    segs = [Segment(chain_id="c1", idx=0, phase=ENDED, job_id="1", eligible=0, start=0, end=100_000)]
+    # predicted 2000 s, waited 1000 (started before the predecessor ended); 500 / 800 (late); 300 / 300 (a tie)
+    for i, (pred, wait, pend) in enumerate(((2000, 1000, 100_000), (500, 800, 200_000), (300, 300, 300_000)), 1):
+        sub = segs[-1].end - 600
+        segs.append(Segment(chain_id="c1", idx=i, phase=ENDED if i < 3 else RUNNING, job_id=str(i + 1),
+                            eligible=sub, start=sub + wait, end=pend + 100_000, predicted_wait_s=pred))
+    for s in segs:
+        st.save_segment(s)
+    st.close()
+    le = service.live_error("local")
+    assert le["n"] == 3 and le["acted_quantile"] == pytest.approx(1 / (1 + 3600 / 172800))
+    assert le["acted_quantile_coverage"] == pytest.approx((1 + 0 + 0.5) / 3)
+    # deadlines decided: segments 1 and 2 (predecessors ended); 3's predecessor (2) ended too
+    assert le["deadline_n"] == 3 and le["deadline_hit_rate"] == pytest.approx(1 / 3)
+
+
+def test_time_limit_note():
+    class Parts(FakeRunner):
+        def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+            if argv[:3] == ["scontrol", "show", "partition"]:
+                text = ("PartitionName=gpu MaxTime=2-00:00:00 Default=YES State=UP TotalNodes=4\n"
+                        "PartitionName=dev MaxTime=02:00:00 Default=NO State=UP TotalNodes=1\n")
+                return RunResult(tuple(argv), 0, text, "", 0.0)
+            return super().run(argv, timeout, env=env, stdin=stdin)
+
+    r = Parts()
+    assert service.time_limit_note(r, timelimit_s=24 * 3600) is None
+    note = service.time_limit_note(r, timelimit_s=72 * 3600)
+    assert "longest partition (gpu) allows 2d" in note and "3d" in note
+    assert "partition dev allows at most 2h" in service.time_limit_note(r, timelimit_s=3 * 3600, partition="dev")
+
+    class Broken(FakeRunner):
+        def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+            return RunResult(tuple(argv), 1, "", "scontrol: error: Invalid user", 0.0)
+
+    assert service.time_limit_note(Broken(), timelimit_s=1e9) is None  # unreadable: no warning, no error

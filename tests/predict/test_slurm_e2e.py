@@ -46,6 +46,11 @@ def test_refresh_status_predict(slurm, tmp_path, monkeypatch, capsys):
     assert main(["model", "status", "--cluster", "local", "--json"]) == 0
     st = json.loads(capsys.readouterr().out)["data"]
     assert st["model"]["answers_for_you"] in ("cluster", f"user:{st['model']['user']}")
+    # the node count comes from scontrol, not from jobs sharing nodes (the test cluster has 4)
+    nodes = int(subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True,
+                               timeout=30).stdout.count("NodeName="))
+    assert st["model"]["capacity_nodes"] == nodes and st["model"]["capacity_source"] == "scontrol"
+    assert set(st["model"]["calibration"] or {}) <= {"p10", "p50", "p90", "p95", "p98"}
 
     t0 = time.perf_counter()
     assert main(["predict", "--nodes", "1", "--gpus", "1", "--time", "10m", "--partition", "short", "--json"]) == 0
@@ -53,8 +58,15 @@ def test_refresh_status_predict(slurm, tmp_path, monkeypatch, capsys):
     assert 0 < p["p10_s"] <= p["p50_s"] <= p["p90_s"] and p["model"] in ("cluster", "user:root")
     assert time.perf_counter() - t0 < 10
 
+    assert 0 <= p["p_start_within"]["1h"] <= 1 and p["warnings"] == []
+
     assert main(["predict", "--nodes", "2", "--time", "30m"]) == 0
     assert "expected wait" in capsys.readouterr().out
+
+    # longer than any partition allows: said, on one line, and the prediction still printed
+    assert main(["predict", "--nodes", "1", "--time", "300d"]) == 0
+    cap = capsys.readouterr()
+    assert "expected wait" in cap.out and cap.err.count("warning:") == 1 and "allows" in cap.err
 
 
 def test_print_cron(slurm, tmp_path, monkeypatch, capsys):
