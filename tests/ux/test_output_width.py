@@ -100,7 +100,8 @@ def home(tmp_path_factory) -> Path:
 
 def _env(home: Path, cols: int | None, **extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR")}
-    env.update({"CHAINRUN_HOME": str(home), "LANG": "C.UTF-8", "TERM": env.get("TERM") or "xterm-256color", **extra})
+    # a known terminal type, whatever the CI runner's TERM (some set dumb)
+    env.update({"CHAINRUN_HOME": str(home), "LANG": "C.UTF-8", "TERM": "xterm-256color", **extra})
     if cols is not None:
         env["COLUMNS"] = str(cols)
     return env
