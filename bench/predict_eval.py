@@ -1,21 +1,54 @@
-"""Queue-delay model vs baselines on the LS6 A100 trace: train Nov-Jan, test February.
+"""The queue-delay model scored as it is used, against baselines: a replay of the refresh.
 
     .venv/bin/python bench/predict_eval.py [--trace FILE] [--train-until 2023-02-01] [--test-until 2023-03-01]
+        [--refit-every 1d] [--out docs/results/predict_eval.json]
 
-Same code as ``chainrun model eval --json`` (chainrun.predict.evaluate); prints a Markdown
-table for docs/model.md and the split facts. Data: TACC Lonestar6 A100 trace published
-with Mirage (Ding et al., SC'23), CC BY 4.0.
+Same code as ``chainrun model eval --json`` (chainrun.predict.evaluate): every model is refit
+every --refit-every on what was known then and answers for the jobs submitted until the next
+refit. Prints Markdown tables for docs/model.md and writes the whole result as JSON. Data:
+TACC Lonestar6 A100 trace published with Mirage (Ding et al., SC'23), CC BY 4.0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
-ORDER = ("lightgbm", "lightgbm_cluster", "lightgbm_per_user", "random_forest", "user_median", "global_median")
+ORDER = ("lightgbm", "lightgbm_uncalibrated", "random_forest", "user_median", "global_median")
+
+
+def main_table(models: dict) -> None:
+    um = models["user_median"]["mean_pinball"]
+    um98 = models["user_median"]["pinball"]["p98"]
+    print("| model | cov q50 | cov q90 | cov q95 | cov q98 | width q50-q98 (log10) | mean pinball | vs user median | "
+          "pinball q98 | vs user median | within 2x | MAE log10 | n |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in ORDER:
+        if name not in models:
+            continue
+        m = models[name]
+        c = m["calibration"]
+        print(f"| {name} | {c['q50']:.3f} | {c['q90']:.3f} | {c['q95']:.3f} | {c['q98']:.3f} | "
+              f"{m['sharpness_log10_q50_q98']:.2f} | {m['mean_pinball']:.3f} | {100 * (m['mean_pinball'] / um - 1):+.1f} % | "
+              f"{m['pinball']['p98']:.3f} | {100 * (m['pinball']['p98'] / um98 - 1):+.1f} % | {m['within_2x']:.3f} | "
+              f"{m['mae_log10']:.3f} | {m['n_test'] + m['n_never_started']} |")
+
+
+def deadline_table(models: dict, base: dict) -> None:
+    print("| H | lightgbm acc | Brier | skill | random_forest acc | Brier | skill | user median (P = share of last 20) acc | Brier | "
+          "majority class acc | user median answer acc | started within H |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for h in ("10m", "1h", "6h", "24h"):
+        lg, um = models["lightgbm"]["deadline"][h], models["user_median"]["deadline"][h]
+        rf = models.get("random_forest", {}).get("deadline", {}).get(h)
+        rfs = f"{rf['accuracy']:.3f} | {rf['brier']:.3f} | {rf['brier_skill']:+.3f}" if rf else "- | - | -"
+        print(f"| {h} | {lg['accuracy']:.3f} | {lg['brier']:.3f} | {lg['brier_skill']:+.3f} | {rfs} | "
+              f"{um['accuracy']:.3f} | {um['brier']:.3f} | {base[h]['majority_class_accuracy']:.3f} | "
+              f"{base[h]['user_median_accuracy']:.3f} | {lg['share_started_within']:.3f} |")
 
 
 def main() -> None:
@@ -23,29 +56,38 @@ def main() -> None:
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--train-until", default="2023-02-01")
     ap.add_argument("--test-until", default="2023-03-01")
+    ap.add_argument("--refit-every", default="1d")
+    ap.add_argument("--no-forest", action="store_true")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs/results/predict_eval.json"))
     a = ap.parse_args()
 
+    from chainrun.durations import parse_duration
     from chainrun.predict.service import eval_trace
 
     t0 = time.time()
-    res = eval_trace(a.trace, cluster="bench", train_until=a.train_until, test_until=a.test_until)
-    um = res["models"]["user_median"]
-    base = sum(um["pinball"].values()) / 3
-    print("| model | within 2x | MAE log10 | pinball p10 | pinball p50 | pinball p90 | mean pinball vs user median | p10-p90 coverage | n test |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in ORDER:
-        m = res["models"][name]
-        mean = sum(m["pinball"].values()) / 3
-        print(f"| {name} | {m['within_2x']:.3f} | {m['mae_log10']:.3f} | {m['pinball']['p10']:.3f} | "
-              f"{m['pinball']['p50']:.3f} | {m['pinball']['p90']:.3f} | {100 * (mean / base - 1):+.1f} % | "
-              f"{m['coverage_p10_p90']:.3f} | {m['n_test']} |")
+    res = eval_trace(a.trace, cluster="bench", train_until=a.train_until, test_until=a.test_until,
+                     refit_every_s=parse_duration(a.refit_every, what="--refit-every"), random_forest=not a.no_forest)
     tr, te = res["train"], res["test"]
+    print(f"test: {te['n']} jobs submitted {te['from']} .. {te['to']}, refit every {te['refit_every_h']:g} h "
+          f"({te['refits']} refits); train: {tr['n']} jobs from {tr['from']} (warm-up until {tr['warmup_until']})")
+    print(f"dependency rule: {te['excluded_dependency_like']} test jobs left out; never started: {te['never_started']}")
     print()
-    print(f"train: {tr['n']} jobs submitted {tr['from']} .. {tr['to']} (warm-up until {tr['warmup_until']}); "
-          f"per-user models chosen: {', '.join(tr['user_models']) or 'none'}; fit seconds {tr['fit_seconds']}")
-    print(f"test: {te['n']} jobs submitted {te['from']} .. {te['to']}; left out: {te['excluded_dependency_like']} "
-          f"dependency-like, {te['excluded_censored']} never started")
-    print(f"({time.time() - t0:.0f} s in all)")
+    main_table(res["models"])
+    print()
+    deadline_table(res["models"], res["deadline_baselines"])
+    wo = res["without_dependency_rule"]
+    print()
+    print(f"without the dependency rule ({wo['n']} test jobs, each asked at its recorded eligible time):")
+    print()
+    main_table(wo["models"])
+    print()
+    deadline_table(wo["models"], wo["deadline_baselines"])
+    print()
+    print(f"fit seconds: {tr['fit_seconds']}; per-user models ever chosen: {', '.join(tr['user_models']) or 'none'}")
+    res["command"] = " ".join(["bench/predict_eval.py", *sys.argv[1:]])
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    print(f"({time.time() - t0:.0f} s in all; wrote {a.out})")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ HORIZONS = {"10m": 600.0, "1h": 3600.0, "6h": 21600.0, "24h": 86400.0}
 REFIT_EVERY_S = 86400.0
 # the random forest as a quantile regression forest; chosen by bench/predict_tune.py on the
 # same validation split and with as many configurations as the LightGBM parameters
-RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 20, "max_features": 0.33}
+RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 5, "max_features": 0.6}
 _GRID = None
 
 
@@ -120,7 +120,8 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
 
 
 def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
-             refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto") -> dict:
+             refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto", lightgbm_params: dict | None = None,
+             anchor: bool | None = None, rf_params: dict | None = None) -> dict:
     """Replay the refresh through [train_until, test_until); see the module doc."""
     import numpy as np
 
@@ -169,8 +170,8 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
             continue
         refits += 1
         ts = time.time()
-        pr = first if T == train_until and per_user == "never" else fit_predictor(
-            df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all)
+        pr = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
+                           params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}))
         timing["lightgbm"] += time.time() - ts
         user_models |= set(pr.meta["user_models"])
         tr = training_rows(p, since=warm, until=T)
@@ -181,7 +182,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         if random_forest:
             ts = time.time()
             keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
-            rf = QuantileForest(**RF_PARAMS).fit(X_all[keep], log_wait(p["wait"].to_numpy(float)[keep]))
+            rf = QuantileForest(**(rf_params or RF_PARAMS)).fit(X_all[keep], log_wait(p["wait"].to_numpy(float)[keep]))
             timing["random_forest"] += time.time() - ts
         for s, rows in step_rows.items():
             if not rows.any():

@@ -1,15 +1,19 @@
-"""Quantile LightGBM models of log10 queue wait: one cluster-wide, plus per-user ones.
+"""Quantile LightGBM models of log10 queue wait, split-conformally calibrated; one
+cluster-wide model plus per-user ones.
 
-The boosters learn the wait *relative to the user's recent waits* (log10 wait minus the
-mean log10 wait of the user's last 20 jobs, or minus the training mean for a new user).
-Trees cannot extrapolate; anchoring lets a model trained in a quiet month still move with
-a busy one (on LS6, Nov-Jan -> Feb: coverage 0.64 -> 0.71, pinball a little better).
+The boosters learn the quantiles the product uses (QUANTILES: 0.1, 0.5, 0.9, 0.95, 0.98) on
+the older 80 % of the training rows; on the most recent 20 %, plus the jobs of that period
+still waiting at the cut, each quantile is shifted so that its coverage there equals its
+level (Kaplan-Meier over the residuals: waits not yet over count as lower bounds). Every
+other level and P(wait <= H) come from one monotone curve through the calibrated quantiles
+(:class:`Prediction`). The user anchor (learning the wait relative to the user's recent
+waits) is an option the tuning turned off (bench/predict_tune.py).
 
 A per-user model is kept only where it earns its place: users with enough history get a
-candidate model trained on the first 80 % (in time) of the training rows, and it must beat
-the cluster-wide model trained on the same rows on that user's last 20 % (mean pinball
-loss over p10/p50/p90). Everyone else -- and every new user -- gets the cluster model
-(cold start). Saved as LightGBM text files plus ``meta.json``; never pickle.
+candidate model trained on their older rows, and it must beat the cluster-wide model on that
+user's recent rows (mean pinball loss over the quantiles); it is calibrated on those rows.
+Everyone else -- and every new user -- gets the cluster model (cold start). Saved as
+LightGBM text files plus ``meta.json`` (with the calibration shifts); never pickle.
 """
 
 from __future__ import annotations
@@ -41,18 +45,20 @@ MIN_USER_ROWS = 300  # training rows before a user may get an own model
 MAX_USER_MODELS = 8  # candidates per fit, heaviest users first
 MAX_TRAIN_ROWS = 100_000  # most recent rows kept: queues drift, and it bounds refresh cost
 HISTORY_DAYS = 8.0  # history a prediction needs: 7-day usage window + slack
-# chosen on a time holdout *inside* the LS6 training months (last 20 % of Nov-Jan), never on
-# the February test: a 27-point grid over leaves {15,31,63} x min leaf {20,40,100} x rounds
-# {100,200,400}; small, heavily regularised trees won (mean holdout pinball 0.308 vs 0.321)
+# chosen by bench/predict_tune.py on the last 20 % of the LS6 training months (replayed with
+# refits, the trace as known at the end of January), never on the test month: 8 configurations,
+# num_leaves {15, 63} x min_data_in_leaf {20, 100} x the user anchor {on, off}, as many as the
+# random forest got (docs/results/predict_tune.json). Small, regularised trees without the
+# anchor won (mean validation pinball 0.216; with the anchor 0.226).
 PARAMS = {
     "objective": "quantile", "learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 100,
     "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
-    # one thread: OpenMP spinning on a shared 2-core box was 7x slower than one thread
     # one thread: OpenMP spinning on a shared 2-core box made fits 7x slower than one thread
     "num_threads": 1, "verbose": -1, "seed": 7, "deterministic": True,
 }
 ROUNDS = 100
 USER_ROUNDS = 100
+ANCHOR = False  # learn log wait minus the user's recent mean log wait? (the tuning said no)
 
 
 @dataclass(frozen=True)
@@ -332,7 +338,7 @@ def estimate_capacity(p: "pd.DataFrame") -> float:
 
 def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until: float | None = None,
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
-                  rounds: int = ROUNDS, params: dict | None = None, anchor: bool = True, calibrate: bool = True,
+                  rounds: int = ROUNDS, params: dict | None = None, anchor: bool = ANCHOR, calibrate: bool = True,
                   frozen: dict | None = None, X_all: "np.ndarray | None" = None,
                   capacity: float | None = None) -> Predictor:
     """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
