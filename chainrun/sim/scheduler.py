@@ -79,6 +79,25 @@ class Scheduler:
         if self.now >= self.open_at:
             self._schedule()  # sbatch wakes the scheduler: a job that fits starts at once
 
+    def submit_after(self, jid: int, dep: int, nodes: int, limit_s: float, runtime_s: float) -> None:
+        """Inject a job held by ``afterany:dep`` (an injected job): eligible, and ageing, only
+        once ``dep`` has ended. If ``dep`` has ended already it is eligible now."""
+        self.watched[jid] = float("nan")
+        if any(e[1] == dep for e in self.running) or any(p[2] == dep for p in self.pending) \
+                or any(j[1] == dep for js in self.held.values() for j in js):
+            self.held.setdefault(dep, []).append((self.now, jid, nodes, limit_s, runtime_s, dep))
+        else:
+            self.submit(jid, nodes, limit_s, runtime_s)
+
+    def cut(self, jid: int, at: float) -> None:
+        """A running job ends at ``at`` instead (a hand-off: its payload checkpoints and exits)."""
+        for i, (end, j, nodes) in enumerate(self.running):
+            if j == jid:
+                if at < end:
+                    self.running[i] = (max(at, self.now), j, nodes)
+                    heapq.heapify(self.running)
+                return
+
     def _enqueue(self, jid, nodes, limit, runtime, eligible) -> None:
         self.seq += 1
         key = eligible - self.size_weight_s * nodes / self.total

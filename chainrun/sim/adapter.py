@@ -1,0 +1,180 @@
+"""The shipped policies, asked the way the watcher asks them: what ships is what is measured.
+
+``SimWatcher.ask`` builds the ``PolicyView`` that ``Engine._plan`` builds (the chain record, the
+current segment, the hand-over point = its end minus the signal lead, and a ``predict_wait``
+callable) and calls the policy class from ``chainrun.chain.policies`` (``get_policy``). The
+wait estimate is the watcher's own: ``chainrun.chain.prediction._estimate`` on the rows of a
+simulated ``squeue --all`` (everyone's pending and running jobs plus the chain's live segment,
+which ``_estimate`` removes from the snapshot and uses for the request, exactly as on a cluster)
+and a history that is the masked simulated past plus the chain's own earlier segments (what
+``sacct`` shows the watcher). ``_estimate`` asks the wall clock for "now"; here that clock reads
+the simulated time. There is no idle-partition shortcut: every ask with a model runs the model.
+
+Mirage's ``avg`` is not a shipped policy; ``AvgLead`` implements it on the same interface.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from chainrun.chain.policies import Decision, PolicyView, WaitEstimate, get_policy
+from chainrun.state.records import PENDING, RUNNING, Chain, Segment
+
+CHAIN_USER = "chainrun-chain"
+
+
+class AvgLead:
+    """Mirage's baseline: lead = mean wait of the last 100 jobs that started (no hand-off logic)."""
+
+    name = "avg"
+
+    def __init__(self, knowledge) -> None:
+        self.k = knowledge
+
+    def decide(self, view: PolicyView) -> Decision:
+        if view.current.phase != RUNNING or view.handover_at is None:
+            return Decision(False)
+        lead = self.k.mean_recent_wait(view.now)
+        est = WaitEstimate(seconds=lead, model="avg")
+        if view.handover_at - view.now <= lead:
+            return Decision(True, f"avg lead {lead:.0f}s", estimate=est)
+        return Decision(False, estimate=est)
+
+
+class _SimClock:
+    now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic()
+
+
+_CLOCK = _SimClock()
+
+
+@contextmanager
+def _sim_time(now: float):
+    """``chainrun.chain.prediction`` reads ``time.time()`` for the request's submit time."""
+    from chainrun.chain import prediction
+
+    saved = prediction.time
+    _CLOCK.now = now
+    prediction.time = _CLOCK
+    try:
+        yield
+    finally:
+        prediction.time = saved
+
+
+class SimWatcher:
+    def __init__(self, knowledge, *, gpus_per_node: int = 3) -> None:
+        self.k = knowledge
+        self.gpn = gpus_per_node
+        t = knowledge.table
+        self._user = t["user"].astype(str).tolist()
+        self._name = t["name"].astype(str).tolist()
+        self._part = t["partition"].astype(str).tolist()
+        self._qos = t["qos"].astype(str).tolist()
+        self._submit = t["submit"].astype(float).tolist()
+        self._limit = t["timelimit_s"].astype(float).tolist()
+        self._nodes = t["nodes"].astype(int).tolist()
+        self._gpus = t["gpus"].fillna(0).astype(int).tolist()
+        self._cpus = t["cpus"].fillna(0).astype(int).tolist()
+        self.n = len(t)
+        self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
+        self.cost = {"predictions": 0, "predict_s": 0.0}
+
+    def policy(self, spec):
+        if spec.policy == "avg":
+            return AvgLead(self.k)
+        if spec.policy == "oracle":
+            return None
+        return get_policy(spec.policy)
+
+    def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work) -> Decision:
+        chain = Chain(id="sim", name="sim", cluster="sim", script="", workdir="", run_dir="", checkpoint_dir="",
+                      total_s=int(work.work_s), segment_s=int(work.segment_s), policy=getattr(policy, "name", ""),
+                      lead_s=int(lead_s), signal="USR2", signal_lead_s=int(work.signal_lead_s), retries=1,
+                      sbatch_args=[], partition="")
+        seg = Segment(chain_id="sim", idx=cur.idx, phase=RUNNING if running else PENDING, job_id=f"sim{cur.jid}",
+                      time_limit_s=int(cur.limit), submit=cur.submit, eligible=cur.submit,
+                      start=cur.start if running else None,
+                      end=(cur.start + cur.limit) if running else None)
+        handover = (seg.end - work.signal_lead_s) if running else None
+        view = PolicyView(now=now, chain=chain, current=seg, handover_at=handover,
+                          predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes))
+        return policy.decide(view)
+
+    # ---- the watcher's estimate, on the simulated queue and the masked past -------------------
+    def estimate(self, sim, now: float, chain: Chain, seg: Segment, cur, segs, nodes: int) -> WaitEstimate | None:
+        from chainrun.chain.prediction import _estimate
+        from chainrun.errors import ChainrunError
+
+        t0 = time.monotonic()
+        rows = self.queue_rows(sim, now, seg, cur, nodes)
+        history = self.history(now, segs, nodes)
+        model = self.k.predictor(now)
+        try:
+            with _sim_time(now):
+                est = _estimate(model, history, chain, seg, rows)
+        except (ChainrunError, ValueError):
+            # the watcher logs a ChainrunError and falls back to --lead; the model also raises
+            # ValueError when no job in its window ever waited: the same fallback, counted
+            self.fallbacks += 1
+            est = None
+        self.cost["predictions"] += 1
+        self.cost["predict_s"] += time.monotonic() - t0
+        return est
+
+    def queue_rows(self, sim, now: float, seg: Segment, cur, nodes: int) -> list:
+        from chainrun.slurm.parsers import QueueRow
+
+        pending, running = sim.queue_view()
+        rows = []
+        for jid in pending:
+            if 0 <= jid < self.n:
+                rows.append(self._row(jid, "PENDING", None))
+        for jid, start in running:
+            if 0 <= jid < self.n:
+                rows.append(self._row(jid, "RUNNING", start))
+        rows.append(QueueRow(job_id=seg.job_id, user=CHAIN_USER, state="RUNNING", reason="None", submit=cur.submit,
+                             start=cur.start, end=cur.start + cur.limit, time_limit_s=cur.limit,
+                             elapsed_s=now - cur.start, partition="", qos="", nodes=nodes, cpus=0,
+                             gpus=nodes * self.gpn, dependency="", comment="", name="sim"))
+        return rows
+
+    def _row(self, jid: int, state: str, start):
+        from chainrun.slurm.parsers import QueueRow
+
+        return QueueRow(job_id=str(jid), user=self._user[jid], state=state,
+                        reason="Priority" if state == "PENDING" else "None", submit=self._submit[jid],
+                        start=start, end=None, time_limit_s=self._limit[jid], elapsed_s=None,
+                        partition=self._part[jid], qos=self._qos[jid], nodes=self._nodes[jid], cpus=self._cpus[jid],
+                        gpus=self._gpus[jid], dependency="", comment="", name=self._name[jid])
+
+    def history(self, now: float, segs, nodes: int):
+        """The masked past plus the chain's own segments, as sacct shows them at ``now``."""
+        import numpy as np
+        import pandas as pd
+
+        h = self.k.history(now)
+        own = [s for s in segs if s.submit < now]
+        if not own:
+            return h
+        rows = []
+        for s in own:
+            started = s.start == s.start and s.start <= now
+            ended = s.exit == s.exit and s.exit <= now
+            rows.append({
+                "job_id": f"sim{s.jid}", "user": CHAIN_USER, "name": "sim", "partition": "", "qos": "",
+                "account": "", "submit": s.submit, "eligible": s.submit, "start": s.start if started else np.nan,
+                "end": s.exit if ended else np.nan, "timelimit_s": s.limit, "nodes": nodes,
+                "gpus": nodes * self.gpn, "cpus": 0,
+                "state": "COMPLETED" if ended else ("RUNNING" if started else "PENDING"),
+                "exit_code": "0:0" if ended else "", "eligible_known": False, "priority": np.nan,
+            })
+        return pd.concat([h, pd.DataFrame(rows)[h.columns]], ignore_index=True)

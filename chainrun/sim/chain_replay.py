@@ -1,0 +1,243 @@
+"""The whole-chain run: injection points, every policy's chain on two workers, the summary.
+
+``run_chains(trace, ChainsConfig())`` -> ``ChainsResult`` with ``as_json()`` in the shape of
+``chainrun sim --chains --json`` (under ``chains``), and per-chain records for the tuning
+procedure (tune.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from chainrun.errors import UsageError
+from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, default_specs, run_chain
+from chainrun.sim.fidelity import replay_alone
+from chainrun.sim.knowledge import Knowledge, chainrun_predictor
+from chainrun.sim.scheduler import Scheduler
+from chainrun.sim.workload import build_workload
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+LOAD_LEVELS = ("low", "medium", "heavy")
+
+
+@dataclass
+class ChainsConfig:
+    nodes: int | None = None  # None: the trace's peak concurrent nodes
+    chains_every_s: float = 12 * 3600.0
+    warmup_s: float = 7 * 86400.0
+    chain_nodes: tuple[int, ...] = (1, 8)
+    work: ChainWork = field(default_factory=ChainWork)
+    specs: list[PolicySpec] | None = None  # None: default_specs()
+    priority: str = "age"
+    size_weight_s: float = 100 / 7000 * 7 * 86400
+    bf_depth: int = 1000
+    retrain_every_s: float = 7 * 86400.0
+    gpus_per_node: int = 3
+    workers: int = 2
+    predictor: object = None  # None: the chainrun predictor
+    inject_from: float | None = None  # only chains injected in [inject_from, inject_until)
+    inject_until: float | None = None
+    max_chains: int | None = None
+    seed: int = 0  # bootstrap
+
+
+@dataclass
+class ChainsResult:
+    runs: list  # [ChainRun]
+    loads: dict  # (t0, nodes) -> level
+    summary: dict
+    meta: dict
+
+    def as_json(self) -> dict:
+        from chainrun.sim.replay import _finite
+
+        return _finite({**self.summary, "meta": self.meta})
+
+
+_SHARED: dict = {}
+
+
+def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> ChainsResult:
+    cfg = cfg or ChainsConfig()
+    t_begin = time.monotonic()
+    w = build_workload(trace)
+    nodes = int(cfg.nodes or w.peak_nodes)
+    sizes = tuple(n for n in cfg.chain_nodes if n <= nodes)
+    if not sizes:
+        raise UsageError(f"--nodes {nodes} is smaller than every injected chain ({min(cfg.chain_nodes)} nodes)")
+    widest = max(j[2] for j in w.jobs)
+    if widest > nodes:
+        raise UsageError(f"the trace has a {widest}-node job but the replay has only {nodes} nodes",
+                         hint=f"use --nodes {widest} or more")
+    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    first = w.open_at + cfg.warmup_s
+    points = chain_points(w.jobs[-1][0], first, cfg, sizes)
+    specs = cfg.specs or default_specs()
+    _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, specs=specs)
+    workers = max(1, cfg.workers)
+    chunks = _split(points, 3 * workers if workers > 1 else 1)
+    if workers > 1 and len(chunks) > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(min(workers, len(chunks))) as pool:
+            parts = pool.map(_run_chunk, chunks[::-1], chunksize=1)[::-1]
+    else:
+        parts = [_run_chunk(c) for c in chunks]
+    runs = [r for p, _ in parts for r in p]
+    cost: dict = {}
+    for _, c in parts:
+        for k, v in c.items():
+            cost[k] = round(cost.get(k, 0) + v, 1)
+    loads = load_levels(runs)
+    summary = summarize(runs, loads, cfg, specs)
+    meta = {"nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(sizes),
+            "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "cost": cost,
+            "seed": cfg.seed, "seconds": round(time.monotonic() - t_begin, 1)}
+    return ChainsResult(runs, loads, summary, meta)
+
+
+def chain_points(last_submit: float, first: float, cfg: ChainsConfig, sizes) -> list[tuple[float, int]]:
+    """(time, nodes) every ``chains_every_s`` from the end of the warm-up while the background
+    still arrives for the chain's whole life (work plus slack for its waits)."""
+    life = cfg.work.work_s * 1.5 + 2 * 86400.0
+    stop = last_submit - life
+    out, t, i = [], first, 0
+    while t <= stop:
+        if (cfg.inject_from is None or t >= cfg.inject_from) and (cfg.inject_until is None or t < cfg.inject_until):
+            out.append((t, sizes[i % len(sizes)]))
+        t += cfg.chains_every_s
+        i += 1
+    return out[: cfg.max_chains] if cfg.max_chains is not None else out
+
+
+def _split(points: list, k: int) -> list[list]:
+    if not points:
+        return []
+    k = min(k, len(points))
+    cut = [round(len(points) * i / k) for i in range(k + 1)]
+    return [points[a:b] for a, b in zip(cut, cut[1:]) if b > a]
+
+
+def _run_chunk(points):
+    from chainrun.sim.adapter import SimWatcher
+
+    t_begin = time.monotonic()
+    s = _SHARED
+    w, cfg = s["w"], s["cfg"]
+    knowledge = Knowledge(w.table, s["starts"], factory=cfg.predictor or chainrun_predictor,
+                          retrain_every_s=cfg.retrain_every_s, first_retrain=s["first"])
+    watcher = SimWatcher(knowledge, gpus_per_node=cfg.gpus_per_node)
+    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"])
+    n = len(w.jobs)
+    out: list[ChainRun] = []
+    for i, (t0, k) in enumerate(points):
+        base.run_until(t0)
+        for j, spec in enumerate(s["specs"]):
+            out.append(run_chain(base, t0, k, n + 10_000 * (i * 64 + j), spec, cfg.work, watcher))
+    cost = {"fits": knowledge.cost["fits"], "fit_s": knowledge.cost["fit_s"], **watcher.cost,
+            "fallbacks": watcher.fallbacks, "worker_s": time.monotonic() - t_begin}
+    return out, cost
+
+
+def load_level(mean_gap_s: float) -> str:
+    if mean_gap_s <= 2 * 3600:
+        return "low"
+    if mean_gap_s <= 12 * 3600:
+        return "medium"
+    return "heavy"
+
+
+def load_levels(runs: list[ChainRun]) -> dict:
+    """Load of an injection: reactive's mean gap per boundary (Mirage's levels)."""
+    out = {}
+    for r in runs:
+        if r.policy == "reactive" and r.done:
+            gaps = [max(0.0, g) for g, _ in r.boundaries]
+            out[(r.t0, r.nodes)] = load_level(sum(gaps) / len(gaps) if gaps else 0.0)
+    return out
+
+
+def bootstrap_ci(values, *, seed: int = 0, n_boot: int = 2000, level: float = 0.90):
+    import numpy as np
+
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        return [None, None]
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, len(v), size=(n_boot, len(v)))].mean(axis=1)
+    a = (1 - level) / 2
+    return [float(np.quantile(means, a)), float(np.quantile(means, 1 - a))]
+
+
+def _agg(runs: list[ChainRun], seed: int) -> dict:
+    n = len(runs)
+    if n == 0:
+        return {"n": 0, "mean_overhead_h": None, "ci90_h": [None, None]}
+    oh = [r.overhead_s / 3600 for r in runs]
+    return {"n": n, "mean_overhead_h": sum(oh) / n, "ci90_h": bootstrap_ci(oh, seed=seed)}
+
+
+def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> dict:
+    w = cfg.work
+    gpn = cfg.gpus_per_node
+    pols: dict = {}
+    for spec in specs:
+        mine = [r for r in runs if r.policy == spec.name and (r.t0, r.nodes) in loads]
+        rs = [r for r in mine if r.done]
+        n = len(rs)
+        row = _agg(rs, cfg.seed)
+        row["stuck"] = sum(r.stuck for r in mine)  # more than max_segments: not in the means
+        row["unfinished"] = len(mine) - n
+        if n:
+            work_gpu_h = sum(r.work_s / 3600 * r.nodes * gpn for r in rs)
+            bounds = [b for r in rs for b in r.boundaries]
+            row.update({
+                "mean_overhead_from_start_h": sum(r.finish - r.first_start - r.work_s for r in rs) / n / 3600,
+                "mean_queue_h": sum(r.queue_s for r in rs) / n / 3600,
+                "mean_first_wait_h": sum(r.first_wait_s for r in rs) / n / 3600,
+                "mean_restart_h": sum(r.restart_s for r in rs) / n / 3600,
+                "mean_handoff_h": sum(r.handoff_s for r in rs) / n / 3600,
+                "mean_segments": sum(r.segments for r in rs) / n,
+                "gpu_h_twice": sum(r.twice_node_s / 3600 * gpn for r in rs),
+                "gpu_h_twice_share": sum(r.twice_node_s / 3600 * gpn for r in rs) / work_gpu_h,
+                "transitions": {
+                    "n": len(bounds),
+                    "mean_interruption_h": sum(max(0.0, g) for g, _ in bounds) / max(1, len(bounds)) / 3600,
+                    "zero_interruption_share": sum(g <= 60 for g, _ in bounds) / max(1, len(bounds)),
+                    "mean_cut_h": sum(c for _, c in bounds) / max(1, len(bounds)) / 3600,
+                },
+            })
+        row["by_load"] = {lv: _agg([r for r in rs if loads[(r.t0, r.nodes)] == lv], cfg.seed) for lv in LOAD_LEVELS}
+        pols[spec.name] = row
+    return {"chains": {"work_h": w.work_s / 3600, "segment_h": w.segment_s / 3600, "restart_cost_min": w.restart_s / 60,
+                       "handoff_min": w.handoff_s / 60, "signal_lead_s": w.signal_lead_s, "lead_h": w.lead_s / 3600,
+                       "tick_min": w.tick_s / 60, "policies": pols, "targets": targets(pols)}}
+
+
+def targets(pols: dict) -> dict:
+    """The issue's goals for `predicted`, per load level: closes >= 90 % of the reactive-oracle
+    gap where that gap is >= 30 min, never > 5 min worse than reactive, GPU-h twice <= 1 %."""
+    out: dict = {}
+    p, r, o = pols.get("predicted"), pols.get("reactive"), pols.get("oracle")
+    if not (p and r and o) or not p.get("n"):
+        return out
+    for lv in LOAD_LEVELS:
+        pl, rl, ol = p["by_load"][lv], r["by_load"][lv], o["by_load"][lv]
+        if not pl["n"] or not rl["n"] or not ol["n"]:
+            continue
+        gap = rl["mean_overhead_h"] - ol["mean_overhead_h"]
+        share = (pl["mean_overhead_h"] - ol["mean_overhead_h"]) / gap if gap > 0 else None
+        out[lv] = {"reactive_minus_oracle_h": gap, "left_share": share,
+                   "closes_90pct": (share is not None and share <= 0.10) if gap >= 0.5 else None,
+                   "worse_than_reactive_min": (pl["mean_overhead_h"] - rl["mean_overhead_h"]) * 60}
+    out["gpu_h_twice_share_ok"] = p.get("gpu_h_twice_share", 1) <= 0.01
+    return out
+
+
+def with_work(cfg: ChainsConfig, **kw) -> ChainsConfig:
+    return replace(cfg, work=replace(cfg.work, **kw))

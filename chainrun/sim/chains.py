@@ -1,0 +1,296 @@
+"""Whole-chain replay: what a user pays, per chain, under each submission policy.
+
+A chain of fixed work (default 168 h of compute on k nodes, 48 h segments) is injected into the
+trace replayed alone (the replay is forked at the injection time, as in experiment.py, so chains
+never queue behind each other) and every segment is run until the work is done:
+
+- A segment of limit L gets its signal ``signal_lead_s`` before the limit; its payload trains from
+  its start (or, at a hand-off, from the moment its predecessor released the chain) until then.
+  The first ``restart_s`` of every segment's training are lost compute (model load, data loader
+  warm-up): **work** is training minus restarts, the chain's ``--total`` less those minutes.
+- Segments are planned as the watcher plans them: the next one is asked for only while exactly
+  one segment is live and more than a minute of work is left after it; its limit is the work
+  left (plus the restart and the signal lead), at most the segment length.
+- **Hand-off**: a successor that starts before its predecessor's hand-over point asks it to stop;
+  the predecessor's training ends at once, it saves and exits ``handoff_s`` later, and the
+  successor trains from then on. What the cut took is simply still to do: it lands in later
+  segments, with their own queue waits and restarts. With the adaptive variant the successor may
+  wait instead (chainrun.chain.handoff_rule).
+- Completion overhead = (time the work is done - chain submission) - work, and it splits exactly
+  into queue gaps (the first wait plus every boundary where the successor started after the
+  hand-over point), restarts and hand-off minutes.
+
+The policies are the shipped classes (``chainrun.chain.policies``), asked through an adapter that
+builds the ``PolicyView`` the watcher builds (adapter.py). The oracle is greedy per boundary: for
+each boundary, the latest submit time (on a ``oracle_step_s`` grid) whose successor starts by the
+hand-over point, found with the future known, given the schedule so far.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from chainrun.sim.scheduler import Scheduler
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class ChainWork:
+    work_s: float = 168 * 3600.0
+    segment_s: float = 48 * 3600.0
+    restart_s: float = 600.0
+    handoff_s: float = 300.0
+    signal_lead_s: float = 300.0  # chainrun's default --signal USR2@300
+    lead_s: float = 3600.0  # the chain's --lead (chainrun's default): Lead's lead, Predicted's floor
+    reactive_latency_s: float = 60.0  # the watcher notices an ended segment and submits
+    tick_s: float = 600.0  # the watcher's finest step between asks
+    poll_max_s: float = 6 * 3600.0
+    oracle_step_s: float = 600.0
+    horizon_s: float = 60 * 86400.0
+    # how the next segment's limit is sized when it is submitted:
+    # "shipped": as Engine._plan does, the work left after the live segment trains to its hand-over
+    #   point (a successor that starts early and cuts it is then too short for the work);
+    # "takeover": the work left if the live segment stopped now, so an early start takes over.
+    successor_limit: str = "shipped"
+    max_segments: int = 60  # a chain that needs more is reported as stuck (a hand-off spiral)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    policy: str  # reactive | dependency | lead | predicted (shipped classes) | avg | oracle
+    lead_s: float | None = None  # this chain's --lead (None: ChainWork.lead_s)
+    adaptive: bool = False  # hand-off: wait instead of cutting when that is cheaper
+
+
+def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
+    specs = [PolicySpec("reactive", "reactive"), PolicySpec("dependency", "dependency"),
+             PolicySpec("lead_1h", "lead", lead_s=3600.0)]
+    specs += [PolicySpec(f"fixed_{int(s // 3600)}h", "lead", lead_s=float(s)) for s in fixed_leads_s]
+    specs += [PolicySpec("avg", "avg"), PolicySpec("predicted", "predicted"),
+              PolicySpec("predicted_adaptive", "predicted", adaptive=True), PolicySpec("oracle", "oracle")]
+    return specs
+
+
+@dataclass
+class Seg:
+    jid: int
+    idx: int
+    submit: float
+    limit: float
+    start: float = NAN
+    train_start: float = NAN  # when its payload got the chain
+    stop: float = NAN  # when its training stopped (signal, hand-off or done)
+    exit: float = NAN  # when its job ended
+
+
+@dataclass
+class ChainRun:
+    policy: str
+    t0: float
+    nodes: int
+    work_s: float
+    first_start: float = NAN
+    finish: float = NAN
+    segments: int = 0
+    queue_s: float = 0.0  # first wait + positive boundary gaps
+    first_wait_s: float = 0.0
+    restart_s: float = 0.0
+    handoff_s: float = 0.0
+    twice_node_s: float = 0.0  # node-seconds held by two segments of the chain at once
+    boundaries: list = field(default_factory=list)  # [(gap_s signed: start - hand-over point, cut_s)]
+    stuck: bool = False  # needed more than max_segments (short segments cutting each other)
+
+    @property
+    def done(self) -> bool:
+        return self.finish == self.finish
+
+    @property
+    def overhead_s(self) -> float:
+        return self.finish - self.t0 - self.work_s
+
+
+def run_chain(base: Scheduler, t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
+              watcher) -> ChainRun:
+    """One chain under one policy, on its own fork of ``base`` (already run to ``t0``)."""
+    return _Chain(base, t0, nodes, jid0, spec, work, watcher).run()
+
+
+class _Chain:
+    def __init__(self, base, t0, nodes, jid0, spec, work, watcher) -> None:
+        self.sim = base.fork()
+        self.sim.run_until(t0)
+        self.t0, self.nodes, self.spec, self.work, self.watcher = t0, nodes, spec, work, watcher
+        self.lead_s = work.lead_s if spec.lead_s is None else spec.lead_s
+        self.next_jid = jid0
+        self.segs: list[Seg] = []
+        self.policy = watcher.policy(spec)
+        self.out = ChainRun(spec.name, t0, nodes, work.work_s)
+
+    def limit_for(self, left_s: float) -> float:
+        """The work left plus the restart and the signal lead, in whole minutes, at most a segment."""
+        w = self.work
+        return min(w.segment_s, math.ceil((max(left_s, 60.0) + w.restart_s + w.signal_lead_s) / 60) * 60)
+
+    def expected(self, s: Seg) -> float:
+        """Work a live segment should still deliver if it trains to its hand-over point."""
+        return max(0.0, s.limit - self.work.signal_lead_s - self.work.restart_s)
+
+    def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
+               takeover: bool = False) -> Seg:
+        if cur is not None and (takeover or self.work.successor_limit == "takeover") and cur.start == cur.start:
+            # the work left if the live segment stopped now
+            left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s)
+        s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s))
+        self.next_jid += 1
+        runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
+        if dep is not None:
+            self.sim.submit_after(s.jid, dep.jid, self.nodes, s.limit, runtime)
+        else:
+            self.sim.submit(s.jid, self.nodes, s.limit, runtime)
+        self.segs.append(s)
+        return s
+
+    def ask(self, cur: Seg, running: bool):
+        return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
+                                lead_s=self.lead_s, nodes=self.nodes, work=self.work)
+
+    def run(self) -> ChainRun:
+        from chainrun.chain.handoff_rule import wait_instead_of_cut
+
+        w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
+        cap_full = w.segment_s - w.signal_lead_s - w.restart_s
+        done_s = 0.0  # work delivered by segments that stopped
+        cur = self.submit(w.work_s)
+        nxt: Seg | None = None
+        if w.work_s - self.expected(cur) >= 60 and self.policy is not None:  # pending: dependency pre-queues
+            d = self.ask(cur, running=False)
+            if d.submit:
+                nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None)
+        b = self.sim.run_until_started(cur.jid, horizon)
+        if b != b:
+            return run
+        cur.start = cur.train_start = b
+        run.first_start = b
+        run.first_wait_s = run.queue_s = b - self.t0
+        while True:
+            run.restart_s += w.restart_s
+            h = cur.start + cur.limit - w.signal_lead_s  # hand-over point
+            left_after = w.work_s - done_s - max(0.0, h - cur.train_start - w.restart_s)
+            if left_after < 60:  # the last segment: the work is done before its hand-over point
+                run.finish = cur.train_start + w.restart_s + (w.work_s - done_s)
+                run.segments = len([s for s in self.segs if s.start == s.start])
+                return run
+            if len(self.segs) >= w.max_segments:
+                run.stuck = True
+                run.segments = len(self.segs)
+                return run
+            if nxt is None:
+                self.done_s = done_s
+                nxt = self.oracle(cur, h, left_after) if self.spec.policy == "oracle" else \
+                    self.poll(cur, h, left_after)
+            bn = self.sim.run_until_started(nxt.jid, horizon)
+            if bn != bn:
+                return run
+            nxt.start = bn
+            if bn < h:  # started before the hand-over point: hand-off (or wait for it)
+                wait = h - bn
+                cap_cut = nxt.limit - w.signal_lead_s - w.handoff_s - w.restart_s
+                if self.spec.adaptive and wait_instead_of_cut(
+                        wait, handoff_s=w.handoff_s, remaining_s=left_after, capacity_s=cap_cut,
+                        full_capacity_s=cap_full, boundary_cost_s=w.restart_s + w.handoff_s + self.lead_s):
+                    cur.stop = cur.exit = h
+                    nxt.train_start = h
+                    run.twice_node_s += wait * self.nodes
+                    run.boundaries.append((bn - h, 0.0))
+                else:
+                    cur.stop = bn
+                    cur.exit = min(h, bn + w.handoff_s)
+                    self.sim.cut(cur.jid, cur.exit)
+                    nxt.train_start = cur.exit
+                    run.handoff_s += cur.exit - bn
+                    run.twice_node_s += (cur.exit - bn) * self.nodes
+                    run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
+            else:
+                cur.stop = cur.exit = h
+                nxt.train_start = bn
+                run.queue_s += bn - h
+                run.boundaries.append((bn - h, 0.0))
+            done_s += max(0.0, cur.stop - cur.train_start - w.restart_s)
+            cur, nxt = nxt, None
+
+    def poll(self, cur: Seg, h: float, left_after: float) -> Seg:
+        """Ask the policy on the watcher's tick grid while ``cur`` runs; submit when it says so,
+        or once ``cur`` has ended (every policy's fallback: the whole of reactive)."""
+        t = max(self.sim.now, cur.start)
+        while t < h:
+            self.sim.run_until(t)
+            d = self.ask(cur, running=True)
+            if d.submit:
+                return self.submit(left_after, cur if d.dependency else None, cur, self.done_s)
+            t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
+        self.sim.run_until(h + self.work.reactive_latency_s)
+        return self.submit(left_after)  # the current segment has ended: nothing to take over
+
+    def oracle(self, cur: Seg, h: float, left_after: float) -> Seg:
+        """Greedy per boundary, future known: the latest grid submit time whose successor starts
+        by ``h`` (no interruption, the least cut); if none does, the earliest."""
+        w = self.work
+        limit = self.limit_for(left_after)  # the oracle submits by the hand-over point: no take-over needed
+        probe = -2  # a job id no one else uses
+        grid: list[tuple[float, Scheduler]] = []
+        t = max(self.sim.now, cur.start)
+        while True:
+            self.sim.run_until(t)
+            grid.append((t, self.sim.fork()))
+            if t >= h:
+                break
+            t = min(h, t + w.oracle_step_s)
+        starts: dict[int, float] = {}
+
+        def start(k: int) -> float:
+            if k not in starts:
+                f = grid[k][1].fork()
+                f.submit(probe, self.nodes, limit, limit - w.signal_lead_s)
+                s = f.run_until_started(probe, f.now + w.horizon_s)
+                starts[k] = s if s == s else math.inf
+            return starts[k]
+
+        lo, hi = 0, len(grid) - 1
+        if start(lo) > h:
+            best = lo
+        elif start(hi) <= h:
+            best = hi
+        else:
+            while hi - lo > 1:  # start(lo) <= h < start(hi)
+                mid = (lo + hi) // 2
+                if start(mid) <= h:
+                    lo = mid
+                else:
+                    hi = mid
+            best = lo
+        self.sim = grid[best][1]
+        # a bound, not a shipped rule: sized to take over what its (short) cut leaves
+        return self.submit(left_after, None, cur, self.done_s, takeover=True)
+
+
+def _next_ask(t: float, h: float, d, policy, work: ChainWork, lead_s: float) -> float:
+    """The next tick the decision can change on. Exact for reactive (never before the end) and
+    lead (its due time); for a decision that carries a wait estimate, half the distance to the
+    moment the time left reaches max(estimate, --lead), on the tick grid (the queue may fill
+    meanwhile); else the next tick."""
+    tick = work.tick_s
+    name = getattr(policy, "name", "")
+    if name == "reactive":
+        return h
+    if name == "lead":
+        k = max(1, math.ceil((h - lead_s - t) / tick))
+        return t + k * tick
+    est = getattr(d, "estimate", None)
+    if est is not None and est.seconds == est.seconds:
+        wait = (h - t - max(float(est.seconds), lead_s)) / 2
+        steps = max(1, int(min(wait, work.poll_max_s) // tick))
+        return t + steps * tick
+    return t + tick
