@@ -105,6 +105,29 @@ def load() -> Config:
     return cfg
 
 
+def site_options(cluster: str) -> list[str]:
+    """The sbatch options every segment on this cluster needs (``[sbatch]`` in config.toml), e.g.
+
+        [sbatch]
+        local = ["--account=proj42", "--qos=normal"]
+        ls6 = ["--account=TG-123", "--constraint=a100"]
+    """
+    path = config_path()
+    if not path.exists():
+        return []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {e}", hint="fix or remove the file") from None
+    table = data.get("sbatch") or {}
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: `sbatch` must be a table of cluster = [options]", hint='e.g. [sbatch] local = ["--account=x"]')
+    opts = table.get(cluster) or []
+    if not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
+        raise UsageError(f"{path}: [sbatch] {cluster} must be a list of strings", hint='e.g. local = ["--account=x"]')
+    return list(opts)
+
+
 _TYPE_WORDS = {str: "a string", int: "a whole number", bool: "true or false"}  # words, not Python type names
 _TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str}
 

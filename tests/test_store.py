@@ -65,3 +65,29 @@ def test_refuses_garbage_and_foreign_sqlite(tmp_path):
     db.close()
     with pytest.raises(StateError, match="not a chainrun state store"):
         Store(foreign)
+
+
+def test_a_version_1_store_is_migrated_in_place(tmp_path):
+    from chainrun.state.store import MIGRATIONS
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    for stmt in MIGRATIONS[0].split(";"):
+        if stmt.strip():
+            db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES('schema_version', '1')")
+    c = make_chain()
+    cols = [k for k in c.__dict__ if k != "extra"]
+    vals = [("[]" if k == "sbatch_args" else getattr(c, k)) for k in cols]
+    db.execute(f"INSERT INTO chains({','.join(chr(34) + k + chr(34) for k in cols)}) VALUES({','.join('?' * len(cols))})",
+               vals)
+    db.commit()
+    db.close()
+    s = Store(path)
+    got = s.chain(c.id)
+    assert got.extra == {} and got.total_s == c.total_s
+    got.extra["adapt"] = {"exclude": ["n3"]}
+    s.save(got)
+    assert Store(path).chain(c.id).extra == {"adapt": {"exclude": ["n3"]}}
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(
+        SCHEMA_VERSION)

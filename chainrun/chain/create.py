@@ -11,7 +11,9 @@ from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
 from chainrun.chain.policies import DEFAULT_LEAD_S, get_policy
+from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import submit_segment, wrapper_path
+from chainrun.clusters import site_options
 from chainrun.durations import format_duration, to_slurm_time
 from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
@@ -75,11 +77,14 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     if req.retries < 0 or req.retries > 100:
         raise UsageError(f"--retries must be between 0 and 100 (got {req.retries})")
     _refuse_owned(req.sbatch_args)
+    site = site_options(req.cluster)  # [sbatch] in config.toml: what this cluster always needs
+    _refuse_owned(site)
+    user_args = merge_site_options(site, list(req.sbatch_args))
     script_opts = sbatch_options(req.script_text)
     if option_value(script_opts, "--array", "-a") is not None:
         raise UsageError("job arrays cannot be chained", hint="remove the #SBATCH --array line")
 
-    partition = (option_value(req.sbatch_args, "--partition", "-p") or option_value(script_opts, "--partition", "-p") or "")
+    partition = (option_value(user_args, "--partition", "-p") or option_value(script_opts, "--partition", "-p") or "")
     parts = slurm.partitions()
     if partition:
         first = partition.split(",")[0]
@@ -99,7 +104,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         raise UsageError(
             f"--segment {format_duration(segment)} is longer than partition {info.name!r} allows ({format_duration(max_s)})"
         )
-    segment = min(segment, req.total_s)
+    # --total counts training: a single segment needs the total plus the signal lead
+    segment = min(segment, req.total_s + signal_lead)
     if signal_lead >= segment:
         raise UsageError(
             f"the signal comes {signal_lead}s before the limit, but a segment lasts only {segment}s",
@@ -116,7 +122,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=script,
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
         policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
-        sbatch_args=list(req.sbatch_args) + _default_output(req.sbatch_args + script_opts, run_dir),
+        sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
         partition=info.name, created=time.time(),
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,

@@ -10,17 +10,13 @@ from __future__ import annotations
 import re
 import time
 
-from chainrun.durations import to_slurm_time
+from chainrun.chain.request import describe, job_name, segment_args
 from chainrun.errors import SlurmError, TransientSlurmError
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.state.records import PENDING, SUBMITTING, Chain, Segment
 from chainrun.state.store import Store
 
 _NAME_RE = re.compile(r"^cr\.(?P<chain>[A-Za-z0-9_-]+)\.(?P<idx>\d+)$")
-
-
-def job_name(chain_id: str, idx: int) -> str:
-    return f"cr.{chain_id}.{idx}"
 
 
 def parse_job_name(name: str) -> tuple[str, int] | None:
@@ -33,17 +29,8 @@ def wrapper_path(chain: Chain) -> str:
 
 
 def sbatch_args(chain: Chain, seg: Segment) -> list[str]:
-    """Options for one segment; the user's extra arguments come first so ours win where they overlap."""
-    args = list(chain.sbatch_args)
-    args += [
-        f"--job-name={job_name(chain.id, seg.idx)}",
-        f"--time={to_slurm_time(seg.time_limit_s)}",
-        f"--signal=B:{chain.signal}@{chain.signal_lead_s}",
-        f"--chdir={chain.workdir}",
-    ]
-    if seg.dependency:
-        args.append(f"--dependency={seg.dependency}")
-    return args
+    """Options for one segment: the user's and the site's, chainrun's adaptations, then ours (chain/request.py)."""
+    return segment_args(chain, seg)
 
 
 def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment, *, note: str = "") -> Segment:
@@ -56,6 +43,7 @@ def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment,
     """
     seg.phase = SUBMITTING
     seg.intent_at = time.time()
+    seg.extra["request"] = describe(sbatch_args(chain, seg))  # what this segment asked for, shown by status
     store.save(chain, [seg])
     try:
         job_id, cluster = slurm.submit(wrapper_path(chain), sbatch_args(chain, seg), script_args=[str(seg.idx)])
@@ -73,3 +61,5 @@ def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment,
     msg = f"segment {seg.idx} submitted as job {job_id}" + (f" ({note})" if note else "")
     store.save(chain, [seg], [(seg.idx, "submitted", msg)])
     return seg
+
+__all__ = ["job_name", "parse_job_name", "sbatch_args", "submit_segment", "wrapper_path"]

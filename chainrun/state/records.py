@@ -54,6 +54,9 @@ class Chain:
     created: float = 0.0
     updated: float = 0.0
     finished: float | None = None
+    # what chainrun learnt or decided about this chain beyond its columns (e.g. "adapt": changes to
+    # the request of later segments: excluded nodes, --exclusive, shape; each also an event)
+    extra: dict = field(default_factory=dict)
 
     @property
     def remaining_s(self) -> float:

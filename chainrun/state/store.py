@@ -18,7 +18,7 @@ from typing import Iterator
 from chainrun.errors import NotFoundError, StateError
 from chainrun.state.records import Chain, Event, Segment
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # each entry migrates from version i to i+1; index 0 creates the schema
 MIGRATIONS: list[str] = [
@@ -48,6 +48,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX events_chain ON events(chain_id, id);
     CREATE INDEX segments_job ON segments(job_id);
+    """,
+    # 1 -> 2: per-chain state that is not a column of its own (adaptations of the request, ...)
+    """
+    ALTER TABLE chains ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     """,
 ]
 
@@ -220,12 +224,14 @@ def _q(col: str) -> str:
 def _chain_row(c: Chain) -> dict:
     d = asdict(c)
     d["sbatch_args"] = json.dumps(c.sbatch_args)
+    d["extra"] = json.dumps(c.extra)
     return d
 
 
 def _chain_from(r: sqlite3.Row) -> Chain:
     d = {k: r[k] for k in r.keys()}
     d["sbatch_args"] = json.loads(d["sbatch_args"])
+    d["extra"] = json.loads(d.get("extra") or "{}")
     return Chain(**d)
 
 

@@ -159,7 +159,9 @@ def runs(slurm_cluster, tmp_path_factory):
         except Exception:
             results[name] = {"error": traceback.format_exc()}
 
-    threads = [threading.Thread(target=run, args=item) for item in SCENARIOS.items()]
+    only = os.environ.get("CHAINRUN_HANDOFF_SCENARIOS")  # e.g. "heartbeat,replan" while developing
+    chosen = {k: v for k, v in SCENARIOS.items() if not only or k in only.split(",")}
+    threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
     for t in threads:
         t.start()
     for t in threads:
@@ -240,8 +242,9 @@ def test_silent_heartbeat_does_not_let_a_successor_in(runs):
     res = _ok(runs["heartbeat"])
     assert res["stopped"], "segment 0 never trained"
     s0, s1 = res["detail"]["segments_detail"][:2]
-    assert s1["start"] < s0["end"], "segment 1 did not start while segment 0 trained: nothing was tested"
-    assert s1["outcome"] != "unstarted" and s1["credit_s"] > 0, s1  # it waited, then took over and trained
+    # segment 1 waited beside a payload whose heartbeat had stopped for longer than the 30 s after
+    # which the old wrapper "took over"; it may end unstarted (its own signal can come first)
+    assert s0["end"] - s1["start"] >= 35, (s0, s1)
     _completed(res)
     _trained_alone(res)
     _one_job_per_segment(res)
