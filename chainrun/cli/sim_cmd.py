@@ -16,21 +16,34 @@ def register(app: typer.Typer) -> None:
 
 
 def sim(
-    trace: Annotated[str, typer.Option("--trace", help="sacct text (header line, whitespace-separated) or a sacct -P dump.")],
+    trace: Annotated[str, typer.Option("--trace", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev.")],
     nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes in the replayed partition (default: the trace's peak concurrent nodes).")] = None,
-    chains_every: Annotated[str, typer.Option("--chains-every", help="Trace time between injected chains, e.g. 4h.")] = "4h",
+    chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 4h (default 4h; 12h with --chains).")] = None,
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
     priority: Annotated[str, typer.Option("--priority", help="age, or multifactor (age + job size weights of LS6).")] = "age",
     workers: Annotated[int, typer.Option("--workers", min=1, max=16, help="Worker processes.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of tables.")] = False,
+    chains: Annotated[bool, typer.Option("--chains", help="Whole-chain replay: run every segment of chains of fixed work; completion overhead per policy and load level.")] = False,
+    work: Annotated[str, typer.Option("--work", help="--chains: compute per chain (training time less restarts).")] = "168h",
+    segment: Annotated[str, typer.Option("--segment", help="--chains: segment length (time limit).")] = "48h",
+    restart_cost: Annotated[str, typer.Option("--restart-cost", help="--chains: compute lost at every segment start (model load, data loader warm-up).")] = "10m",
+    successor_limit: Annotated[str, typer.Option("--successor-limit", help="--chains: size the next segment as the watcher does (shipped) or to take over an early cut (takeover).")] = "shipped",
+    inject_from: Annotated[Optional[str], typer.Option("--from", help="--chains: inject chains from this date (YYYY-MM-DD, trace time).")] = None,
+    inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
+    tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's target probability and floor on chains that end before this date, score every policy on chains injected from it.")] = None,
 ) -> None:
     from dataclasses import replace
 
     from chainrun.durations import parse_duration
     from chainrun.sim import SimConfig, run_sim
-    from chainrun.traces import read_trace
+    from chainrun.sim.traces import load_trace as read_trace
 
-    every = parse_duration(chains_every, what="--chains-every")
+    if chains or tune:
+        _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
+                json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
+                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune)
+        return
+    every = parse_duration(chains_every or "4h", what="--chains-every")
     if every <= 0:
         from chainrun.errors import UsageError
 
@@ -52,8 +65,8 @@ def _h(v) -> str:
     return f"{v * 60:.1f}m" if v < 1 else f"{v:.2f}h"
 
 
-def _pct(v) -> str:
-    return "-" if v is None else f"{v * 100:.0f}%"
+def _pct(v, digits: int = 0) -> str:
+    return "-" if v is None else f"{v * 100:.{digits}f}%"
 
 
 def render(res) -> None:
@@ -84,3 +97,99 @@ def render(res) -> None:
         con.print(t)
     con.print("interruption/overlap: mean per transition; zero-int: gap <= 60 s; cut: predecessor time handed to a "
               "later segment; low/medium/heavy: mean interruption (transitions) by reactive gap <=2h / <=12h / more.")
+
+
+def _date(value: str | None, what: str) -> float | None:
+    if value is None:
+        return None
+    import pandas as pd
+
+    from chainrun.errors import UsageError
+
+    try:
+        return float(pd.Timestamp(value).timestamp())  # trace times are read the same way (naive = UTC)
+    except ValueError:
+        raise UsageError(f"{what}: not a date: {value!r}", hint="use YYYY-MM-DD") from None
+
+
+def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out, work, segment, restart_cost,
+            successor_limit, inject_from, inject_until, tune) -> None:
+    from chainrun.durations import parse_duration
+    from chainrun.errors import UsageError
+    from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
+    from chainrun.sim.traces import load_trace
+
+    if successor_limit not in ("shipped", "takeover"):
+        raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or takeover")
+    every = float(parse_duration(chains_every or "12h", what="--chains-every"))
+    if every <= 0:
+        raise UsageError("--chains-every must be positive")
+    w = {k: float(parse_duration(v, what=o)) for k, v, o in (("work_s", work, "--work"), ("segment_s", segment, "--segment"),
+                                                           ("restart_s", restart_cost, "--restart-cost"),
+                                                           ("handoff_s", handoff, "--handoff"))}
+    if w["work_s"] <= 0 or w["segment_s"] <= 0:
+        raise UsageError("--work and --segment must be positive")
+    if w["segment_s"] <= w["restart_s"] + 300 + 60:
+        raise UsageError("--segment must be longer than the restart cost plus the signal lead")
+    cfg = with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
+                                 inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
+                    successor_limit=successor_limit, **w)
+    tr = load_trace(trace)
+    if tune:
+        from chainrun.sim.tune import tune as run_tune
+
+        out = run_tune(tr, cfg, _date(tune, "--tune-score-from"))
+        data = {"fidelity": chains_fidelity(tr, cfg), "tune": out}
+    else:
+        res = run_chains(tr, cfg)
+        data = {"fidelity": res.fidelity, **res.as_json()}
+    if json_out:
+        from chainrun.cli.render import envelope
+        from chainrun.sim.replay import _finite
+
+        typer.echo(envelope("sim", _finite(data)))
+        return
+    render_chains(data)
+
+
+def render_chains(data: dict) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    f = data["fidelity"]
+    con.print(f"[bold]Fidelity[/bold] ({f.get('nodes')} nodes): Spearman {_num(f.get('spearman'))} "
+              f"(without the rebuilt dependency holds {_num(f.get('spearman_without_holds'))}), "
+              f"median sim/real wait {_num(f.get('median_ratio'))}, within x2 {_pct(f.get('within_2x'))}")
+    blocks = [("scored" if "tune" in data else "chains", data["tune"]["score"] if "tune" in data else data)]
+    if "tune" in data:
+        p = data["tune"]["choose"]["picked"]
+        con.print(f"chosen on {data['tune']['choose']['injections']} chains before the scored window: {p['name']} "
+                  f"(target {p['target'] if p['target'] is not None else 'shipped'}, floor {p['floor_s'] / 3600:g} h)")
+    for title, d in blocks:
+        c, m = d["chains"], d["meta"]
+        t = Table(title=f"{m['injections']} chains of {c['work_h']:g} h work in {c['segment_h']:g} h segments, restart "
+                        f"{c['restart_cost_min']:g} min, {m['nodes']} nodes; {m['seconds']:.0f}s")
+        for col in ("policy", "n", "overhead", "90% CI", "from start", "queue", "restart", "hand-off", "segments",
+                    "GPU-h twice", "low", "medium", "heavy", "stuck", "per transition: int / zero / cut"):
+            t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
+        for name, p in c["policies"].items():
+            bl, tr = p["by_load"], p.get("transitions") or {}
+            ci = p.get("ci90_h") or [None, None]
+            t.add_row(name, str(p["n"]), _h(p["mean_overhead_h"]), f"{_h(ci[0])}-{_h(ci[1])}",
+                      _h(p.get("mean_overhead_from_start_h")), _h(p.get("mean_queue_h")), _h(p.get("mean_restart_h")),
+                      _h(p.get("mean_handoff_h")), _num(p.get("mean_segments")), _pct(p.get("gpu_h_twice_share"), 2),
+                      *(f"{_h(bl[lv]['mean_overhead_h'])} ({bl[lv]['n']})" for lv in ("low", "medium", "heavy")),
+                      str(p.get("stuck", 0)),
+                      f"{_h(tr.get('mean_interruption_h'))} / {_pct(tr.get('zero_interruption_share'))} / "
+                      f"{_h(tr.get('mean_cut_h'))}")
+        con.print(t)
+    con.print("overhead: (work done - chain submitted) - work, mean per chain (from start: from the first segment's "
+              "start); low/medium/heavy: by reactive's mean gap per boundary <=2h / <=12h / more; stuck: more than "
+              "60 segments (not in the means).")
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.2f}"

@@ -70,6 +70,24 @@ def _sim_time(now: float):
         prediction.time = saved
 
 
+class _Cached:
+    """The refit model, answering from the cache when the simulated state was seen before."""
+
+    def __init__(self, model, cache: dict, key) -> None:
+        self.model, self.cache, self.key, self.last = model, cache, key, None
+
+    def predict(self, req, snapshot, history):
+        if self.key in self.cache:
+            p = self.cache[self.key]
+            if p is None:
+                raise ValueError("the model failed on this state before")
+        else:
+            p = self.model.predict(req, snapshot, history)
+            self.cache[self.key] = p
+        self.last = p
+        return p
+
+
 class SimWatcher:
     def __init__(self, knowledge, *, gpus_per_node: int = 3) -> None:
         self.k = knowledge
@@ -87,6 +105,7 @@ class SimWatcher:
         self.n = len(t)
         self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
         self.cost = {"predictions": 0, "predict_s": 0.0}
+        self._cache: dict = {}
 
     def policy(self, spec):
         if spec.policy == "avg":
@@ -95,7 +114,8 @@ class SimWatcher:
             return None
         return get_policy(spec.policy)
 
-    def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work) -> Decision:
+    def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work,
+            target: float | None = None) -> Decision:
         chain = Chain(id="sim", name="sim", cluster="sim", script="", workdir="", run_dir="", checkpoint_dir="",
                       total_s=int(work.work_s), segment_s=int(work.segment_s), policy=getattr(policy, "name", ""),
                       lead_s=int(lead_s), signal="USR2", signal_lead_s=int(work.signal_lead_s), retries=1,
@@ -106,34 +126,54 @@ class SimWatcher:
                       end=(cur.start + cur.limit) if running else None)
         handover = (seg.end - work.signal_lead_s) if running else None
         view = PolicyView(now=now, chain=chain, current=seg, handover_at=handover,
-                          predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes))
+                          predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes, target))
         return policy.decide(view)
 
     # ---- the watcher's estimate, on the simulated queue and the masked past -------------------
-    def estimate(self, sim, now: float, chain: Chain, seg: Segment, cur, segs, nodes: int) -> WaitEstimate | None:
+    def estimate(self, sim, now: float, chain: Chain, seg: Segment, cur, segs, nodes: int,
+                 target: float | None = None) -> WaitEstimate | None:
+        """The watcher's estimate (``_estimate``). ``target`` replaces the target probability
+        ``predict_quantile`` gives (for the tuning procedure: the replay then reads the same
+        distribution at that level). The model's answer is cached on the simulated state, so
+        policies that share a timeline (until one of them submits) share a prediction."""
+        from dataclasses import replace
+
         from chainrun.chain.prediction import _estimate
         from chainrun.errors import ChainrunError
 
         t0 = time.monotonic()
-        rows = self.queue_rows(sim, now, seg, cur, nodes)
-        history = self.history(now, segs, nodes)
-        model = self.k.predictor(now)
+        key = (now, sim.seq, sim.free, sim.ai, len(sim.pending), nodes,
+               tuple((s.submit, s.start, s.exit) for s in segs if s.submit < now))
+        hit = key in self._cache
+        if not hit and len(self._cache) > 20000:
+            self._cache.clear()
+        model = _Cached(self.k.predictor(now), self._cache, key)
+        if hit:  # the model is not run: only the chain's own row, which _estimate needs for the request
+            rows, history = self.queue_rows(sim, now, seg, cur, nodes, only_own=True), None
+        else:
+            rows, history = self.queue_rows(sim, now, seg, cur, nodes), self.history(now, segs, nodes)
         try:
             with _sim_time(now):
                 est = _estimate(model, history, chain, seg, rows)
+            if target is not None and model.last is not None:
+                est = replace(est, target=target, seconds=float(model.last.quantile(target)))
         except (ChainrunError, ValueError):
             # the watcher logs a ChainrunError and falls back to --lead; the model also raises
             # ValueError when no job in its window ever waited: the same fallback, counted
+            self._cache[key] = None
             self.fallbacks += 1
             est = None
-        self.cost["predictions"] += 1
-        self.cost["predict_s"] += time.monotonic() - t0
+        if not hit:
+            self.cost["predictions"] += 1
+            self.cost["predict_s"] += time.monotonic() - t0
+        else:
+            self.cost["cache_hits"] = self.cost.get("cache_hits", 0) + 1
         return est
 
-    def queue_rows(self, sim, now: float, seg: Segment, cur, nodes: int) -> list:
+    def queue_rows(self, sim, now: float, seg: Segment, cur, nodes: int, only_own: bool = False) -> list:
         from chainrun.slurm.parsers import QueueRow
 
-        pending, running = sim.queue_view()
+        pending, running = ([], []) if only_own else sim.queue_view()
         rows = []
         for jid in pending:
             if 0 <= jid < self.n:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
 from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, default_specs, run_chain
-from chainrun.sim.fidelity import replay_alone
+from chainrun.sim.fidelity import fidelity, replay_alone
 from chainrun.sim.knowledge import Knowledge, chainrun_predictor
 from chainrun.sim.scheduler import Scheduler
 from chainrun.sim.workload import build_workload
@@ -51,6 +51,7 @@ class ChainsResult:
     loads: dict  # (t0, nodes) -> level
     summary: dict
     meta: dict
+    fidelity: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
         from chainrun.sim.replay import _finite
@@ -76,6 +77,7 @@ def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> Chains
     size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
     starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
     first = w.open_at + cfg.warmup_s
+    fid = fidelity_dict(w, starts, nodes, first)
     points = chain_points(w.jobs[-1][0], first, cfg, sizes)
     specs = cfg.specs or default_specs()
     _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, specs=specs)
@@ -98,7 +100,23 @@ def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> Chains
     meta = {"nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(sizes),
             "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "cost": cost,
             "seed": cfg.seed, "seconds": round(time.monotonic() - t_begin, 1)}
-    return ChainsResult(runs, loads, summary, meta)
+    return ChainsResult(runs, loads, summary, meta, fid)
+
+
+def fidelity_dict(w, starts, nodes: int, first: float) -> dict:
+    since = first if sum(j[0] >= first for j in w.jobs) >= 100 else w.open_at
+    f = fidelity(w, starts, since=since)
+    g = fidelity(w, starts, since=since, without_holds=True)
+    return {**f.as_dict(), "jobs": f.jobs, "spearman_without_holds": g.spearman, "jobs_without_holds": g.jobs,
+            "nodes": nodes}
+
+
+def chains_fidelity(trace, cfg: ChainsConfig) -> dict:
+    w = build_workload(trace)
+    nodes = int(cfg.nodes or w.peak_nodes)
+    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    return fidelity_dict(w, starts, nodes, w.open_at + cfg.warmup_s)
 
 
 def chain_points(last_submit: float, first: float, cfg: ChainsConfig, sizes) -> list[tuple[float, int]]:
@@ -187,7 +205,7 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
     gpn = cfg.gpus_per_node
     pols: dict = {}
     for spec in specs:
-        mine = [r for r in runs if r.policy == spec.name and (r.t0, r.nodes) in loads]
+        mine = [r for r in runs if r.policy == spec.name and (not loads or (r.t0, r.nodes) in loads)]
         rs = [r for r in mine if r.done]
         n = len(rs)
         row = _agg(rs, cfg.seed)
@@ -212,7 +230,7 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
                     "mean_cut_h": sum(c for _, c in bounds) / max(1, len(bounds)) / 3600,
                 },
             })
-        row["by_load"] = {lv: _agg([r for r in rs if loads[(r.t0, r.nodes)] == lv], cfg.seed) for lv in LOAD_LEVELS}
+        row["by_load"] = {lv: _agg([r for r in rs if loads.get((r.t0, r.nodes)) == lv], cfg.seed) for lv in LOAD_LEVELS}
         pols[spec.name] = row
     return {"chains": {"work_h": w.work_s / 3600, "segment_h": w.segment_s / 3600, "restart_cost_min": w.restart_s / 60,
                        "handoff_min": w.handoff_s / 60, "signal_lead_s": w.signal_lead_s, "lead_h": w.lead_s / 3600,

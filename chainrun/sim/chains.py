@@ -63,6 +63,7 @@ class PolicySpec:
     policy: str  # reactive | dependency | lead | predicted (shipped classes) | avg | oracle
     lead_s: float | None = None  # this chain's --lead (None: ChainWork.lead_s)
     adaptive: bool = False  # hand-off: wait instead of cutting when that is cheaper
+    target: float | None = None  # predicted: the target probability (None: the shipped predict_quantile)
 
 
 def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
@@ -155,7 +156,7 @@ class _Chain:
 
     def ask(self, cur: Seg, running: bool):
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
-                                lead_s=self.lead_s, nodes=self.nodes, work=self.work)
+                                lead_s=self.lead_s, nodes=self.nodes, work=self.work, target=self.spec.target)
 
     def run(self) -> ChainRun:
         from chainrun.chain.handoff_rule import wait_instead_of_cut

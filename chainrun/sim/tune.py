@@ -1,0 +1,68 @@
+"""Decide on the past, score on the future: the procedure that picks `predicted`'s tunables.
+
+1. Split the trace at ``score_from``. **Choose** on chains injected after the warm-up whose whole
+   life (work x 1.5 + 2 days) ends before ``score_from``: the choice sees no scored chain, no
+   scored queue and no model fit on scored data (the replay's models are refit on the masked past).
+2. On those chains run every candidate of the grid: the target probability of the `predicted`
+   rule (the level of the wait distribution it acts on; the shipped value comes from
+   ``predict_quantile``) x the floor (the chain's ``--lead``), all through the shipped class.
+3. Pick the candidate with the lowest mean completion overhead among those that keep
+   GPU-hours held twice <= 1 % of the work (the issue's budget); ties: the higher floor-free
+   target. If none keeps the budget, the one with the least GPU-hours twice.
+4. **Score** on chains injected from ``score_from`` on: every baseline, the shipped rule and the
+   picked one, through the same whole-chain replay. Only these numbers are quoted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from chainrun.sim.chain_replay import ChainsConfig, run_chains
+from chainrun.sim.chains import PolicySpec, default_specs
+
+TARGETS = (0.6, 0.8, 0.9, 0.95, None)  # None: the shipped predict_quantile(segment)
+FLOORS_S = (3600.0, 3 * 3600.0)
+GPU_TWICE_BUDGET = 0.01
+
+
+def candidates(targets=TARGETS, floors=FLOORS_S) -> list[PolicySpec]:
+    out = []
+    for q in targets:
+        for f in floors:
+            tq = "shipped" if q is None else f"q{int(round(q * 100))}"
+            out.append(PolicySpec(f"predicted_{tq}_floor{int(f // 60)}m", "predicted", lead_s=f, target=q))
+    return out
+
+
+def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
+    rows = [(s, summary_policies[s.name]) for s in specs if summary_policies[s.name].get("n")]
+    ok = [(s, r) for s, r in rows if r.get("gpu_h_twice_share", 1.0) <= GPU_TWICE_BUDGET and not r.get("stuck")]
+    if ok:
+        return min(ok, key=lambda sr: sr[1]["mean_overhead_h"])[0]
+    return min(rows, key=lambda sr: sr[1].get("gpu_h_twice_share", 1.0))[0]
+
+
+def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | None = None) -> dict:
+    life = cfg.work.work_s * 1.5 + 2 * 86400.0
+    specs = candidates()
+    choose_cfg = replace(cfg, specs=specs, inject_from=None, inject_until=score_from - life)
+    chosen = run_chains(trace, choose_cfg)
+    best = pick(chosen.summary["chains"]["policies"], specs)
+    picked = replace(best, name="predicted_tuned")
+    score_specs = default_specs() + [picked]
+    score_cfg = replace(cfg, specs=score_specs, inject_from=score_from, inject_until=None,
+                        chains_every_s=score_every_s or cfg.chains_every_s)
+    scored = run_chains(trace, score_cfg)
+    return {
+        "procedure": "choose on chains that end before score_from, score on chains injected after it "
+                     "(chainrun.sim.tune)",
+        "score_from": score_from,
+        "choose": {"injections": chosen.meta["injections"], "inject_until": score_from - life,
+                   "candidates": {s.name: {k: chosen.summary["chains"]["policies"][s.name].get(k)
+                                           for k in ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments",
+                                                     "stuck", "by_load")}
+                                  for s in specs},
+                   "picked": {"name": best.name, "target": best.target, "floor_s": best.lead_s},
+                   "meta": chosen.meta},
+        "score": {**scored.summary, "meta": scored.meta},
+    }

@@ -1,0 +1,144 @@
+"""Whole-chain replay on hand-made traces: the overhead splits exactly, the oracle is a bound,
+the shipped policy classes are what is measured, the adaptive hand-off rule, the CLI shape."""
+
+import json
+
+import pytest
+
+from chainrun.chain.handoff_rule import segments_needed, wait_instead_of_cut
+from chainrun.sim.chain_replay import ChainsConfig, run_chains
+from chainrun.sim.chains import ChainWork, PolicySpec
+from chainrun.sim.knowledge import RecentWaits
+from tests.conftest import run_cli
+
+from .tracegen import frame, sacct_dump, steady
+
+DAY = 86400.0
+H = 3600.0
+
+
+def busy():
+    # two nodes, busy with 3 h jobs every 2 h: a segment's successor queues behind them
+    return frame(steady(40, every_s=2 * H, run_s=3 * H))
+
+
+def cfg(**kw):
+    base = dict(nodes=2, chain_nodes=(1,), chains_every_s=4 * DAY, warmup_s=1 * DAY, workers=1,
+                predictor=RecentWaits, retrain_every_s=2 * DAY,
+                work=ChainWork(work_s=72 * H, segment_s=24 * H, oracle_step_s=600.0))
+    base.update(kw)
+    return ChainsConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_chains(busy(), cfg())
+
+
+def test_overhead_splits_into_queue_restart_and_handoff(result):
+    assert result.meta["injections"] >= 3
+    for r in result.runs:
+        assert r.done and not r.stuck
+        assert r.overhead_s == pytest.approx(r.queue_s + r.restart_s + r.handoff_s, abs=1e-6)
+        assert r.restart_s == pytest.approx(r.segments * 600.0)
+        assert r.segments >= 4  # 72 h of work in 24 h segments, less restarts and signal leads
+
+
+def test_oracle_is_a_bound_and_reactive_pays_the_queue(result):
+    pols = result.summary["chains"]["policies"]
+    assert pols["oracle"]["mean_overhead_h"] < pols["reactive"]["mean_overhead_h"] - 10
+    assert pols["oracle"]["transitions"]["zero_interruption_share"] == 1.0
+    for name, p in pols.items():
+        assert p["mean_overhead_h"] >= pols["oracle"]["mean_overhead_h"] - 0.2, name
+    # the JSON keys of the issue
+    assert set(result.summary["chains"]) >= {"work_h", "segment_h", "restart_cost_min", "policies"}
+    for name in ("reactive", "avg", "predicted", "oracle", "dependency", "predicted_adaptive"):
+        assert set(pols[name]) >= {"n", "mean_overhead_h", "mean_segments", "gpu_h_twice_share", "by_load"}
+        assert set(pols[name]["by_load"]) == {"low", "medium", "heavy"}
+
+
+def test_the_shipped_class_is_what_is_measured(monkeypatch):
+    """Change chainrun.chain.policies.Predicted and the replay's `predicted` changes with it."""
+    from chainrun.chain import policies
+
+    specs = [PolicySpec("reactive", "reactive"), PolicySpec("predicted", "predicted")]
+    seen = []
+
+    def always(self, view):
+        seen.append(view)
+        return policies.Decision(True, "test")
+
+    base = run_chains(busy(), cfg(specs=specs, max_chains=1))
+    monkeypatch.setattr(policies.Predicted, "decide", always)
+    changed = run_chains(busy(), cfg(specs=specs, max_chains=1))
+    assert seen, "the replay did not ask chainrun.chain.policies.Predicted"
+    v = seen[-1]
+    assert v.handover_at == v.current.end - v.chain.signal_lead_s  # as Engine._plan builds it
+    assert v.chain.lead_s == 3600 and v.chain.segment_s == 24 * 3600
+    b = base.summary["chains"]["policies"]["predicted"]
+    c = changed.summary["chains"]["policies"]["predicted"]
+    assert (b["mean_overhead_h"], b["mean_segments"]) != (c["mean_overhead_h"], c["mean_segments"])
+
+
+def test_the_watcher_estimate_sees_no_chain_job_in_the_snapshot(monkeypatch):
+    """_estimate removes the live segment from the snapshot and takes the request from it."""
+    from chainrun.predict import Prediction
+
+    calls = []
+
+    class Spy:
+        def __init__(self, history, until):
+            pass
+
+        def predict(self, req, snapshot, history):
+            calls.append((req, snapshot, history))
+            return Prediction(600.0, 1200.0, 2400.0, "spy")
+
+    run_chains(busy(), cfg(specs=[PolicySpec("predicted", "predicted")], max_chains=1, predictor=Spy))
+    assert calls
+    for req, snap, hist in calls:
+        assert req.user == "chainrun-chain" and req.nodes == 1 and req.timelimit_s == 24 * 3600
+        assert "chainrun-chain" not in set(snap["user"])
+        known = hist[hist["start"].notna()]
+        assert (known["start"] <= req.submit).all() and (hist["submit"] < req.submit).all()
+
+
+def test_segments_needed_and_the_adaptive_rule():
+    assert segments_needed(10 * H, 20 * H, 40 * H) == 1
+    assert segments_needed(50 * H, 20 * H, 40 * H) == 2
+    # a successor within the hand-off time of the hand-over point always waits
+    assert wait_instead_of_cut(200, handoff_s=300, remaining_s=10 * H, capacity_s=40 * H, full_capacity_s=40 * H,
+                               boundary_cost_s=H)
+    # otherwise a cut costs no extra segment: cut
+    assert not wait_instead_of_cut(2 * H, handoff_s=300, remaining_s=10 * H, capacity_s=40 * H,
+                                   full_capacity_s=40 * H, boundary_cost_s=H)
+    # the hand-off minutes would push the work into one more segment: wait if the idle time is short
+    kw = dict(handoff_s=300, remaining_s=40 * H - 1000, capacity_s=40 * H, full_capacity_s=40 * H)
+    assert wait_instead_of_cut(1200, boundary_cost_s=H, **kw)
+    assert not wait_instead_of_cut(1200, boundary_cost_s=600, **kw)  # 15 min idle > a 10 min boundary
+
+
+def test_cli_chains_json(tmp_path, chainrun_home):
+    p = tmp_path / "sacct.txt"
+    p.write_text(sacct_dump(busy()))
+    r = run_cli("sim", "--trace", str(p), "--nodes", "2", "--chains", "--work", "72h", "--segment", "24h",
+                "--restart-cost", "10m", "--chains-every", "6d", "--json", home=chainrun_home)
+    assert r.returncode == 0, r.stderr
+    env = json.loads(r.stdout)
+    assert env["command"] == "sim"
+    data = env["data"]
+    assert {"spearman", "spearman_without_holds"} <= set(data["fidelity"])
+    c = data["chains"]
+    assert c["work_h"] == 72 and c["segment_h"] == 24 and c["restart_cost_min"] == 10
+    for name in ("reactive", "avg", "predicted", "oracle"):
+        row = c["policies"][name]
+        assert row["n"] > 0 and row["mean_overhead_h"] is not None
+        assert set(row["by_load"]["medium"]) >= {"n", "mean_overhead_h"}
+
+
+def test_builtin_trace_name():
+    from chainrun.sim.traces import builtin_path, load_trace
+
+    assert builtin_path("ls6-a100-dev").is_file()
+    t = load_trace("ls6-a100-dev")
+    assert len(t) == 17975
