@@ -72,15 +72,16 @@ def parse_sacct_rows(text: str, *, fields: str = SACCT_FORMAT) -> "pd.DataFrame"
     header (``-n``) is read as ``fields``."""
     import pandas as pd
 
-    body = text.strip("\n")
-    lines = [ln for ln in body.splitlines() if ln.strip()]
-    if lines and _is_header(lines[0]):
-        header, lines = lines[0], lines[1:]
-    else:
-        header = "|".join(fields.split(","))
-    if not lines:
+    body = text.strip("\n")  # a million rows: no per-line copies here, the reader splits once
+    first = body.split("\n", 1)[0] if body else ""
+    if _is_header(first):
+        rest = body[len(first):].strip("\n")
+        if not rest.strip():
+            return pd.DataFrame({c: pd.Series(dtype=object) for c in CANONICAL_COLUMNS})
+        return parse_trace_text(body, source="sacct")
+    if not body.strip():
         return pd.DataFrame({c: pd.Series(dtype=object) for c in CANONICAL_COLUMNS})
-    return parse_trace_text(header + "\n" + "\n".join(lines), source="sacct")
+    return parse_trace_text("|".join(fields.split(",")) + "\n" + body, source="sacct")
 
 
 def _is_header(line: str) -> bool:
