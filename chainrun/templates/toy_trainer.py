@@ -10,6 +10,11 @@ TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries); TOY_IGNORE
 ignore CHAINRUN_SIGNAL (many real trainers do: only TERM at the limit stops it); TOY_CRASH_ON_SAVE=1
 makes it fail with a traceback while saving after a signal. Each line of steps.log ends with the
 Slurm job id, so a test can tell which job trained when.
+Progress (the optional contract): every step appends "<time> <step> - <step seconds> [<total>]" to this
+rank's $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME>. TOY_SLOW_NODES="n2=2.0" makes steps on
+that Slurm node (SLURMD_NODENAME: test nodes share one hostname) that many times slower; TOY_BUSY=1 spins
+the CPU through a step instead of sleeping (so a CPU-heavy neighbour slows it). Under srun with several
+ranks only rank 0 (SLURM_PROCID) writes the checkpoint, steps.log and the done file.
 """
 
 import json
@@ -33,6 +38,24 @@ sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
 ignore_signal = os.environ.get("TOY_IGNORE_SIGNAL") == "1"
 crash_on_save = os.environ.get("TOY_CRASH_ON_SAVE") == "1"
 job = os.environ.get("SLURM_JOB_ID", "-")
+rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
+node = os.environ.get("SLURMD_NODENAME", "") or "local"
+slow = dict((k, float(v)) for k, _, v in (x.partition("=") for x in os.environ.get("TOY_SLOW_NODES", "").split(",")) if v)
+step_s *= slow.get(node, 1.0)
+busy = os.environ.get("TOY_BUSY") == "1"
+progress = os.environ.get("CHAINRUN_PROGRESS_FILE")
+progress = progress and open(f"{progress}.{rank}.{node}", "a")
+
+
+def spin(seconds: float) -> None:  # fixed CPU work, calibrated once: a busy neighbour makes it slower
+    global per_s
+    if "per_s" not in globals():
+        t0 = time.perf_counter()
+        for _ in range(200_000):
+            pass
+        per_s = 200_000 / max(1e-6, time.perf_counter() - t0)
+    for _ in range(int(per_s * seconds)):
+        pass
 
 stop = {"why": None}
 
@@ -46,6 +69,8 @@ signal.signal(signal.SIGTERM, on_signal)
 
 
 def save(step: int) -> None:
+    if rank:
+        return  # rank 0 keeps the checkpoint
     tmp = ckpt.with_suffix(".tmp")
     tmp.write_text(json.dumps({"step": step, "segment": segment, "time": time.time()}))
     os.replace(tmp, ckpt)  # atomic: a checkpoint is either the old one or the new one
@@ -53,7 +78,7 @@ def save(step: int) -> None:
 
 step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
 print(f"toy: segment {segment} resumes at step {step} on {socket.gethostname()}", flush=True)
-with steps_log.open("a") as log:
+with (steps_log.open("a") if rank == 0 else open(os.devnull, "w")) as log:
     while True:
         if stop["why"]:
             if crash_on_save:
@@ -64,12 +89,17 @@ with steps_log.open("a") as log:
             sys.exit(0)
         if total_steps and step >= total_steps:
             save(step)
-            Path(os.environ.get("CHAINRUN_DONE_FILE", ckpt_dir / "CHAINRUN_DONE")).write_text("done\n")
+            if rank == 0:
+                Path(os.environ.get("CHAINRUN_DONE_FILE", ckpt_dir / "CHAINRUN_DONE")).write_text("done\n")
             log.write(f"done {segment} {step} {time.time():.3f} {job}\n")
             print(f"toy: reached {total_steps} steps, training finished", flush=True)
             sys.exit(0)
-        time.sleep(step_s)
+        t0 = time.time()
+        spin(step_s) if busy else time.sleep(step_s)
         step += 1
+        if progress:
+            progress.write(f"{time.time():.3f} {step} - {time.time() - t0:.4f}{f' {total_steps}' if total_steps else ''}\n")
+            progress.flush()
         log.write(f"step {segment} {step} {time.time():.3f} {job}\n")
         log.flush()
         if crash_at and step == crash_at:

@@ -11,6 +11,8 @@
 #   signal CHAINRUN_SIGNAL reaches every process of the payload some time before the limit,
 #          or as soon as the next segment has started (hand-off): save a checkpoint, exit.
 #   done   create CHAINRUN_DONE_FILE (or run `chainrun-done`) when training is finished.
+#   progress (optional) each rank appends "<epoch s> <step> [<samples>] [<compute s>] [<total steps>]"
+#          lines to $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME> (or runs `chainrun-progress`).
 #
 # Never two copies: a segment trains only while it owns the chain. Ownership is a
 # generation number claimed by exclusive create of control/owner.<G> (O_EXCL works on
@@ -28,7 +30,9 @@ CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-@@HANDOFF_TIMEOUT@@}
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 CHAINRUN_GPUS=${SLURM_GPUS_ON_NODE:-0}
+CHAINRUN_PROGRESS_FILE=$CHAINRUN_RUN_DIR/control/seg-$CHAINRUN_SEGMENT.progress
 export CHAINRUN_CHAIN_ID CHAINRUN_SEGMENT CHAINRUN_CHECKPOINT_DIR CHAINRUN_SIGNAL CHAINRUN_DONE_FILE CHAINRUN_GPUS
+export CHAINRUN_PROGRESS_FILE
 
 CTL=$CHAINRUN_RUN_DIR/control
 ME=$CTL/seg-$CHAINRUN_SEGMENT

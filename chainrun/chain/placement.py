@@ -1,0 +1,198 @@
+"""Placement from the user's side: stragglers (PAL) and interference (MARL), as pure rules.
+
+A data-parallel job runs at its slowest GPU. chainrun sees every segment's pace (the progress
+contract, chain/progress.py) per rank and node, and can only change what the next segment asks
+for (``chain.extra["adapt"]``, merged by chain/request.py). The rules are pure functions of the
+segments' recorded progress; the engine calls :func:`after_segment` when a segment ends and
+records every change as an event. docs/placement.md states the rules and their evidence.
+
+The straggler rule, per node, on the step time (the rank's reported compute seconds of a step,
+else the interval between its lines; a node counts as its slowest rank):
+
+- a segment *measures* a node when it has at least :data:`MIN_STEPS` step times there; its
+  figure is the median step time, its noise the median absolute deviation (robust to the odd
+  slow step: a checkpoint, a data-loader hiccup);
+- multi-node segment: each node against the median of the segment's other nodes (same job,
+  same moment, so the pace of the data or the code cancels out); one-node chain: the node's
+  segments against the chain's segments on other nodes;
+- the node is *slow in a segment* when it is at least :data:`SLOW_RATIO` slower (8 %) and the
+  difference is at least :data:`Z_MIN` standard errors (so a short noisy segment proves nothing);
+- it is excluded when it was slow in its last :data:`PERSIST` (2) measured segments, or once
+  when it is grossly slow (:data:`GROSS_RATIO`, 30 %, at :data:`GROSS_Z` standard errors).
+
+bench/straggler_rule.py replays paces with 10 % per-step noise and persistent per-node offsets
+up to 3 %: the rule excludes well under 1 % of segments there, and a node 15 % slower within two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chainrun.chain.progress import per_node_step_s
+
+MIN_STEPS = 20
+SLOW_RATIO = 1.08
+Z_MIN = 3.0
+PERSIST = 2
+GROSS_RATIO = 1.30
+GROSS_Z = 5.0
+ONE_NODE_WINDOW = 6  # segments of a one-node chain compared
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    node: str
+    ratio: float  # its step time over the others' (1.10 = 10 % slower)
+    z: float  # how many standard errors that is
+    slow: bool
+    gross: bool
+    step_s: float
+    others_s: float
+
+    def as_dict(self) -> dict:
+        return {"node": self.node, "ratio": round(self.ratio, 4), "z": round(self.z, 2), "slow": self.slow,
+                "gross": self.gross, "step_s": self.step_s, "others_s": self.others_s}
+
+
+def _se_log(stat: dict) -> float:
+    """Standard error of log(median step time): 1.25 x robust sigma / sqrt(n)."""
+    sigma = 1.4826 * float(stat.get("mad") or 0.0) / max(1e-12, float(stat["step_s"]))
+    return 1.2533 * max(sigma, 0.005) / math.sqrt(max(1, int(stat["n"])))
+
+
+def compare(node: str, mine: dict, others: list[dict]) -> NodeVerdict:
+    """One node's step time against the others' (their median), as a verdict."""
+    ref = sorted(others, key=lambda o: o["step_s"])[len(others) // 2]
+    ratio = float(mine["step_s"]) / max(1e-12, float(ref["step_s"]))
+    se = math.hypot(_se_log(mine), _se_log(ref))
+    z = math.log(ratio) / se if ratio > 0 else 0.0
+    return NodeVerdict(node, ratio, z, ratio >= SLOW_RATIO and z >= Z_MIN, ratio >= GROSS_RATIO and z >= GROSS_Z,
+                       float(mine["step_s"]), float(ref["step_s"]))
+
+
+def segment_verdicts(progress: dict) -> list[NodeVerdict]:
+    """Multi-node segment: every measured node against the segment's other nodes."""
+    stats = {n: s for n, s in per_node_step_s(progress).items() if s["n"] >= MIN_STEPS}
+    if len(stats) < 2:
+        return []
+    return [compare(n, s, [o for m, o in stats.items() if m != n]) for n, s in sorted(stats.items())]
+
+
+def one_node_verdicts(history: list[dict]) -> list[NodeVerdict]:
+    """One-node chain: the newest segment's node against the chain's recent segments on other nodes.
+    ``history``: the progress of the chain's ended one-node segments, oldest first."""
+    measured = []
+    for p in history[-ONE_NODE_WINDOW:]:
+        stats = [(n, s) for n, s in per_node_step_s(p).items() if s["n"] >= MIN_STEPS]
+        if len(stats) == 1:
+            measured.append(stats[0])
+    if len(measured) < 2:
+        return []
+    out = []
+    for node in dict.fromkeys(n for n, _ in measured):
+        mine = [s for n, s in measured if n == node]
+        others = [s for n, s in measured if n != node]
+        if not others:
+            continue
+        out.append(compare(node, mine[-1], others))
+    return out
+
+
+def decide_exclusions(verdict_history: dict[str, list[dict]], already: set[str]) -> list[tuple[str, str]]:
+    """(node, why) for every node the evidence says to exclude now. ``verdict_history``: node ->
+    its verdicts (as dicts), oldest first, one per measured segment."""
+    out = []
+    for node, vs in sorted(verdict_history.items()):
+        if node in already or not vs:
+            continue
+        last = vs[-1]
+        if last["gross"]:
+            out.append((node, f"{(last['ratio'] - 1) * 100:.0f} % slower than the other nodes "
+                              f"({last['step_s']:.3g} s vs {last['others_s']:.3g} s a step, {last['z']:.0f} standard errors)"))
+        elif len(vs) >= PERSIST and all(v["slow"] for v in vs[-PERSIST:]):
+            pct = ", ".join(f"{(v['ratio'] - 1) * 100:.0f} %" for v in vs[-PERSIST:])
+            out.append((node, f"slower than the other nodes in its last {PERSIST} segments ({pct}; "
+                              f"threshold {(SLOW_RATIO - 1) * 100:.0f} % at {Z_MIN:.0f} standard errors)"))
+    return out
+
+
+# ------------------------------------------------------------------ the engine's hook
+def adapt_enabled(chain) -> bool:
+    return not chain.extra.get("no_adapt")
+
+
+def after_segment(chain, segs: list, seg) -> list[tuple[int | None, str, str]]:
+    """Update ``chain.extra`` with the ended segment's evidence; returns the events of any change
+    to the request of later segments (kind ``adapt``) or of evidence worth showing."""
+    progress = seg.extra.get("progress") or {}
+    if not progress.get("ranks"):
+        return []
+    pl = chain.extra.setdefault("placement", {})
+    hist: dict[str, list[dict]] = pl.setdefault("verdicts", {})
+    pardoned = pl.get("pardoned") or {}
+    multi = segment_verdicts(progress)
+    if multi:
+        verdicts = multi
+    elif len(per_node_step_s(progress)) == 1:
+        newest = next(iter(per_node_step_s(progress)))
+        ones = []
+        for o in sorted(segs, key=lambda s: s.idx):
+            stats = per_node_step_s(o.extra.get("progress") or {})
+            if len(stats) == 1 and (o.start or 0) >= pardoned.get(next(iter(stats)), 0):
+                ones.append(o.extra["progress"])
+        # the newest segment's node; and a grossly slow node that a normal pace elsewhere has just shown up
+        verdicts = [v for v in one_node_verdicts(ones) if v.node == newest or v.gross]
+    else:
+        verdicts = []
+    for v in verdicts:
+        rec = dict(v.as_dict(), seg=seg.idx)
+        rec.pop("node")
+        lst = hist.setdefault(v.node, [])
+        if not lst or lst[-1].get("seg") != seg.idx:
+            lst.append(rec)
+        del lst[:-8]
+    seg.extra["node_verdicts"] = [v.as_dict() for v in verdicts]
+    adapt = chain.extra.setdefault("adapt", {})
+    excluded = set(adapt.get("exclude") or [])
+    events: list[tuple[int | None, str, str]] = []
+    for node, why in decide_exclusions(hist, excluded):
+        if not adapt_enabled(chain):
+            key = f"straggler-noted:{node}"
+            if not pl.get(key):
+                pl[key] = True
+                events.append((seg.idx, "placement", f"node {node} is a straggler: {why}; not excluded (--no-adapt)"))
+            continue
+        adapt["exclude"] = sorted(excluded | {node})
+        excluded.add(node)
+        pl.setdefault("excluded_why", {})[node] = why
+        events.append((seg.idx, "adapt", f"excluding node {node} from the next segments: {why} "
+                                         f"(`chainrun unexclude {chain.id} {node}` to pardon it)"))
+    return events
+
+
+def unexclude(chain, node: str, now: float) -> bool:
+    """Pardon a node: drop it from the excludes and forget the evidence against it so far."""
+    adapt = chain.extra.setdefault("adapt", {})
+    pl = chain.extra.setdefault("placement", {})
+    had = node in (adapt.get("exclude") or [])
+    adapt["exclude"] = [n for n in adapt.get("exclude") or [] if n != node]
+    pl.get("verdicts", {}).pop(node, None)
+    pl.setdefault("pardoned", {})[node] = now
+    (pl.get("excluded_why") or {}).pop(node, None)
+    return had
+
+
+def excluded_view(chain) -> list[dict]:
+    """The nodes chainrun excluded, with the numbers: for `status`."""
+    pl = chain.extra.get("placement") or {}
+    out = []
+    for node in (chain.extra.get("adapt") or {}).get("exclude") or []:
+        last = ((pl.get("verdicts") or {}).get(node) or [{}])[-1]
+        out.append({"node": node, "why": (pl.get("excluded_why") or {}).get(node, ""),
+                    "ratio": last.get("ratio"), "step_s": last.get("step_s"), "others_s": last.get("others_s")})
+    return out
+
+
+__all__ = ["compare", "segment_verdicts", "one_node_verdicts", "decide_exclusions", "after_segment", "unexclude",
+           "excluded_view", "MIN_STEPS", "SLOW_RATIO", "Z_MIN", "PERSIST", "GROSS_RATIO", "GROSS_Z"]
