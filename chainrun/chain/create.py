@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
 from chainrun.chain.policies import DEFAULT_LEAD_S, get_policy
+from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import submit_segment, wrapper_path
 from chainrun.clusters import site_options
@@ -123,7 +124,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
         policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
         sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
-        partition=info.name, created=time.time(),
+        partition=info.name, created=time.time(), extra={"partition_nodes": info.total_nodes},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text)
@@ -133,9 +134,11 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     store.add_chain(chain)
-    first = Segment(chain_id=chain_id, idx=0, time_limit_s=min(segment, req.total_s))
+    first = Segment(chain_id=chain_id, idx=0, time_limit_s=segment)
+    fit_maintenance(chain, first, read_reservations(slurm), time.time())
     try:
-        submit_segment(store, slurm, chain, first, note="first segment")
+        submit_segment(store, slurm, chain, first, note="first segment" + (
+            f"; {first.extra['plan_note']}" if first.extra.get("plan_note") else ""))
     except SlurmError as e:
         chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
         store.save(chain, [], [(0, "failed", chain.reason)])

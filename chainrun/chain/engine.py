@@ -16,9 +16,11 @@ from typing import Callable
 from chainrun.chain import outcomes, reconcile
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
+from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.durations import to_slurm_minutes
 from chainrun.errors import SlurmError, TransientSlurmError
 from chainrun.runner.base import Runner
+from chainrun.slurm import reasons
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import AcctRow, QueueRow
 from chainrun.state.records import (
@@ -26,6 +28,8 @@ from chainrun.state.records import (
     PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
 )
 from chainrun.state.store import Store
+from chainrun.chain import placement, progress
+from chainrun.state.records import SKIPPED
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +39,6 @@ LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is decl
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
 MAX_CHECKPOINT_CRASHES = 2  # the payload crashed while saving this many times in a row: a broken checkpoint, stop
 MAX_UNSTARTED = 6  # this many segments in a row ended waiting for the chain: its last owner cannot be established
-# pending reasons that never clear by themselves
-HOPELESS_REASONS = {
-    "PartitionTimeLimit", "DependencyNeverSatisfied", "InvalidAccount", "InvalidQOS", "BadConstraints",
-    "QOSMaxWallDurationPerJobLimit", "AssocMaxWallDurationPerJobLimit", "PartitionNodeLimit", "PartitionDown",
-}
 _QUEUE_PHASE = {
     "PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
     "SUSPENDED": RUNNING, "STOPPED": RUNNING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "RESIZING": RUNNING,
@@ -68,6 +67,7 @@ class Engine:
         self.clock = clock
         self.user = user or getpass.getuser()  # whose job names we may adopt
         self._queue: list[QueueRow] = []
+        self._reservations: list | None = None  # read at most once a tick, and only when planning
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> TickReport:
@@ -94,6 +94,7 @@ class Engine:
         everyone = self.predictor is not None and any(c.policy == "predicted" for c in chains)
         queue = self.slurm.queue(all_users=everyone)
         self._queue = queue
+        self._reservations = None
         segs = {c.id: self.store.segments(c.id) for c in chains}
         # a recorded job id that now names another job (ids restart after a controller reset) is not ours
         recorded = {s.job_id: (c, s) for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id}
@@ -179,6 +180,8 @@ class Engine:
             q = by_id.get(s.job_id)
             if q is not None:
                 self._from_queue(c, segs, s, q)
+                if s.phase == RUNNING and now - (s.extra.get("progress") or {}).get("read_at", 0) >= progress.READ_EVERY_S:
+                    self._read_progress(c, s)
             elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
                 self._ended(c, segs, s, row)
                 report.ended += 1
@@ -198,11 +201,26 @@ class Engine:
         s.slurm_state, s.submit = q.state, q.submit or s.submit
         if phase == RUNNING:
             s.start, s.end = q.start or s.start, q.end or s.end
+            s.extra.pop("pending_reason", None)
+            s.extra.pop("expected_start", None)
         if changed and phase == RUNNING and s.phase != RUNNING:
             self.store.add_event(c.id, s.idx, "started", f"segment {s.idx} (job {s.job_id}) started")
         s.phase = phase
-        if phase == PENDING and q.reason in HOPELESS_REASONS:
-            self._fail(c, segs, f"segment {s.idx} (job {s.job_id}) can never start: {q.reason}")
+        if phase == PENDING:
+            self._pending(c, segs, s, q)
+
+    def _pending(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
+        """Why it waits, and Slurm's own start estimate: both from the tick's one squeue."""
+        why = reasons.explain(q.reason)
+        s.extra["pending_reason"] = q.reason
+        s.extra["expected_start"] = q.start  # squeue --start's answer; None until the backfill plans it
+        what = f"segment {s.idx} (job {s.job_id})"
+        if why.hopeless:
+            self._fail(c, segs, f"{what} can never start: {why.words} ({why.code})" + (f"; {why.hint}" if why.hint else ""))
+        elif why.code in ("ReqNodeNotAvail", "JobHeldUser", "JobHeldAdmin") and s.extra.get("warned_reason") != why.code:
+            s.extra["warned_reason"] = why.code
+            self.store.add_event(c.id, s.idx, "warning", f"{what} is pending: {why.words}"
+                                 + (f" ({why.hint})" if why.hint else ""))
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
         info = outcomes.read_outcome_file(self.runner, c, s)
@@ -222,6 +240,9 @@ class Engine:
             s.extra["log_tail"] = tail[-2000:]
             events.append((s.idx, "warning", f"last lines of job {s.job_id}:\n{tail}"))
         events += self._check_overlaps(c, segs, s)
+        if result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
+            self._read_progress(c, s)
+            events += placement.after_segment(c, segs, s)
         self.store.save(c, [s], events)
         if result.outcome == DONE:
             self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
@@ -259,6 +280,21 @@ class Engine:
             log.error(msg)
             events.append((s.idx, "error", msg))
         return events
+
+    def _read_progress(self, c: Chain, s: Segment) -> None:
+        """The segment's progress files (chain/progress.py): one file read, never a Slurm call."""
+        base = f"{c.run_dir}/control/seg-{s.idx}.progress"
+        try:
+            res = self.runner.run(progress.read_argv(base), 30)
+        except Exception as e:  # an unreachable cluster must not stop the tick: progress is optional
+            log.info("progress of %s segment %s not read: %s", c.id, s.idx, e)
+            return
+        ranks = progress.parse_read_output(res.stdout if res.ok else "", base)
+        old = s.extra.get("progress") or {}
+        if ranks or not old.get("ranks"):
+            s.extra["progress"] = progress.segment_progress(ranks, read_at=self.clock())
+        else:
+            old["read_at"] = self.clock()
 
     def _count_failure(self, c: Chain, segs: list[Segment], s: Segment) -> None:
         c.consecutive_failures += 1
@@ -314,8 +350,16 @@ class Engine:
         seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                       predicted_wait_s=estimate.seconds if estimate else None,
                       predicted_model=estimate.model if estimate else "")
+        self._fit_maintenance(c, seg)
+        if seg.extra.get("plan_note"):
+            note = f"{note}; {seg.extra['plan_note']}" if note else seg.extra["plan_note"]
         submit_segment(self.store, self.slurm, c, seg, note=note)
         segs.append(seg)
+
+    def _fit_maintenance(self, c: Chain, seg: Segment) -> None:
+        if self._reservations is None:  # one scontrol a tick at most, and only when planning
+            self._reservations = read_reservations(self.slurm)
+        fit_maintenance(c, seg, self._reservations, self.clock())
 
     # ------------------------------------------------------------------ endings
     def _finish(self, c: Chain, segs: list[Segment], status: str, reason: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from chainrun.state.records import ACTIVE, LIVE_PHASES, RUNNING, Chain, Segment
+from chainrun.state.records import ACTIVE, LIVE_PHASES, PENDING, RUNNING, Chain, Segment
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,10 @@ class SegmentView:
     overlap_s: float
     credit_s: float  # training time this segment delivered (payload start to exit)
     is_retry: bool
+    pending_reason: str = ""  # squeue's code while pending (e.g. Priority, ReqNodeNotAvail, ...)
+    expected_start: float | None = None  # Slurm's own estimate (squeue --start), while pending
+    request: str = ""  # the sbatch options this segment asked for (user's, site's, chainrun's)
+    note: str = ""  # one line for people: why it waits, what was planned, or how it ended
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ class ChainView:
     created: float
     finished: float | None
     segment_views: list[SegmentView]
+    current_note: str = ""  # the live segment's note: why it waits, what was planned for it
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -83,7 +88,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
                                                      if s.phase != RUNNING))
         base = (running.end - chain.signal_lead_s) if running and running.end else now
         eta = max(now, base) + after + (after // per_segment) * chain.signal_lead_s
-    views = [_segment_view(s) for s in segs]
+    views = [_segment_view(s, now) for s in segs]
     return ChainView(
         id=chain.id, name=chain.name, cluster=chain.cluster, policy=chain.policy, status=chain.status,
         reason=chain.reason, total_s=chain.total_s, done_s=min(float(chain.total_s), done), segment_s=chain.segment_s,
@@ -95,14 +100,48 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         payload_overlaps=[o for s in segs for o in s.extra.get("payload_overlaps", [])],
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
+        current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
     )
 
 
-def _segment_view(s: Segment) -> SegmentView:
+def _segment_view(s: Segment, now: float) -> SegmentView:
     gap = s.extra.get("gap_s")
     return SegmentView(
         idx=s.idx, job_id=s.job_id, phase=s.phase, slurm_state=s.slurm_state, outcome=s.outcome, reason=s.reason,
         time_limit_s=s.time_limit_s, submit=s.submit, eligible=s.eligible, start=s.start, end=s.end, wait_s=s.wait_s,
         predicted_wait_s=s.predicted_wait_s, predicted_model=s.predicted_model,
         gap_s=float(gap) if gap is not None else None, overlap_s=s.overlap_s, credit_s=s.credit_s, is_retry=s.is_retry,
+        pending_reason=s.extra.get("pending_reason", "") if s.phase == PENDING else "",
+        expected_start=s.extra.get("expected_start") if s.phase == PENDING else None,
+        request=s.extra.get("request", ""), note=segment_note(s, now),
     )
+
+
+_EXPLAINED = ("crash", "cancelled", "unstarted", "checkpoint-crash")
+
+
+def segment_note(s: Segment, now: float) -> str:
+    """Why a segment waits (Slurm's reason in words, its wait so far beside the prediction, Slurm's
+    start estimate), what was planned for it (e.g. a maintenance window), or how it ended badly."""
+    from chainrun.durations import format_duration as dur
+    from chainrun.slurm.reasons import explain
+
+    parts = []
+    if s.phase == PENDING:
+        why = explain(s.extra.get("pending_reason", ""))
+        if why.words:
+            parts.append(f"pending: {why.words}")
+        since = s.eligible or s.submit
+        if since:
+            waited = f"waited {dur(max(0.0, now - since))}"
+            if s.predicted_wait_s is not None:
+                waited += f" (predicted {dur(s.predicted_wait_s)})"
+            parts.append(waited)
+        start = s.extra.get("expected_start")
+        if start and start > now:
+            parts.append("Slurm expects it to start " + time.strftime("%a %H:%M", time.localtime(start)))
+    if s.extra.get("plan_note"):
+        parts.append(s.extra["plan_note"])
+    if s.outcome in _EXPLAINED and s.reason:
+        parts.append(s.reason)
+    return "; ".join(parts)

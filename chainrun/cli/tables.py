@@ -215,8 +215,9 @@ def _chain_notes(v: ChainView, width: int) -> list[str]:
     out: list[str] = []
     for err in payload_overlap_errors(v):
         out += wrap_text(err, width, first=INDENT)
-    if v.reason:
-        out += wrap_text(v.reason, width, first=INDENT + "note: ")
+    note = v.reason or getattr(v, "current_note", "")
+    if note:
+        out += wrap_text(note, width, first=INDENT + "note: ")
     return out
 
 
@@ -243,14 +244,21 @@ def detail_lines(v: ChainView, width: int) -> list[str]:
     """``status CHAIN`` off a terminal: the chain's record, then one record per segment."""
     now = time.time()
     out = record(_chain_record(v, detail=True), width) + _chain_notes(v, width)
-    for s in v.segment_views:
+    for i, s in enumerate(v.segment_views):
         f = _segment_fields(s, now)
         out += record([f"seg={f['seg']}", f"job={f['job']}"] + [f"{k}={f[k]}" for k in
                       ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap")],
                       width)
-        if s.reason and s.outcome in ("crash", "cancelled"):
-            out += wrap_text(s.reason, width, first=INDENT + "note: ")
+        if _note(s):
+            out += wrap_text(_note(s), width, first=INDENT + "note: ")
+        if s.request and (i == 0 or s.request != v.segment_views[i - 1].request):
+            out += wrap_text(s.request, width, first=INDENT + "request: ")
     return out
+
+
+def _note(s) -> str:
+    """A segment's note (views from before notes existed: the reason of a bad ending)."""
+    return getattr(s, "note", "") or (s.reason if s.outcome in ("crash", "cancelled") else "")
 
 
 def print_lines(console: Console, lines: list[str]) -> None:
@@ -281,7 +289,8 @@ def _chain_list_columns(views: list[ChainView]) -> list[Column]:
         etas.append(clock(v.eta))
         gaps.append(f"+{dur(v.interruption_s)}\n[dim]-{dur(v.overlap_s)}[/]")
         errs = payload_overlap_errors(v)
-        notes.append("\n".join([f"[bold red]{escape(e)}[/]" for e in errs] + ([escape(v.reason)] if v.reason else [])))
+        note = v.reason or getattr(v, "current_note", "")
+        notes.append("\n".join([f"[bold red]{escape(e)}[/]" for e in errs] + ([escape(note)] if note else [])))
     return [
         Column("chain", "chain", ids, short=ids_short), Column("cluster", "cluster", clusters),
         Column("status", "status", statuses), Column("segment", "segment", segs, short=segs_short),
@@ -308,8 +317,8 @@ class ChainList:
             for v in self.views:
                 for err in payload_overlap_errors(v):
                     yield Text(f"{v.id}: {err}", style="bold red")
-                if v.reason:
-                    yield Text(f"{v.id}: {v.reason}")
+                if v.reason or getattr(v, "current_note", ""):
+                    yield Text(f"{v.id}: {v.reason or v.current_note}")
 
 
 def chain_list(views: list[ChainView]) -> ChainList:
@@ -337,7 +346,7 @@ class ChainDetail:
 
         gap_cells = [f"[red]{f['gap']}[/]" if s.gap_s is not None and s.gap_s > 60 else
                      f"[yellow]{f['gap']}[/]" if s.gap_s is not None and s.gap_s < 0 else f["gap"] for s, f in rows]
-        notes = [escape(s.reason) if s.outcome in ("crash", "cancelled") and s.reason else "" for s, _ in rows]
+        notes = [escape(_note(s)) for s, _ in rows]
         cols = [
             col("seg", short=[f["seg"].replace("(retry)", "r") for _, f in rows]), col("job"), col("state"),
             col("outcome"), col("limit"), col("submit"), col("eligible"), col("start"), col("end"), col("wait"),
@@ -363,8 +372,11 @@ class ChainDetail:
             yield _table(cols)
         if below:
             for s, f in rows:
-                if s.outcome in ("crash", "cancelled") and s.reason:
-                    yield Text(f"segment {f['seg']} (job {f['job']}): {s.reason}")
+                if _note(s):
+                    yield Text(f"segment {f['seg']} (job {f['job']}): {_note(s)}")
+        requests = [s.request for s in v.segment_views if s.request]
+        if requests:
+            yield Text(f"request of the last segment: {requests[-1]}", style="dim")
         yield Text(f"checkpoints: {v.checkpoint_dir}", style="dim")
 
 

@@ -168,6 +168,13 @@ class SlurmClient:
         res = self._call(["scontrol", "show", "partition", "--oneliner"], what="scontrol show partition")
         return parsers.parse_partitions(res.stdout)
 
+    def reservations(self) -> list:
+        """``scontrol show reservation``: the windows a segment may have to fit before (reservations.py)."""
+        from chainrun.slurm.reservations import parse_reservations
+
+        res = self._call(["scontrol", "show", "reservation", "--oneliner"], what="scontrol show reservation")
+        return parse_reservations(res.stdout)
+
     def node_count(self) -> int:
         """Nodes of the cluster (``scontrol show node``: one record a node)."""
         res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")
