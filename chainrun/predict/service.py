@@ -170,7 +170,9 @@ def time_limit_note(runner: "Runner", *, timelimit_s: float, partition: str = ""
         return None
 
     def fmt(s: float) -> str:
-        return f"{s / 86400:g}d" if s >= 86400 and s % 3600 == 0 else f"{s / 3600:g}h"
+        if s < 3600:
+            return f"{s / 60:.3g}m"
+        return f"{s / 86400:.3g}d" if s >= 86400 and s % 86400 == 0 else f"{s / 3600:.3g}h"
 
     if partition and partition in parts:
         mx = parts[partition].max_time_s
