@@ -5,7 +5,6 @@ Heavy imports (pandas, lightgbm) happen inside the commands, so ``chainrun --hel
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -135,7 +134,7 @@ def eval_cmd(
     cluster: ClusterOpt = "local",
     json_out: JsonOpt = False,
 ) -> None:
-    from chainrun.cli.render import console, envelope
+    from chainrun.cli.render import envelope
     from chainrun.durations import parse_duration
     from chainrun.predict import service
 
@@ -145,27 +144,23 @@ def eval_cmd(
     if json_out:
         typer.echo(envelope("model eval", res))
         return
-    from rich.table import Table
-
     te = res["test"]
-    t = Table(title=f"test {te['from']} .. {te['to']}: {te['n']} jobs, refit every {te['refit_every_h']:g} h "
-                    f"(train {res['train']['n']} jobs from {res['train']['from']}; "
-                    f"{te['excluded_dependency_like']} dependency-like left out)")
-    cols = ("model", "q50 cov", "q90 cov", "q95 cov", "q98 cov", "q50-q98 width", "mean pinball", "pinball q98",
-            "deadline acc 1h / 6h", "Brier skill 1h / 6h", "within 2x")
-    for c in cols:
-        t.add_column(c, justify="left" if c == "model" else "right", no_wrap=(c == "model"))
+    typer.echo(f"test {te['from']} .. {te['to']}: {te['n']} jobs, refit every {te['refit_every_h']:g} h "
+               f"(train {res['train']['n']} jobs from {res['train']['from']}; "
+               f"{te['excluded_dependency_like']} dependency-like left out)")
+    w = max(len(n) for n in res["models"])
+    typer.echo(f"{'model':{w}}  {'cov q50/90/98':>15}  {'width':>5}  {'pinball':>7}  {'q98':>5}  {'1h/6h':>9}  {'2x':>4}")
     for name, m in res["models"].items():
         c, d = m["calibration"], m["deadline"]
-        skill = "/".join("-" if d[h]["brier_skill"] is None else f"{d[h]['brier_skill']:+.2f}" for h in ("1h", "6h"))
-        t.add_row(name, f"{c['q50']:.3f}", f"{c['q90']:.3f}", f"{c['q95']:.3f}", f"{c['q98']:.3f}",
-                  f"{m['sharpness_log10_q50_q98']:.2f}", f"{m['mean_pinball']:.3f}", f"{m['pinball']['p98']:.3f}",
-                  f"{d['1h']['accuracy']:.3f} / {d['6h']['accuracy']:.3f}", skill, f"{m['within_2x']:.3f}")
-    console().print(t)
+        typer.echo(f"{name:{w}}  {c['q50']:.2f}/{c['q90']:.2f}/{c['q98']:.3f}  {m['sharpness_log10_q50_q98']:5.2f}  "
+                   f"{m['mean_pinball']:7.3f}  {m['pinball']['p98']:5.3f}  "
+                   f"{d['1h']['accuracy']:.2f}/{d['6h']['accuracy']:.2f}  {m['within_2x']:4.2f}")
+    typer.echo("coverage: share of waits below each quantile; width: mean log10(q98/q50); pinball: mean over "
+                    "the quantiles, and q98's (log10 s); 1h/6h: accuracy of 'starts within H' when P >= 0.5")
     b = res["deadline_baselines"]
-    console().print("deadline baselines (accuracy 1h / 6h): majority class "
-                    f"{b['1h']['majority_class_accuracy']:.3f} / {b['6h']['majority_class_accuracy']:.3f}, "
-                    f"user median {b['1h']['user_median_accuracy']:.3f} / {b['6h']['user_median_accuracy']:.3f}")
+    typer.echo("deadline baselines (accuracy 1h / 6h): majority class "
+               f"{b['1h']['majority_class_accuracy']:.3f} / {b['6h']['majority_class_accuracy']:.3f}, "
+               f"user median {b['1h']['user_median_accuracy']:.3f} / {b['6h']['user_median_accuracy']:.3f}")
 
 
 def predict(

@@ -496,8 +496,6 @@ def _last_fact(p: "pd.DataFrame") -> float:
 def conformal_shifts(models, X, r, observed) -> dict:
     """Per quantile, the shift (log10) that makes the share of calibration residuals at or
     below the booster's answer equal to its level; censored rows count via Kaplan-Meier."""
-    import numpy as np
-
     out = {}
     n = len(r)
     if n < MIN_CAL_ROWS or observed.sum() < MIN_CAL_ROWS // 2:

@@ -96,3 +96,13 @@ def test_eval_bad_input_is_one_line(ls6_slice, capsys):
     assert err.count("\n") == 1 and "--train-until" in err
     assert main(["model", "eval", "--trace", str(ls6_slice), "--train-until", "2023-01-10",
                  "--test-until", "2023-01-01"]) == 2
+
+
+def test_eval_table_fits_a_terminal(ls6_slice, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
+    rc = main(["model", "eval", "--trace", str(ls6_slice), "--train-until", "2023-01-05", "--test-until", "2023-01-12",
+               "--refit-every", "7d", "--no-forest"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rows = [ln for ln in out.splitlines() if ln.startswith(("lightgbm ", "user_median", "global_median"))]
+    assert len(rows) == 3 and all(len(ln) <= 80 for ln in rows) and "random_forest" not in out
