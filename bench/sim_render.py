@@ -1,0 +1,114 @@
+"""Render the doc tables from docs/results/*.json into docs/evaluation.md (between markers).
+
+    .venv/bin/python bench/sim_render.py            # rewrite the marked blocks
+    .venv/bin/python bench/sim_render.py --check    # exit 1 if a block is out of date
+
+A block is ``<!-- results:FILE -->`` ... ``<!-- /results:FILE -->`` where FILE is a name in
+docs/results/ without .json; what is between the markers is generated: a changed number is a
+changed results file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "evaluation.md"
+
+
+def h(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 60:.0f} min" if abs(v) < 1 else f"{v:.2f} h"
+
+
+def pct(v, d=1) -> str:
+    return "-" if v is None else f"{v * 100:.{d}f} %"
+
+
+def ci(c) -> str:
+    if not c or c[0] is None:
+        return "-"
+    return f"{h(c[0])} .. {h(c[1])}"
+
+
+def chains_table(block: dict) -> list[str]:
+    c, m = block["chains"], block["meta"]
+    lines = [f"{m['injections']} chains ({'/'.join(map(str, m['chain_nodes']))} nodes alternating, one every "
+             f"{m['chains_every_h']:g} h of trace), {c['work_h']:g} h of work in {c['segment_h']:g} h segments, restart "
+             f"{c['restart_cost_min']:g} min, hand-off {c['handoff_min']:g} min, {m['nodes']} nodes; replay "
+             f"{m['seconds']:.0f} s.", "",
+             "| policy | n | overhead (90 % CI) | from 1st start | queue | restarts | hand-off | segments | "
+             "GPU-h twice | low | medium | heavy | stuck | per boundary: interruption / zero / cut |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, p in c["policies"].items():
+        bl, tr = p["by_load"], p.get("transitions") or {}
+        lv = [f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']})" for k in ("low", "medium", "heavy")]
+        lines.append(
+            f"| {name} | {p['n']} | {h(p['mean_overhead_h'])} ({ci(p.get('ci90_h'))}) | "
+            f"{h(p.get('mean_overhead_from_start_h'))} | {h(p.get('mean_queue_h'))} | {h(p.get('mean_restart_h'))} | "
+            f"{h(p.get('mean_handoff_h'))} | {p.get('mean_segments') or 0:.2f} | {pct(p.get('gpu_h_twice_share'), 2)} | "
+            f"{' | '.join(lv)} | {p.get('stuck', 0)} | {h(tr.get('mean_interruption_h'))} / "
+            f"{pct(tr.get('zero_interruption_share'), 0)} / {h(tr.get('mean_cut_h'))} |")
+    t = c.get("targets") or {}
+    lines += ["", "Targets for `predicted` (left share = (predicted - oracle) / (reactive - oracle), goal <= 0.10 where "
+                  "reactive - oracle >= 30 min; never > 5 min worse than reactive; GPU-h twice <= 1 %):", "",
+              "| load | reactive - oracle | left share | closes 90 % | vs reactive |", "|---|---:|---:|---:|---:|"]
+    for k in ("low", "medium", "heavy"):
+        if k in t:
+            x = t[k]
+            ls = "-" if x["left_share"] is None else f"{x['left_share']:.2f}"
+            ok = {True: "yes", False: "**no**", None: "n/a (< 30 min)"}[x["closes_90pct"]]
+            lines.append(f"| {k} | {h(x['reactive_minus_oracle_h'])} | {ls} | {ok} | "
+                         f"{x['worse_than_reactive_min']:+.0f} min |")
+    if "gpu_h_twice_share_ok" in t:
+        lines.append(f"\nGPU-h twice <= 1 %: {'yes' if t['gpu_h_twice_share_ok'] else '**no**'}.")
+    return lines
+
+
+def render(name: str, doc: dict) -> str:
+    d = doc["data"]
+    f = d["fidelity"]
+    head = [f"`{doc['command']}` (commit {doc['commit'][:7]}{', local changes' if doc.get('dirty') else ''}, seed "
+            f"{doc['seed']}, {doc['wall_s']:.0f} s wall on 2 cores; `docs/results/{name}.json`)", "",
+            f"Fidelity ({f['nodes']} nodes): Spearman {f['spearman']:.2f} over {f['jobs']} jobs, "
+            f"{f['spearman_without_holds']:.2f} without the {f['jobs'] - f['jobs_without_holds']} jobs replayed as "
+            f"dependency holds; median sim/real wait {f['median_ratio']:.2f}, within x2 {pct(f['within_2x'], 0)}.", ""]
+    if "tune" in d:
+        t = d["tune"]
+        pk = t["choose"]["picked"]
+        head += [f"Chosen on {t['choose']['injections']} chains that end before the scored window: **{pk['name']}** "
+                 f"(target {pk['target'] if pk['target'] is not None else 'shipped'}, floor {pk['floor_s'] / 3600:g} h). "
+                 "Candidates on the choice window:", "",
+                 "| candidate | n | overhead | GPU-h twice | segments | stuck |", "|---|---:|---:|---:|---:|---:|"]
+        for cname, r in t["choose"]["candidates"].items():
+            head.append(f"| {cname} | {r['n']} | {h(r['mean_overhead_h'])} | {pct(r.get('gpu_h_twice_share'), 2)} | "
+                        f"{(r.get('mean_segments') or 0):.2f} | {r.get('stuck', 0)} |")
+        head += ["", "Scored window (chains injected from the split on):", ""]
+        return "\n".join(head + chains_table(t["score"]))
+    return "\n".join(head + chains_table(d))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true")
+    args = ap.parse_args()
+    text = DOC.read_text()
+    new = text
+    for m in re.finditer(r"<!-- results:([\w.-]+) -->\n.*?<!-- /results:\1 -->", text, re.S):
+        name = m.group(1)
+        doc = json.loads((REPO / "docs" / "results" / f"{name}.json").read_text())
+        block = f"<!-- results:{name} -->\n{render(name, doc)}\n<!-- /results:{name} -->"
+        new = new.replace(m.group(0), block)
+    if args.check:
+        return 0 if new == text else 1
+    DOC.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
