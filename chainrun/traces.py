@@ -45,33 +45,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
-from chainrun.slurm.parsers import base_state, gpus_from_tres
+from chainrun.slurm.parsers import NO_VAL_MINUTES, RAW_MINUTE_LIMITS, SACCT_HEADER_ALIASES, base_state, gpus_from_tres
 from chainrun.slurm.timefmt import parse_slurm_duration
 
 if TYPE_CHECKING:  # pandas is heavy: imported inside functions only
     import pandas as pd
 
-# canonical column -> accepted header names (lower case)
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "job_id": ("jobid", "jobidraw", "job_id"),
-    "user": ("user", "uid", "username"),
-    "name": ("jobname", "name"),
-    "partition": ("partition",),
-    "qos": ("qos",),
-    "account": ("account",),
-    "submit": ("submit", "submittime"),
-    "eligible": ("eligible", "eligibletime"),
-    "start": ("start", "starttime"),
-    "end": ("end", "endtime"),
-    "timelimit": ("timelimitraw", "timelimitr", "timelimit"),
-    "nodes": ("nnodes", "allocnodes", "reqnodes", "nodes"),
-    "cpus": ("ncpus", "alloccpus", "reqcpus"),
-    "alloc_tres": ("alloctres",),
-    "req_tres": ("reqtres",),
-    "state": ("state",),
-    "exit_code": ("exitcode",),
-    "priority": ("priority",),
-}
+# canonical column -> accepted header names (lower case): the Slurm layer's one mapping
+# (Elapsed and Reason are the watcher's: not read here, a million rows do not need them)
+_ALIASES: dict[str, tuple[str, ...]] = {k: v for k, v in SACCT_HEADER_ALIASES.items() if k not in ("elapsed", "reason")}
 REQUIRED = ("job_id", "user", "submit", "start", "end", "timelimit")
 CANONICAL_COLUMNS = (
     "job_id", "user", "name", "partition", "qos", "account", "submit", "eligible", "start", "end",
@@ -222,7 +204,7 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
         out["eligible"] = out["submit"]
     else:
         out["eligible"] = out["eligible"].fillna(out["submit"])
-    out["timelimit_s"] = _limits(col("timelimit"), raw_minutes=names[cols["timelimit"]].lower() in ("timelimitraw", "timelimitr"))
+    out["timelimit_s"] = _limits(col("timelimit"), raw_minutes=names[cols["timelimit"]].strip().lower() in RAW_MINUTE_LIMITS)
     out["nodes"] = _count(col("nodes", "1"), 1)
     out["cpus"] = _count(col("cpus", "0"), 0)
     tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
@@ -284,7 +266,7 @@ def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
 
     if raw_minutes:  # UNLIMITED, Partition_Limit -> NaN; so are NO_VAL/INFINITE (2**32-2, 2**32-1)
         m = pd.to_numeric(s, errors="coerce").astype(float)
-        return m.where(m < 4294967294.0, np.nan) * 60.0
+        return m.where(m < NO_VAL_MINUTES, np.nan) * 60.0
 
     def one(v: str) -> float:
         try:

@@ -204,42 +204,87 @@ class AcctRow:
         return max(0.0, self.start - self.eligible)
 
 
+# sacct header name (lower case) for each field, in order of preference: the one mapping the
+# watcher (parse_sacct) and the columnar history/trace reader (chainrun.traces) both use
+SACCT_HEADER_ALIASES: dict[str, tuple[str, ...]] = {
+    "job_id": ("jobidraw", "jobid", "job_id"),
+    "user": ("user", "uid", "username"),
+    "name": ("jobname", "name"),
+    "partition": ("partition",),
+    "qos": ("qos",),
+    "account": ("account",),
+    "submit": ("submit", "submittime"),
+    "eligible": ("eligible", "eligibletime"),
+    "start": ("start", "starttime"),
+    "end": ("end", "endtime"),
+    "elapsed": ("elapsed",),
+    "timelimit": ("timelimitraw", "timelimitr", "timelimit"),
+    "nodes": ("nnodes", "allocnodes", "reqnodes", "nodes"),
+    "cpus": ("ncpus", "alloccpus", "reqcpus"),
+    "alloc_tres": ("alloctres",),
+    "req_tres": ("reqtres",),
+    "state": ("state",),
+    "exit_code": ("exitcode",),
+    "reason": ("reason",),
+    "priority": ("priority",),
+}
+RAW_MINUTE_LIMITS = ("timelimitraw", "timelimitr")  # minutes; the others are Slurm durations
+NO_VAL_MINUTES = 4294967294  # NO_VAL / INFINITE in TimelimitRaw: no limit
+
+
+def _key(r: dict[str, str], field: str) -> str | None:
+    """The upper-case header under which row ``r`` has ``field`` (see SACCT_HEADER_ALIASES)."""
+    for alias in SACCT_HEADER_ALIASES[field]:
+        if alias.upper() in r:
+            return alias.upper()
+    return None
+
+
+def _get(r: dict[str, str], field: str, default: str = "") -> str:
+    k = _key(r, field)
+    return r[k] if k is not None else default
+
+
 def parse_sacct(text: str) -> list[AcctRow]:
-    """Rows of ``sacct -X -P --format=SACCT_FIELDS`` (header line required); steps are skipped."""
+    """Rows of ``sacct -X -P --format=SACCT_FIELDS`` (header line required, fields found by
+    SACCT_HEADER_ALIASES); steps are skipped."""
     rows = []
     for r in parse_table(text, last_may_contain_sep=True):
-        jid = r.get("JOBIDRAW") or r.get("JOBID") or ""
+        jid = _get(r, "job_id")
         if not jid or "." in jid:
             continue
-        code, _, sig = (r.get("EXITCODE") or "0:0").partition(":")
-        state_text = r.get("STATE", "")
-        limit = r.get("TIMELIMITRAW")
-        if limit is not None:
-            limit_s = float(int(limit) * 60) if limit.strip().isdigit() else _dur(r, "TIMELIMITRAW")
+        code, _, sig = (_get(r, "exit_code") or "0:0").partition(":")
+        state_text = _get(r, "state")
+        lk = _key(r, "timelimit")
+        limit = r.get(lk, "") if lk else None
+        if lk is None:
+            limit_s = None
+        elif lk.lower() in RAW_MINUTE_LIMITS and limit.strip().isdigit():
+            limit_s = None if int(limit) >= NO_VAL_MINUTES else float(int(limit) * 60)
         else:
-            limit_s = _dur(r, "TIMELIMIT")
+            limit_s = _dur(r, lk)
         rows.append(
             AcctRow(
                 job_id=jid,
-                name=r.get("JOBNAME", ""),
-                user=r.get("USER", ""),
-                partition=r.get("PARTITION", ""),
-                qos=r.get("QOS", ""),
-                submit=_ts(r, "SUBMIT"),
-                eligible=_ts(r, "ELIGIBLE"),
-                start=_ts(r, "START"),
-                end=_ts(r, "END"),
+                name=_get(r, "name"),
+                user=_get(r, "user"),
+                partition=_get(r, "partition"),
+                qos=_get(r, "qos"),
+                submit=_ts(r, _key(r, "submit") or "SUBMIT"),
+                eligible=_ts(r, _key(r, "eligible") or "ELIGIBLE"),
+                start=_ts(r, _key(r, "start") or "START"),
+                end=_ts(r, _key(r, "end") or "END"),
                 elapsed_s=_dur(r, "ELAPSED"),
                 time_limit_s=limit_s,
-                nodes=_int(r, "NNODES", 1),
-                cpus=_int(r, "NCPUS", 0),
-                gpus=gpus_from_tres(r.get("ALLOCTRES") or r.get("REQTRES")),
+                nodes=_int(r, _key(r, "nodes") or "NNODES", 1),
+                cpus=_int(r, _key(r, "cpus") or "NCPUS", 0),
+                gpus=gpus_from_tres(_get(r, "alloc_tres") or _get(r, "req_tres")),
                 state=base_state(state_text),
                 exit_code=int(code) if code.strip().isdigit() else 0,
                 exit_signal=int(sig) if sig.strip().isdigit() else 0,
-                reason=r.get("REASON", ""),
+                reason=_get(r, "reason"),
                 state_detail=state_text,
-                account=r.get("ACCOUNT", ""),
+                account=_get(r, "account"),
             )
         )
     return rows
