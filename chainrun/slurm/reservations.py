@@ -79,7 +79,7 @@ class Fit:
 
 def fit_before(now: float, limit_s: int, shortest_s: int, reservations: list[Reservation], *,
                pinned_nodes: set[str], job_nodes: int, partition: str, partition_nodes: int,
-               margin_s: int = 120) -> Fit:
+               margin_s: int = 60) -> Fit:
     """The limit that lets a segment submitted now end before the first maintenance window in its way.
 
     A window is in the way when it starts before the segment would end and the job cannot

@@ -6,7 +6,7 @@ steps and whenever CHAINRUN_SIGNAL (or TERM) arrives, resumes from the last chec
 and says "done" once it reaches TOY_TOTAL_STEPS (0 = never: the chain ends by --total).
 Every step is appended to steps.log in the checkpoint folder, so a test can check that
 no step was lost or trained twice and that no two segments trained at once.
-TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries); TOY_IGNORE_SIGNAL=1 makes it
+TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries; TOY_CRASH_RANK limits it to one rank); TOY_IGNORE_SIGNAL=1 makes it
 ignore CHAINRUN_SIGNAL (many real trainers do: only TERM at the limit stops it); TOY_CRASH_ON_SAVE=1
 makes it fail with a traceback while saving after a signal. Each line of steps.log ends with the
 Slurm job id, so a test can tell which job trained when.
@@ -34,6 +34,7 @@ step_s = float(os.environ.get("TOY_STEP_SECONDS", "0.5"))
 save_every = int(os.environ.get("TOY_SAVE_EVERY", "10"))
 total_steps = int(os.environ.get("TOY_TOTAL_STEPS", "0"))
 crash_at = int(os.environ.get("TOY_CRASH_AT_STEP", "0"))
+crash_rank = os.environ.get("TOY_CRASH_RANK")  # only this rank crashes (default: every rank)
 sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
 ignore_signal = os.environ.get("TOY_IGNORE_SIGNAL") == "1"
 crash_on_save = os.environ.get("TOY_CRASH_ON_SAVE") == "1"
@@ -102,7 +103,7 @@ with (steps_log.open("a") if rank == 0 else open(os.devnull, "w")) as log:
             progress.flush()
         log.write(f"step {segment} {step} {time.time():.3f} {job}\n")
         log.flush()
-        if crash_at and step == crash_at:
+        if crash_at and step == crash_at and (crash_rank is None or str(rank) == crash_rank):
             print(f"toy: crashing at step {step} as asked", flush=True)
             sys.exit(1)
         if step % save_every == 0:

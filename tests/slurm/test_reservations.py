@@ -34,7 +34,7 @@ def test_fit_before_shortens_only_when_the_window_is_in_the_way():
     kw = dict(pinned_nodes=set(), job_nodes=1, partition="p", partition_nodes=4)
     # the whole cluster goes down in 19 h: a 48 h segment ends before it
     fit = fit_before(0, 48 * 3600, 600, [res(19 * 3600, all_nodes=True)], **kw)
-    assert fit.shortened and fit.limit_s == 19 * 3600 - 120
+    assert fit.shortened and fit.limit_s == 19 * 3600 - 60
     # one node of four reserved: a 1-node job runs elsewhere
     assert not fit_before(0, 48 * 3600, 600, [res(3600)], **kw).shortened
     # ... unless it is pinned to that node, or needs every node
@@ -55,8 +55,8 @@ def test_fit_maintenance_notes_what_it_decided():
               retries=1, sbatch_args=["--nodelist=n4"], partition="p", extra={"partition_nodes": 4})
     seg = Segment(chain_id="c", idx=4, time_limit_s=48 * 3600)
     fit_maintenance(c, seg, [res(19 * 3600 + 1000)], 1000)
-    assert seg.time_limit_s == 19 * 3600 - 120 and seg.extra["time_min_s"] == 360
-    assert seg.extra["plan_note"].startswith("segment 4 shortened to 18h58m: maintenance at ")
+    assert seg.time_limit_s == 19 * 3600 - 60 and seg.extra["time_min_s"] == 360
+    assert seg.extra["plan_note"].startswith("segment 4 shortened to 18h59m: maintenance at ")
 
 
 def test_pending_reasons_in_words():
