@@ -54,3 +54,18 @@ def test_a_waiting_segment_keeps_its_reason_and_slurms_estimate(tmp_path):
 
     note = view_chain(store.chain(c.id), store.segments(c.id), now=fake.now).segment_views[0].note
     assert note.startswith("pending: a node it needs is unavailable") and "Slurm expects it to start" in note
+
+
+def test_cancel_leaves_no_segment_shown_running(tmp_path):
+    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.summary import view_chain
+
+    fake, store, eng, c = _world(tmp_path)
+    (job,) = fake.jobs.values()
+    fake.start(job.id)
+    eng.tick()
+    assert store.segments(c.id)[0].slurm_state == "RUNNING"
+    cancel_chain(store, SlurmClient(fake), store.chain(c.id))
+    v = view_chain(store.chain(c.id), store.segments(c.id))
+    assert v.status == "CANCELLED" and v.current_state == "CANCELLED"
+    assert [s.slurm_state for s in v.segment_views] == ["CANCELLED"]
