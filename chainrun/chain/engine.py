@@ -33,7 +33,7 @@ from chainrun.state.records import SKIPPED
 
 log = logging.getLogger(__name__)
 
-MIN_SEGMENT_S = 60  # Slurm's --time granularity: less than this left means the total is reached
+MIN_SEGMENT_S = 60  # Slurm's --time granularity: the shortest segment worth planning
 ADOPT_AFTER_S = 60  # a SUBMITTING segment this old with no job in squeue is looked up in sacct
 LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is declared lost
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
@@ -314,7 +314,7 @@ class Engine:
         expected = sum(expected_training(c, s) for s in live)
         remaining = c.total_s - c.credited_s - expected
         if not live:
-            if c.total_s - c.credited_s < MIN_SEGMENT_S:
+            if c.total_s - c.credited_s < total_tolerance(c):
                 self._finish(c, segs, COMPLETED, "total time reached")
                 return
             # the last prediction made while the predecessor ran stays beside the actual wait
@@ -323,7 +323,7 @@ class Engine:
             self._submit_next(c, segs, remaining, dependency="", note="", estimate=est)
             report.submitted += 1
             return
-        if len(live) > 1 or remaining < MIN_SEGMENT_S:
+        if len(live) > 1 or remaining < total_tolerance(c):
             return
         cur = live[0]
         policy = get_policy(c.policy)
@@ -396,6 +396,11 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
     c.status, c.reason, c.finished = CANCELLED, reason, time.time()
     store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
     return ids
+
+
+def total_tolerance(c: Chain) -> float:
+    """Training still missing that counts as --total reached: a minute, or 5 % of a short total."""
+    return min(float(MIN_SEGMENT_S), 0.05 * c.total_s)
 
 
 def expected_training(c: Chain, s: Segment) -> float:

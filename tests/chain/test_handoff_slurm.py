@@ -193,7 +193,8 @@ def _trained_alone(res: dict) -> None:
 def _completed(res: dict) -> None:
     d = res["detail"]
     assert d["status"] == "COMPLETED", d["reason"]
-    assert d["trained_s"] >= d["total_s"] - 60, (d["trained_s"], d["total_s"])  # --total is training time
+    # --total is training time: reached when less than a minute (5 % of a short total) is missing
+    assert d["trained_s"] >= d["total_s"] - min(60, 0.05 * d["total_s"]), (d["trained_s"], d["total_s"])
 
 
 def test_signal_ignoring_trainer_never_trains_twice(runs):

@@ -31,7 +31,7 @@ CI_KILLS = 10
 CONTROLLER_DOWN_S = 35  # longer than several ticks (interval 3 s) and than the backoff's first steps
 
 
-def _kill_scenario(base: Path, kills: int, seed: int, total: str = "2m", max_s: float = 8) -> dict:
+def _kill_scenario(base: Path, kills: int, seed: int, total: str = "3m", max_s: float = 8) -> dict:
     home = base / "home"
     shim_state = base / "shim"
     h.kill_after_sbatch_shim(base / "bin", shim_state)
