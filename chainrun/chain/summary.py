@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from chainrun.chain import progress
 from chainrun.state.records import ACTIVE, LIVE_PHASES, PENDING, RUNNING, Chain, Segment
 
 
@@ -28,6 +29,13 @@ class SegmentView:
     overlap_s: float
     credit_s: float  # training time this segment delivered (payload start to exit)
     is_retry: bool
+    # from the progress contract (chain/progress.py): None when the trainer does not report
+    step: float | None = None  # the trainer's step when this segment last reported
+    steps: float | None = None  # steps this segment trained
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    nodes: tuple = ()  # nodes its ranks reported from
+    node_verdicts: tuple = ()  # the straggler rule's comparison of its nodes (chain/placement.py)
     pending_reason: str = ""  # squeue's code while pending (e.g. Priority, ReqNodeNotAvail, ...)
     expected_start: float | None = None  # Slurm's own estimate (squeue --start), while pending
     request: str = ""  # the sbatch options this segment asked for (user's, site's, chainrun's)
@@ -54,6 +62,7 @@ class ChainView:
     trained_s: float  # the payload's run time so far: what --total counts
     allocated_s: float  # time the chain's jobs held their allocations (waits for a hand-off included)
     payload_overlaps: list[dict]  # two payloads of this chain that trained at once: must stay empty
+    pace: dict  # steps, steps/s, samples/s, training ETAs from the pace, excluded nodes, request changes
     retries_used: int
     checkpoint_dir: str
     run_dir: str
@@ -98,6 +107,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         overlap_s=sum(v.overlap_s for v in views),
         trained_s=done, allocated_s=allocated,
         payload_overlaps=[o for s in segs for o in s.extra.get("payload_overlaps", [])],
+        pace=progress.pace_view(chain, segs, now, done),
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
@@ -111,6 +121,7 @@ def _segment_view(s: Segment, now: float) -> SegmentView:
         time_limit_s=s.time_limit_s, submit=s.submit, eligible=s.eligible, start=s.start, end=s.end, wait_s=s.wait_s,
         predicted_wait_s=s.predicted_wait_s, predicted_model=s.predicted_model,
         gap_s=float(gap) if gap is not None else None, overlap_s=s.overlap_s, credit_s=s.credit_s, is_retry=s.is_retry,
+        **progress.segment_fields(s),
         pending_reason=s.extra.get("pending_reason", "") if s.phase == PENDING else "",
         expected_start=s.extra.get("expected_start") if s.phase == PENDING else None,
         request=s.extra.get("request", ""), note=segment_note(s, now),
