@@ -168,7 +168,15 @@ def after_segment(chain, segs: list, seg) -> list[tuple[int | None, str, str]]:
         pl.setdefault("excluded_why", {})[node] = why
         events.append((seg.idx, "adapt", f"excluding node {node} from the next segments: {why} "
                                          f"(`chainrun unexclude {chain.id} {node}` to pardon it)"))
+        _note_change(chain, seg.idx, seg.end, f"--exclude {node}: {why}")
     return events
+
+
+def _note_change(chain, idx: int | None, at: float | None, what: str) -> None:
+    """Every change to the request of later segments, kept for `status` (also an event)."""
+    changes = chain.extra.setdefault("placement", {}).setdefault("changes", [])
+    changes.append({"after_segment": idx, "at": at, "what": what})
+    del changes[:-20]
 
 
 def unexclude(chain, node: str, now: float) -> bool:
@@ -180,6 +188,8 @@ def unexclude(chain, node: str, now: float) -> bool:
     pl.get("verdicts", {}).pop(node, None)
     pl.setdefault("pardoned", {})[node] = now
     (pl.get("excluded_why") or {}).pop(node, None)
+    if had:
+        _note_change(chain, None, now, f"node {node} pardoned: no longer excluded")
     return had
 
 
