@@ -121,10 +121,15 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
 
 def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
              refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto", lightgbm_params: dict | None = None,
-             anchor: bool | None = None, rf_params: dict | None = None) -> dict:
+             anchor: bool | None = None, rf_params: dict | None = None, kind: str | None = None,
+             other_kind: bool = True, forest_params: dict | None = None) -> dict:
     """Replay the refresh through [train_until, test_until); see the module doc."""
     import numpy as np
 
+    from chainrun.predict.model import KIND, KINDS
+
+    kind = kind or KIND
+    other = next(k for k in KINDS if k != kind) if other_kind else None
     if test_until <= train_until:
         raise UsageError("--test-until must be after --train-until")
     if refit_every_s <= 0:
@@ -156,7 +161,8 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
              "without_rule": log_wait(wait_q[sets["without_rule"]])}
     obs_set = {k: ~np.isnan(start[v]) for k, v in sets.items()}
     K = len(QUANTILES)
-    names = ["lightgbm", "lightgbm_uncalibrated", "global_median", "user_median"] + (["random_forest"] if random_forest else [])
+    names = ["lightgbm", "lightgbm_uncalibrated"] + ([f"lightgbm_{other}"] if other else []) + \
+        ["global_median", "user_median"] + (["random_forest"] if random_forest else [])
     preds = {s: {n: np.full((len(v), K), np.nan) for n in names} for s, v in sets.items()}
     probs = {s: {n: {h: np.full(len(v), np.nan) for h in HORIZONS} for n in names} for s, v in sets.items()}
     base = {s: {h: np.full(len(v), np.nan) for h in HORIZONS} for s, v in sets.items()}
@@ -171,8 +177,15 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         refits += 1
         ts = time.time()
         pr = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
-                           params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}))
+                           params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}), kind=kind,
+                           forest_params=forest_params)
         timing["lightgbm"] += time.time() - ts
+        alt = None
+        if other:
+            ts = time.time()
+            alt = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
+                                kind=other)
+            timing[f"lightgbm_{other}"] = timing.get(f"lightgbm_{other}", 0.0) + time.time() - ts
         user_models |= set(pr.meta["user_models"])
         tr = training_rows(p, since=warm, until=T)
         y_tr = log_wait(p["wait"].to_numpy(float)[tr])
@@ -190,8 +203,12 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
             X = X_set[s][rows]
             users = p["user"].astype(str).to_numpy()[sets[s][rows]]
             chooser = [pr.model_for(u) for u in users]
-            for n, calibrated in (("lightgbm", True), ("lightgbm_uncalibrated", False)):
-                out = pr.predict_matrix(X, chooser, calibrated=calibrated)
+            runs = [("lightgbm", pr, True), ("lightgbm_uncalibrated", pr, False)]
+            if alt is not None:
+                runs.append((f"lightgbm_{other}", alt, True))
+            for n, model, calibrated in runs:
+                ch = chooser if model is pr else [model.model_for(u) for u in users]
+                out = model.predict_matrix(X, ch, calibrated=calibrated)
                 preds[s][n][rows] = out
                 for h, hs in HORIZONS.items():
                     probs[s][n][h][rows] = prob_within_matrix(out, hs)
@@ -258,6 +275,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         }),
         "quantiles": list(QUANTILES),
         "horizons_s": HORIZONS,
+        "lightgbm_kind": kind,
         "seconds": round(time.time() - t0, 1),
     }
 

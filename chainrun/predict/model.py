@@ -59,6 +59,10 @@ PARAMS = {
 ROUNDS = 100
 USER_ROUNDS = 100
 ANCHOR = False  # learn log wait minus the user's recent mean log wait? (the tuning said no)
+# "quantile": one LightGBM quantile booster per level; "forest": a LightGBM random forest read as a
+# quantile regression forest (chainrun/predict/forest.py). Chosen by bench/predict_tune.py.
+KIND = "quantile"
+KINDS = ("quantile", "forest")
 
 
 @dataclass(frozen=True)
@@ -177,9 +181,10 @@ def _qname(q: float) -> str:
 class Predictor:
     """Cluster model + selected per-user models; see the module doc."""
 
-    def __init__(self, boosters: dict[str, dict[float, object]], meta: dict) -> None:
-        self.boosters = boosters  # "cluster" or "user:<name>" -> {q: lightgbm.Booster}
+    def __init__(self, boosters: dict[str, dict[float, object]], meta: dict, forests: dict | None = None) -> None:
+        self.boosters = boosters  # "cluster" or "user:<name>" -> {q: lightgbm.Booster} (or {"forest": ...})
         self.meta = meta
+        self.forests = forests or {}  # name -> chainrun.predict.forest.LeafForest
 
     # ------------------------------------------------------------ prediction
     def model_for(self, user: str) -> str:
@@ -234,6 +239,10 @@ class Predictor:
         for name in np.unique(names):
             rows = names == name
             shift = cal.get(str(name), {})
+            if str(name) in self.forests:
+                out[rows] = self.forests[str(name)].quantiles(X[rows], QUANTILES) + \
+                    np.array([shift.get(_qname(q), 0.0) for q in QUANTILES])
+                continue
             for j, q in enumerate(QUANTILES):
                 out[rows, j] = anchor[rows] + self.boosters[name][q].predict(X[rows], num_threads=1) + shift.get(_qname(q), 0.0)
         out = np.maximum(out, 0.0)
@@ -250,10 +259,13 @@ class Predictor:
             stem = "cluster" if name == "cluster" else f"user{i:04d}"
             files[name] = {}
             for q, b in models.items():
-                fn = f"{stem}_{_qname(q)}.txt"
+                key = q if isinstance(q, str) else _qname(q)
+                fn = f"{stem}_{key}.txt"
                 b.save_model(str(d / fn))
-                files[name][_qname(q)] = fn
+                files[name][key] = fn
         meta = {**self.meta, "files": files}
+        if self.forests:
+            meta["forests"] = {name: f.encode() for name, f in self.forests.items()}
         tmp = d / ".meta.json.tmp"
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
         os.replace(tmp, d / "meta.json")  # meta last: a half-written model has no meta
@@ -281,10 +293,11 @@ def load_predictor(directory: str | Path) -> Predictor:
             f"model in {d} was trained on a different feature list (missing {missing or 'none'}, "
             f"unknown {extra or 'none'}, or another order)", hint="run: chainrun model refresh")
     boosters: dict[str, dict[float, object]] = {}
+    forest_blobs = meta.pop("forests", None) or {}
     for name, per_q in meta["files"].items():
         boosters[name] = {}
-        for q in QUANTILES:
-            path = d / per_q[_qname(q)]
+        for q in (["forest"] if name in forest_blobs else QUANTILES):
+            path = d / per_q[q if isinstance(q, str) else _qname(q)]
             try:
                 b = lgb.Booster(model_file=str(path))
             except Exception as e:  # lightgbm raises its own error type for bad files
@@ -294,7 +307,16 @@ def load_predictor(directory: str | Path) -> Predictor:
                                  hint="run: chainrun model refresh")
             boosters[name][q] = b
     meta.pop("files", None)
-    return Predictor(boosters, meta)
+    forests = {}
+    if forest_blobs:
+        from chainrun.predict.forest import LeafForest
+
+        for name, blob in forest_blobs.items():
+            try:
+                forests[name] = LeafForest.decode(boosters[name]["forest"], blob)
+            except (KeyError, ValueError) as e:
+                raise ModelError(f"unreadable forest tables in {d / 'meta.json'}: {e}", hint="run: chainrun model refresh") from None
+    return Predictor(boosters, meta, forests)
 
 
 # ---------------------------------------------------------------- training
@@ -340,7 +362,7 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
                   rounds: int = ROUNDS, params: dict | None = None, anchor: bool = ANCHOR, calibrate: bool = True,
                   frozen: dict | None = None, X_all: "np.ndarray | None" = None,
-                  capacity: float | None = None) -> Predictor:
+                  capacity: float | None = None, kind: str = KIND, forest_params: dict | None = None) -> Predictor:
     """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
     (first start + 7 days) when the history spans 4 weeks or more, else to its start;
     ``per_user`` is "auto" (selected on a time holdout), "always" or "never".
@@ -359,6 +381,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
 
     if per_user not in ("auto", "always", "never"):
         raise ValueError(per_user)
+    if kind not in KINDS:
+        raise ValueError(kind)
     t0 = time.time()
     p = prepared if prepared is not None else prepare(history)
     if since is None:
@@ -381,7 +405,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     meta = {
         "format": FORMAT, "features": list(FEATURES), "quantiles": list(QUANTILES),
         "capacity": float(capacity), "capacity_source": source if frozen is None else "frozen", "all_users": bool(all_users), "categories": categories,
-        "versions": _versions(), "target": "log10(max(wait_s, 1))", "anchor": bool(anchor),
+        "versions": _versions(), "target": "log10(max(wait_s, 1))", "anchor": bool(anchor and kind == "quantile"),
+        "kind": kind,
     }
     t_all = p["t_elig"].to_numpy(float)
     t = t_all[idx]
@@ -419,11 +444,26 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
         return {qq: lgb.train({**prm, "alpha": qq, "min_data_in_leaf": min(prm["min_data_in_leaf"], max(5, len(rows) // 20))},
                               ds, num_boost_round=n) for qq in QUANTILES}
 
-    boosters = {"cluster": fit(np.flatnonzero(early), n_rounds)}
     calibration: dict[str, dict] = {}
+    chosen: dict[str, dict] = {}
+    if kind == "forest":  # the leaves' waits are the answer: no anchor, one cluster-wide forest
+        from chainrun.predict.forest import LeafForest
+
+        fr = LeafForest.fit(X[early], y[early], params=forest_params, feature_names=FEATURES)
+        forests = {"cluster": fr}
+        if np.isfinite(cut):
+            calibration["cluster"] = shifts_of(fr.quantiles(X[late], QUANTILES), y[late], observed[late])
+        meta.update({
+            "trained_at": time.time(), "fit_seconds": round(time.time() - t0, 2), "per_user_policy": "never",
+            "training_window": _window(t, users, observed, early, late, cut),
+            "user_models": {}, "calibration": calibration,
+            "train_metrics": {_qname(q): round(pinball(y[early], v, q), 4)
+                              for q, v in zip(QUANTILES, fr.quantiles(X[early], QUANTILES).T)},
+        })
+        return Predictor({"cluster": {"forest": fr.booster}}, meta, forests)
+    boosters = {"cluster": fit(np.flatnonzero(early), n_rounds)}
     if np.isfinite(cut):
         calibration["cluster"] = conformal_shifts(boosters["cluster"], X[late], r[late], observed[late])
-    chosen: dict[str, dict] = {}
     if per_user != "never" and np.isfinite(cut):
         counts = {u: int(c) for u, c in zip(*np.unique(users[early], return_counts=True))}
         cands = [u for u, c in counts.items() if c >= MIN_USER_ROWS and (users[late & observed] == u).sum() >= 20]
@@ -451,15 +491,21 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
                 chosen[str(u)] = {"train_rows": int(c)}
     meta.update({
         "trained_at": time.time(), "fit_seconds": round(time.time() - t0, 2), "per_user_policy": per_user,
-        "training_window": {"since": float(np.min(t)), "until": float(np.max(t)), "rows": int(observed.sum()),
-                            "users": int(len(set(users))), "boosters_rows": int(early.sum()),
-                            "calibration_rows": int((late & observed).sum()),
-                            "calibration_still_waiting": int((late & ~observed).sum()),
-                            "calibration_from": float(cut) if np.isfinite(cut) else None},
+        "training_window": _window(t, users, observed, early, late, cut),
         "user_models": chosen, "calibration": calibration,
         "train_metrics": _pinball_dict(boosters["cluster"], X[early], r[early]),
     })
     return Predictor(boosters, meta)
+
+
+def _window(t, users, observed, early, late, cut) -> dict:
+    import numpy as np
+
+    return {"since": float(np.min(t)), "until": float(np.max(t)), "rows": int(observed.sum()),
+            "users": int(len(set(users))), "boosters_rows": int(early.sum()),
+            "calibration_rows": int((late & observed).sum()),
+            "calibration_still_waiting": int((late & ~observed).sum()),
+            "calibration_from": float(cut) if np.isfinite(cut) else None}
 
 
 def censored_rows(p: "pd.DataFrame", *, since: float | None, until: float | None) -> "np.ndarray":
@@ -496,14 +542,24 @@ def _last_fact(p: "pd.DataFrame") -> float:
 def conformal_shifts(models, X, r, observed) -> dict:
     """Per quantile, the shift (log10) that makes the share of calibration residuals at or
     below the booster's answer equal to its level; censored rows count via Kaplan-Meier."""
+    import numpy as np
+
+    if len(r) < MIN_CAL_ROWS:
+        return {}
+    pred = np.column_stack([models[q].predict(X, num_threads=1) for q in QUANTILES])
+    return shifts_of(pred, r, observed)
+
+
+def shifts_of(pred, y, observed) -> dict:
+    """The conformal shift of each quantile column of ``pred`` against targets ``y``
+    (``observed`` False: a lower bound)."""
     out = {}
-    n = len(r)
+    n = len(y)
     if n < MIN_CAL_ROWS or observed.sum() < MIN_CAL_ROWS // 2:
         return {}
-    for q in QUANTILES:
-        res = r - models[q].predict(X, num_threads=1)
+    for j, q in enumerate(QUANTILES):
         level = min(1.0, q * (1.0 + 1.0 / n))  # split-conformal finite-sample correction
-        out[_qname(q)] = round(float(km_quantile(res, observed, level)), 5)
+        out[_qname(q)] = round(float(km_quantile(y - pred[:, j], observed, level)), 5)
     return out
 
 

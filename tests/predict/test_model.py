@@ -180,3 +180,31 @@ def test_predict_with_nothing_known(fitted):
     snap = df.tail(10).copy()
     snap["state"] = "PENDING"
     assert pr.predict(req, snap, None).p50 > 0
+
+
+def test_forest_kind_round_trip_without_pickle(tmp_path):
+    """The quantile-forest kind: a LightGBM rf booster (text) + leaf CDF tables (JSON)."""
+    df = synthetic_history(900, seed=5)
+    pr = fit_predictor(df, kind="forest")
+    assert pr.meta["kind"] == "forest" and set(pr.meta["calibration"]["cluster"]) == {"p10", "p50", "p90", "p95", "p98"}
+    t = float(df["submit"].iloc[-1]) + 60
+    snap, hist = _live(df, t)
+    req = WaitRequest(user="u1", nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t)
+    p = pr.predict(req, snap, hist)
+    assert p.qs == model_mod.QUANTILES and list(p.values) == sorted(p.values) and p.values[0] >= 1.0
+    d = pr.save(tmp_path / "f")
+    assert sorted(f.name for f in d.iterdir()) == ["cluster_forest.txt", "meta.json"]
+    assert load_predictor(d).predict(req, snap, hist) == p
+
+
+def test_forest_reads_the_leaves_waits():
+    from chainrun.predict.forest import LeafForest
+
+    rng = np.random.default_rng(0)
+    X = rng.random((800, 3))
+    y = np.where(X[:, 0] > 0.5, rng.normal(4.0, 0.3, 800), rng.normal(1.0, 0.3, 800)).clip(0)
+    f = LeafForest.fit(X, y, params={"min_data_in_leaf": 10}, trees=30)
+    q = f.quantiles(np.array([[0.9, 0.5, 0.5], [0.1, 0.5, 0.5]]), (0.1, 0.5, 0.9))
+    assert np.all(np.diff(q, axis=1) >= 0)
+    assert 3.5 < q[0, 1] < 4.5 and 0.5 < q[1, 1] < 1.5
+    assert q[0, 2] - q[0, 0] > 0.4  # the spread of the leaves' waits (sd 0.3: ~0.77 from q10 to q90)
