@@ -43,6 +43,7 @@ class SubmitRequest:
     sbatch_args: list[str] = field(default_factory=list)
     cluster: str = "local"
     upload_script: bool = False  # remote clusters: copy script_text into the chain's folder and run that copy
+    adapt: bool = True  # exclude straggler nodes from later segments (docs/placement.md); --no-adapt turns it off
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
         policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
         sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
-        partition=info.name, created=time.time(), extra={"partition_nodes": info.total_nodes},
+        partition=info.name, created=time.time(),
+        extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text)

@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
     app.command("status", help="Show chains, or one chain's segments.")(status)
     app.command("watch", help="Move chains forward: reconcile with Slurm, submit next segments, handle endings.")(watch)
     app.command("cancel", help="Cancel a chain's queued and running segments.")(cancel)
+    app.command("unexclude", help="Pardon nodes chainrun excluded as stragglers: later segments may run there again.")(
+        unexclude)
 
 
 def submit(
@@ -46,6 +48,7 @@ def submit(
     cluster: ClusterOpt = None,
     remote_script: Annotated[bool, typer.Option("--remote-script", help="SCRIPT is a path on the (remote) cluster: use it in place instead of uploading a copy.")] = False,
     json_out: JsonOpt = False,
+    no_adapt: Annotated[bool, typer.Option("--no-adapt", help="Never change later segments' requests (e.g. exclude a node measured slow); slow nodes are still reported.")] = False,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
     from chainrun.context import cluster_name, open_context
@@ -53,7 +56,7 @@ def submit(
     name_of_cluster = cluster_name(cluster)
     if name_of_cluster != "local":
         return _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir,
-                              name_of_cluster, remote_script, json_out)
+                              name_of_cluster, remote_script, json_out, adapt=not no_adapt)
     if remote_script:
         raise UsageError("--remote-script is for remote clusters", hint="on the local cluster SCRIPT is used in place anyway")
     total_s = parse_duration(total, what="--total")
@@ -66,7 +69,7 @@ def submit(
         script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
         policy=policy, lead_s=lead_s, signal=signal, name=name, retries=retries,
         checkpoint_dir=str(checkpoint_dir.expanduser().resolve()) if checkpoint_dir else None,
-        sbatch_args=extra, cluster="local",
+        sbatch_args=extra, cluster="local", adapt=not no_adapt,
     )
     c = open_context("local")
     try:
@@ -77,7 +80,7 @@ def submit(
 
 
 def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir, cluster,
-                   remote_script, json_out) -> None:
+                   remote_script, json_out, adapt: bool = True) -> None:
     """Same request on a cluster over SSH: the folder is the cluster's workdir, the script is uploaded."""
     import posixpath
 
@@ -107,7 +110,7 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
         req = SubmitRequest(
             script=path, script_text=text, total_s=total_s, workdir=workdir, segment_s=segment_s, policy=policy,
             lead_s=lead_s, signal=signal, name=name, retries=retries, checkpoint_dir=ckpt,
-            sbatch_args=list(ctx.args), cluster=cluster, upload_script=not remote_script,
+            sbatch_args=list(ctx.args), cluster=cluster, upload_script=not remote_script, adapt=adapt,
         )
         res = create_chain(c.store, c.slurm, c.runner, req)
     finally:
@@ -289,6 +292,40 @@ def cancel(
         typer.echo(envelope("cancel", {"chain": ch.id, "cancelled_jobs": ids}))
     else:
         typer.echo(f"chain {ch.id} cancelled" + (f" (jobs {', '.join(ids)})" if ids else ""))
+
+
+def unexclude(
+    chain: Annotated[str, typer.Argument(help="The chain.")],
+    nodes: Annotated[list[str], typer.Argument(help="Nodes to allow again (as `chainrun status CHAIN` lists them).")],
+    json_out: JsonOpt = False,
+) -> None:
+    import time
+
+    from chainrun import paths
+    from chainrun.chain import placement
+    from chainrun.state.store import Store
+
+    store = Store(paths.state_db())
+    try:
+        ch = store.chain(chain)
+        excluded = (ch.extra.get("adapt") or {}).get("exclude") or []
+        unknown = [n for n in nodes if n not in excluded]
+        if unknown:
+            raise UsageError(f"chainrun did not exclude {', '.join(unknown)} from chain {ch.id}",
+                             hint=f"excluded now: {', '.join(excluded) or 'none'}; "
+                                  "nodes you excluded yourself (-- --exclude) stay in your options")
+        now = time.time()
+        for n in nodes:
+            placement.unexclude(ch, n, now)
+        store.save(ch, [], [(None, "adapt", f"node {n} pardoned by the user: later segments may run there again; "
+                                            f"the evidence against it so far is forgotten") for n in nodes])
+    finally:
+        store.close()
+    if json_out:
+        typer.echo(envelope("unexclude", {"chain": ch.id, "pardoned": nodes,
+                                          "excluded": (ch.extra.get("adapt") or {}).get("exclude") or []}))
+    else:
+        typer.echo(f"chain {ch.id}: {', '.join(nodes)} no longer excluded from later segments")
 
 
 def _predictor_for(c):

@@ -65,6 +65,72 @@ def overlap_error_lines(overlaps: list) -> list[str]:
     return out
 
 
+def pace_of(v: ChainView) -> dict:
+    """The progress contract's figures (chain/progress.py pace_view); {} for an older view."""
+    return getattr(v, "pace", None) or {}
+
+
+def eta_of(v: ChainView) -> float | None:
+    """The ETA shown: from the measured pace (training toward --total) once there is one, else the plan's."""
+    return pace_of(v).get("training_eta") or v.eta
+
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else (f"{x:.3g}" if x < 1000 else f"{x:,.0f}")
+
+
+def _steps(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}".replace(",", "_")
+
+
+def pace_tokens(v: ChainView) -> list[str]:
+    """``key=value`` fields of the pace for plain lines; none when the trainer does not report."""
+    p = pace_of(v)
+    if p.get("step") is None:
+        return []
+    toks = [f"step={_steps(p['step'])}" + (f"/{_steps(p['total_steps'])}" if p.get("total_steps") else ""),
+            f"steps/s={_rate(p.get('steps_per_s'))}"]
+    if p.get("samples_per_s") is not None:
+        toks.append(f"samples/s={_rate(p['samples_per_s'])}")
+    if p.get("steps_eta"):
+        toks.append(f"steps_eta={_ts(p['steps_eta'], time.time())}")
+    return toks
+
+
+def placement_lines(v: ChainView) -> list[str]:
+    """Nodes chainrun excluded (with the numbers) and every change it made to the request."""
+    p = pace_of(v)
+    out = []
+    for e in p.get("excluded") or []:
+        nums = ""
+        if e.get("ratio") and e.get("step_s") is not None:
+            nums = f" ({e['ratio']:.2f}x: {e['step_s']:.3g} s a step vs {e['others_s']:.3g} s on the others)"
+        out.append(f"excluded node {e['node']}{nums}: {e.get('why') or 'slow'}; "
+                   f"`chainrun unexclude {v.id} {e['node']}` to pardon it")
+    for ch in p.get("changes") or []:
+        when = f"after segment {ch['after_segment']}" if ch.get("after_segment") is not None else "by you"
+        out.append(f"request change {when}: {ch['what']}")
+    if p.get("adapt") is False:
+        out.append("adaptation off (--no-adapt): slow nodes are reported, never excluded")
+    return out
+
+
+def pace_line(v: ChainView, now: float) -> str:
+    p = pace_of(v)
+    if p.get("step") is None:
+        return ""
+    parts = [f"step {_steps(p['step'])}" + (f" of {_steps(p['total_steps'])}" if p.get("total_steps") else "")]
+    parts.append(f"{_rate(p.get('steps_per_s'))} steps/s")
+    if p.get("samples_per_s") is not None:
+        parts.append(f"{_rate(p['samples_per_s'])} samples/s")
+    etas = []
+    if p.get("training_eta"):
+        etas.append(f"--total reached {clock(p['training_eta'], now=now)}")
+    if p.get("steps_eta"):
+        etas.append(f"last step {clock(p['steps_eta'], now=now)}")
+    return "pace: " + ", ".join(parts) + (f"; at this pace {' and '.join(etas)}" if etas else "")
+
+
 def progress_bar(done: float, total: float, width: int = 12) -> str:
     frac = 0.0 if total <= 0 else min(1.0, done / total)
     full = int(round(frac * width))
@@ -205,7 +271,8 @@ def _chain_record(v: ChainView, *, detail: bool = False) -> list[str]:
             f"trained={dur(tr)}/{dur(v.total_s)}", f"progress={_pct(tr, v.total_s)}"]
     if detail:
         toks.append(f"allocated={dur(allocated_s(v))}")
-    toks += [f"eta={_ts(v.eta, time.time())}", f"interruption={dur(v.interruption_s)}", f"overlap={dur(v.overlap_s)}"]
+    toks += pace_tokens(v)
+    toks += [f"eta={_ts(eta_of(v), time.time())}", f"interruption={dur(v.interruption_s)}", f"overlap={dur(v.overlap_s)}"]
     if detail:
         toks.append(f"checkpoints={v.checkpoint_dir}")
     return toks
@@ -215,6 +282,8 @@ def _chain_notes(v: ChainView, width: int) -> list[str]:
     out: list[str] = []
     for err in payload_overlap_errors(v):
         out += wrap_text(err, width, first=INDENT)
+    for line in placement_lines(v):
+        out += wrap_text(line, width, first=INDENT)
     note = v.reason or getattr(v, "current_note", "")
     if note:
         out += wrap_text(note, width, first=INDENT + "note: ")
@@ -237,6 +306,8 @@ def _segment_fields(s, now: float) -> dict[str, str]:
             "state": s.slurm_state or s.phase, "outcome": s.outcome or "-", "limit": dur(s.time_limit_s),
             "submit": _ts(s.submit, now), "eligible": _ts(s.eligible, now), "start": _ts(s.start, now),
             "end": _ts(s.end, now), "wait": dur(s.wait_s), "predicted": pred,
+            "steps": _steps(getattr(s, "steps", None)), "steps/s": _rate(getattr(s, "steps_per_s", None)),
+            "nodes": ",".join(getattr(s, "nodes", ()) or ()) or "-",
             "gap": "-" if s.gap_s is None else (f"+{dur(s.gap_s)}" if s.gap_s > 0 else dur(s.gap_s))}
 
 
@@ -247,7 +318,8 @@ def detail_lines(v: ChainView, width: int) -> list[str]:
     for i, s in enumerate(v.segment_views):
         f = _segment_fields(s, now)
         out += record([f"seg={f['seg']}", f"job={f['job']}"] + [f"{k}={f[k]}" for k in
-                      ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap")],
+                      ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap",
+                       "steps", "steps/s", "nodes")],
                       width)
         if _note(s):
             out += wrap_text(_note(s), width, first=INDENT + "note: ")
@@ -286,7 +358,7 @@ def _chain_list_columns(views: list[ChainView]) -> list[Column]:
         segs_short.append(str(v.current) if v.current is not None else "-")
         prog.append(f"{progress_bar(tr, v.total_s, 8)}\n{dur(tr)} / {dur(v.total_s)}")
         prog_short.append(f"{_pct(tr, v.total_s)}\n{dur(tr)}/{dur(v.total_s)}")
-        etas.append(clock(v.eta))
+        etas.append(clock(eta_of(v)))
         gaps.append(f"+{dur(v.interruption_s)}\n[dim]-{dur(v.overlap_s)}[/]")
         errs = payload_overlap_errors(v)
         note = v.reason or getattr(v, "current_note", "")
@@ -325,7 +397,7 @@ def chain_list(views: list[ChainView]) -> ChainList:
     return ChainList(views)
 
 
-CHAIN_DETAIL_STEPS = [("note", "below"), ("predicted", "short"), ("eligible", "drop"), ("submit", "drop"),
+CHAIN_DETAIL_STEPS = [("note", "below"), ("nodes", "drop"), ("steps/s", "drop"), ("steps", "drop"), ("predicted", "short"), ("eligible", "drop"), ("submit", "drop"),
                       ("predicted", "drop"), ("limit", "drop"), ("wait", "drop"), ("seg", "short"), ("end", "drop"),
                       ("outcome", "drop"), ("start", "drop")]
 
@@ -352,6 +424,8 @@ class ChainDetail:
             col("outcome"), col("limit"), col("submit"), col("eligible"), col("start"), col("end"), col("wait"),
             col("predicted", short=[dur(s.predicted_wait_s) for s, _ in rows]), Column("gap", "gap", gap_cells),
         ]
+        if any(f["steps"] != "-" for _, f in rows):
+            cols += [col("steps", justify="right"), col("steps/s", justify="right"), col("nodes")]
         if any(notes):
             cols.append(Column("note", "note", notes, wrap=True))
         cols, below, fits = fit_columns(cols, CHAIN_DETAIL_STEPS, width)
@@ -361,11 +435,15 @@ class ChainDetail:
         style = _STATUS_STYLE.get(v.status, "")
         tr = trained_s(v)
         yield Text.from_markup(f"[bold]{escape(v.id)}[/]  [{style}]{v.status.lower()}[/]  cluster {escape(v.cluster)}  "
-                               f"policy {v.policy}  ETA {clock(v.eta, now=now)}")
+                               f"policy {v.policy}  ETA {clock(eta_of(v), now=now)}")
         yield Text(f"{progress_bar(tr, v.total_s)}  trained {dur(tr)} of {dur(v.total_s)}; allocations held "
                    f"{dur(allocated_s(v, now))}; interruption {dur(v.interruption_s)}, overlap {dur(v.overlap_s)}")
         for err in payload_overlap_errors(v):
             yield Text(err, style="bold red")
+        if pace_line(v, now):
+            yield Text(pace_line(v, now))
+        for line in placement_lines(v):
+            yield Text(line, style="yellow" if line.startswith("excluded") else "")
         if v.reason:
             yield Text(v.reason)
         if rows:
