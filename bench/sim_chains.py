@@ -48,7 +48,7 @@ def main() -> int:
            "chainrun": env["chainrun"], "data": env["data"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {out.relative_to(REPO)} ({doc['wall_s']} s)")
+    print(f"wrote {out} ({doc['wall_s']} s)")
     return 0
 
 

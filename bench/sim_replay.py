@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-DEFAULT_TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
+DEFAULT_TRACE = "ls6-a100-dev"  # built in (chainrun/data), or a file
 SHOWN = ("reactive", "fixed_6h_handoff", "avg_handoff", "predicted", "predicted_handoff", "oracle")
 
 
@@ -64,7 +64,7 @@ def main() -> int:
     from chainrun.cli.sim_cmd import render
     from chainrun.durations import parse_duration
     from chainrun.sim import SimConfig, run_sim
-    from chainrun.traces import read_trace
+    from chainrun.sim.traces import load_trace as read_trace
 
     t = time.monotonic()
     cfg = SimConfig(nodes=args.nodes, chains_every_s=float(parse_duration(args.chains_every)),
