@@ -139,6 +139,20 @@ def _detail_rows(s: dict) -> list[tuple[str, str]]:
         rows.append(("predicted wait", f"mean absolute error {dur(s['prediction_mae_s'])} over "
                                        f"{len(s['predicted_vs_actual'])} segment(s)"))
     rows.append(("allocated", f"{dur(s['allocated_s'])} over {dur(s['wall_s'])} wall clock"))
+    pace = s.get("pace") or {}
+    if pace.get("step") is not None:
+        rows.append(("pace", f"step {pace['step']:,.0f}" + (f" of {pace['total_steps']:,.0f}" if pace.get("total_steps") else "")
+                     + f", {pace.get('steps_per_s') or 0:.3g} steps/s"
+                     + (f", {pace['samples_per_s']:.3g} samples/s" if pace.get("samples_per_s") else "")))
+    for r in s.get("throughput") or []:
+        rows.append((f"segment {r['segment']}", f"{r['steps_per_s']:.3g} steps/s"
+                     + (f", {r['steps']:,.0f} steps" if r.get("steps") is not None else "")
+                     + (f" on {','.join(r['nodes'])}" if r.get("nodes") else "")))
+    for e in pace.get("excluded") or []:
+        rows.append(("excluded", f"{e['node']}: {e.get('why', '')}"))
+    for ch in pace.get("changes") or []:
+        rows.append(("request change", (f"after segment {ch['after_segment']}: " if ch.get("after_segment") is not None
+                                        else "") + ch["what"]))
     return rows
 
 

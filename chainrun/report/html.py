@@ -67,6 +67,14 @@ def timeline_svg(tl: Timeline) -> str:
                    f'height="18" fill="{colour}" stroke="#000" stroke-width="0.6"><title>segment {b.idx} '
                    f'(job {escape(b.job_id or "-")}): {escape(b.outcome)}, ran {dur(b.end - b.start)}</title></rect>'
                    f'<text x="{x1 + 3:.1f}" y="{y + 4}" fill="#444" font-size="10">{escape(b.outcome)}</text>')
+    if tl.rates:  # the throughput line: each segment's steps/s, scaled into the band above the rows
+        top = max(r.steps_per_s for r in tl.rates)
+        for r in tl.rates:
+            yy = TOP - 12 - 14 * r.steps_per_s / top
+            out.append(f'<line class="throughput" x1="{x(r.start):.1f}" y1="{yy:.1f}" x2="{x(r.end):.1f}" y2="{yy:.1f}" '
+                       f'stroke="#1f4e9d" stroke-width="2"><title>segment {r.idx}: {r.steps_per_s:.3g} steps/s'
+                       + (f", {r.samples_per_s:.3g} samples/s" if r.samples_per_s else "")
+                       + (f" on {escape(','.join(r.nodes))}" if r.nodes else "") + '</title></line>')
     out.append("</svg>")
     return "\n".join(out)
 

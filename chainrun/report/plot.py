@@ -26,6 +26,9 @@ def _scale(tl: Timeline) -> tuple[float, str]:
     return 86400.0, "days"
 
 
+THROUGHPUT_COLOUR = "#1f4e9d"
+
+
 def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
     """Draw ``tl`` into ``path``; returns what was drawn (counts, artists, pixel size)."""
     try:
@@ -65,6 +68,15 @@ def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
             sign = "+" if s.kind == "gap" else "-"
             ax.text((x(s.start) + x(s.end)) / 2, -0.75, f"{sign}{_short(s.seconds)}", fontsize=7, ha="center",
                     color=colour, fontweight="bold")
+        if tl.rates:  # the throughput line: each segment's steps/s over its bar, on its own axis
+            ax2 = ax.twinx()
+            for r in tl.rates:
+                (ln,) = ax2.plot([x(r.start), x(r.end)], [r.steps_per_s, r.steps_per_s], color=THROUGHPUT_COLOUR,
+                                 linewidth=1.6)
+                drawn.setdefault("throughput", []).append(ln)
+            ax2.set_ylim(0, max(r.steps_per_s for r in tl.rates) * 1.25)
+            ax2.set_ylabel("steps/s", fontsize=8, color=THROUGHPUT_COLOUR)
+            ax2.tick_params(axis="y", labelsize=7, colors=THROUGHPUT_COLOUR)
         ax.set_yticks(range(len(rows)), [f"seg {i}" for i in rows])
         ax.set_ylim(len(rows) - 0.4, -1.1)
         ax.set_xlim(0, max(x(tl.t1) * 1.06, 1e-3))
@@ -75,6 +87,8 @@ def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
         handles += [Patch(facecolor=WAIT_COLOUR, edgecolor="#999999", hatch="///", label="queue wait"),
                     Patch(color=GAP_COLOUR, alpha=0.3, label="gap (interruption)"),
                     Patch(color=OVERLAP_COLOUR, alpha=0.3, label="overlap")]
+        if drawn.get("throughput"):
+            handles.append(Line2D([], [], color=THROUGHPUT_COLOUR, label="steps/s"))
         if drawn["predicted"]:
             handles.append(Line2D([], [], marker="D", color=PREDICTED_COLOUR, linestyle="none", label="predicted start"))
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)

@@ -41,6 +41,19 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Rate:
+    """A segment's throughput (the progress contract): drawn as a line over its bar."""
+
+    idx: int
+    start: float
+    end: float
+    steps_per_s: float
+    samples_per_s: float | None
+    steps: float | None
+    nodes: tuple = ()
+
+
+@dataclass(frozen=True)
 class Span:
     """Between a segment's predecessor's end and its own start: gap (red) or overlap (amber)."""
 
@@ -65,6 +78,7 @@ class Timeline:
     bars: list[Bar] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
+    rates: list[Rate] = field(default_factory=list)  # throughput per segment, when the trainer reports it
 
     @property
     def gaps(self) -> list[Span]:
@@ -77,7 +91,8 @@ class Timeline:
     def to_dict(self) -> dict:
         return {"chain": self.chain_id, "t0": self.t0, "t1": self.t1,
                 "bars": [asdict(b) for b in self.bars], "waits": [asdict(w) for w in self.waits],
-                "spans": [asdict(s) | {"seconds": s.seconds} for s in self.spans]}
+                "spans": [asdict(s) | {"seconds": s.seconds} for s in self.spans],
+                "rates": [asdict(r) for r in self.rates]}
 
 
 def build_timeline(view: ChainView, now: float | None = None) -> Timeline:
@@ -99,6 +114,9 @@ def build_timeline(view: ChainView, now: float | None = None) -> Timeline:
         end = min(now, s.end) if (running and s.end) else (now if running or s.end is None else s.end)
         tl.bars.append(Bar(s.idx, s.job_id, s.start, max(end, s.start), "running" if running else (s.outcome or "?"),
                            s.is_retry))
+        if getattr(s, "steps_per_s", None):
+            tl.rates.append(Rate(s.idx, s.start, max(end, s.start), float(s.steps_per_s), s.samples_per_s, s.steps,
+                                 tuple(s.nodes)))
     # the engine records gap_s on a segment against its predecessor that ran; recompute the
     # span from it so the picture and `chainrun status` agree
     for prev, nxt in zip(ran, ran[1:]):
@@ -152,5 +170,9 @@ def summarize(view: ChainView, tl: Timeline | None = None) -> dict:
         "predicted_vs_actual": [{"predicted_s": p, "actual_s": a} for p, a in pairs],
         "prediction_mae_s": (sum(abs(p - a) for p, a in pairs) / len(pairs)) if pairs else None,
         "allocated_s": ran, "wall_s": span,
+        # the progress contract: steps, throughput, training ETAs, excluded nodes and request changes
+        "pace": dict(getattr(view, "pace", None) or {}),
+        "throughput": [{"segment": r.idx, "steps_per_s": r.steps_per_s, "samples_per_s": r.samples_per_s,
+                        "steps": r.steps, "nodes": list(r.nodes)} for r in tl.rates],
         "created": view.created, "finished": view.finished,
     }
