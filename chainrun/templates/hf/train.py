@@ -50,6 +50,18 @@ DEVICES = max(1, GPUS) * int(os.environ.get("SLURM_NNODES", "1"))
 ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * DEVICES)))
 
 
+# The progress contract (docs/checkpoint-contract.md#progress-optional), no chainrun import needed:
+# one line per step into this rank's own file; chainrun shows steps/s and spots a slow node from it.
+_PF = os.environ.get("CHAINRUN_PROGRESS_FILE") and "{}.{}.{}".format(
+    os.environ["CHAINRUN_PROGRESS_FILE"], os.environ.get("SLURM_PROCID", "0"), os.environ.get("SLURMD_NODENAME", "local"))
+
+
+def progress(step: int, samples: int, compute_s: float | None, total: int) -> None:
+    if _PF:
+        with open(_PF, "a") as f:
+            f.write(f"{time.time():.3f} {step} {samples} {'-' if compute_s is None else f'{compute_s:.4f}'} {total}\n")
+
+
 def note(text: str) -> None:
     line = f"{time.time():.3f} segment {SEGMENT} {text}"
     print(line, flush=True)
@@ -88,7 +100,12 @@ class ChainrunStop(TrainerCallback):
         if state.global_step:
             note(f"resumed from step {state.global_step}")
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.t0 = time.time()
+
     def on_step_end(self, args, state, control, **kwargs):
+        progress(state.global_step, state.global_step * GLOBAL_BATCH, time.time() - getattr(self, "t0", time.time()),
+                 MAX_STEPS)
         if STEP_SECONDS:
             time.sleep(STEP_SECONDS)
         if STOP["why"]:

@@ -49,6 +49,18 @@ DEVICES = max(1, GPUS) * int(os.environ.get("SLURM_NNODES", "1"))
 ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * DEVICES)))
 
 
+# The progress contract (docs/checkpoint-contract.md#progress-optional), no chainrun import needed:
+# one line per step into this rank's own file; chainrun shows steps/s and spots a slow node from it.
+_PF = os.environ.get("CHAINRUN_PROGRESS_FILE") and "{}.{}.{}".format(
+    os.environ["CHAINRUN_PROGRESS_FILE"], os.environ.get("SLURM_PROCID", "0"), os.environ.get("SLURMD_NODENAME", "local"))
+
+
+def progress(step: int, samples: int, compute_s: float | None, total: int) -> None:
+    if _PF:
+        with open(_PF, "a") as f:
+            f.write(f"{time.time():.3f} {step} {samples} {'-' if compute_s is None else f'{compute_s:.4f}'} {total}\n")
+
+
 def note(text: str) -> None:
     line = f"{time.time():.3f} segment {SEGMENT} {text}"
     print(line, flush=True)
@@ -88,8 +100,14 @@ class ChainrunCheckpoint(pl.Callback):
         if trainer.global_step:
             note(f"resumed from step {trainer.global_step}")
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx % ACCUMULATE == 0:
+            self.t0 = time.time()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
+        if (batch_idx + 1) % ACCUMULATE == 0:  # one optimizer step done: report it
+            progress(step, step * GLOBAL_BATCH, time.time() - getattr(self, "t0", time.time()), MAX_STEPS)
         if STOP["why"]:
             self.save(trainer)
             note(f"saved step {step} on {STOP['why']}; exiting")

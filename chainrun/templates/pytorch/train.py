@@ -48,6 +48,18 @@ DEVICES = max(1, int(os.environ.get("CHAINRUN_GPUS", "0") or 0)) * int(os.enviro
 ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * DEVICES)))  # the CHAINRUN_BATCH_SCALE
 
 
+# The progress contract (docs/checkpoint-contract.md#progress-optional), no chainrun import needed:
+# one line per step into this rank's own file; chainrun shows steps/s and spots a slow node from it.
+_PF = os.environ.get("CHAINRUN_PROGRESS_FILE") and "{}.{}.{}".format(
+    os.environ["CHAINRUN_PROGRESS_FILE"], os.environ.get("SLURM_PROCID", "0"), os.environ.get("SLURMD_NODENAME", "local"))
+
+
+def progress(step: int, samples: int, compute_s: float | None, total: int) -> None:
+    if _PF:
+        with open(_PF, "a") as f:
+            f.write(f"{time.time():.3f} {step} {samples} {'-' if compute_s is None else f'{compute_s:.4f}'} {total}\n")
+
+
 def note(text: str) -> None:
     """One line per event in the checkpoint folder: what each segment did, across the chain."""
     line = f"{time.time():.3f} segment {SEGMENT} {text}"
@@ -88,6 +100,7 @@ def main() -> int:
             save(model, opt, step)
             note(f"saved step {step} on {STOP['why']}; exiting")
             return 0
+        t0 = time.time()
         opt.zero_grad()
         for _ in range(ACCUMULATE):
             x = torch.randn(PER_DEVICE_BATCH, 16, device=device)
@@ -96,6 +109,7 @@ def main() -> int:
             loss.backward()
         opt.step()
         step += 1
+        progress(step, step * GLOBAL_BATCH, time.time() - t0, MAX_STEPS)
         if step % SAVE_EVERY == 0:
             save(model, opt, step)
             note(f"checkpoint at step {step}, loss {loss.item() * ACCUMULATE:.4f}")
