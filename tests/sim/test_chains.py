@@ -142,3 +142,40 @@ def test_builtin_trace_name():
     assert builtin_path("ls6-a100-dev").is_file()
     t = load_trace("ls6-a100-dev")
     assert len(t) == 17975
+
+
+def test_tune_picks_within_the_budget_fewest_stuck_then_lowest_overhead():
+    from chainrun.sim.tune import candidates, pick
+
+    specs = candidates(targets=(0.8, 0.9), floors=(3600.0,))
+    a, b = specs
+    rows = {a.name: {"n": 10, "mean_overhead_h": 5.0, "gpu_h_twice_share": 0.002, "stuck": 0},
+            b.name: {"n": 10, "mean_overhead_h": 4.0, "gpu_h_twice_share": 0.002, "stuck": 0}}
+    assert pick(rows, specs) == b
+    rows[b.name]["gpu_h_twice_share"] = 0.02  # over the 1 % budget
+    assert pick(rows, specs) == a
+    rows[b.name]["gpu_h_twice_share"] = 0.002
+    rows[b.name]["stuck"] = 1  # a mean over fewer chains is not comparable
+    assert pick(rows, specs) == a
+
+
+def test_tuning_chooses_only_on_chains_that_end_before_the_split(monkeypatch):
+    from chainrun.sim import tune as tune_mod
+
+    seen = []
+    real = tune_mod.run_chains
+
+    def spy(trace, cfg):
+        seen.append((cfg.inject_from, cfg.inject_until, [s.name for s in cfg.specs]))
+        return real(trace, cfg)
+
+    monkeypatch.setattr(tune_mod, "run_chains", spy)
+    c = cfg(chains_every_s=2 * DAY, work=ChainWork(work_s=30 * H, segment_s=12 * H))
+    split = busy()["submit"].min() + 20 * DAY
+    out = tune_mod.tune(busy(), c, split)
+    (f1, u1, names1), (f2, u2, names2) = seen
+    life = 30 * H * 1.5 + 2 * DAY
+    assert f1 is None and u1 == split - life and f2 == split and u2 is None
+    assert "predicted_tuned" in names2 and "reactive" not in names1
+    assert out["choose"]["picked"]["name"] in names1
+    assert out["score"]["chains"]["policies"]["predicted_tuned"]["n"] > 0
