@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
-ORDER = ("lightgbm", "lightgbm_uncalibrated", "random_forest", "user_median", "global_median")
+ORDER = ("lightgbm", "lightgbm_uncalibrated", "lightgbm_quantile", "lightgbm_forest", "random_forest", "user_median",
+         "global_median")
 
 
 def main_table(models: dict) -> None:
@@ -39,16 +40,19 @@ def main_table(models: dict) -> None:
 
 
 def deadline_table(models: dict, base: dict) -> None:
-    print("| H | lightgbm acc | Brier | skill | random_forest acc | Brier | skill | user median (P = share of last 20) acc | Brier | "
-          "majority class acc | user median answer acc | started within H |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    names = [n for n in ("lightgbm", "lightgbm_quantile", "lightgbm_forest", "random_forest", "user_median") if n in models]
+    label = {"user_median": "user median (P = share of last 20)"}
+    head = " | ".join(f"{label.get(n, n)} acc | Brier | skill" for n in names)
+    print(f"| H | {head} | majority class acc | user median answer acc | started within H |")
+    print("|---|" + "---:|" * (3 * len(names) + 3))
     for h in ("10m", "1h", "6h", "24h"):
-        lg, um = models["lightgbm"]["deadline"][h], models["user_median"]["deadline"][h]
-        rf = models.get("random_forest", {}).get("deadline", {}).get(h)
-        rfs = f"{rf['accuracy']:.3f} | {rf['brier']:.3f} | {rf['brier_skill']:+.3f}" if rf else "- | - | -"
-        print(f"| {h} | {lg['accuracy']:.3f} | {lg['brier']:.3f} | {lg['brier_skill']:+.3f} | {rfs} | "
-              f"{um['accuracy']:.3f} | {um['brier']:.3f} | {base[h]['majority_class_accuracy']:.3f} | "
-              f"{base[h]['user_median_accuracy']:.3f} | {lg['share_started_within']:.3f} |")
+        cells = []
+        for n in names:
+            d = models[n]["deadline"][h]
+            skill = "-" if d["brier_skill"] is None else f"{d['brier_skill']:+.3f}"
+            cells.append(f"{d['accuracy']:.3f} | {d['brier']:.3f} | {skill}")
+        print(f"| {h} | {' | '.join(cells)} | {base[h]['majority_class_accuracy']:.3f} | "
+              f"{base[h]['user_median_accuracy']:.3f} | {models['lightgbm']['deadline'][h]['share_started_within']:.3f} |")
 
 
 def main() -> None:

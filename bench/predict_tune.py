@@ -1,5 +1,6 @@
 """Choose the model parameters on the training months only: LightGBM and the quantile random
-forest get the same number of configurations (8) on the same validation window.
+forest get the same number of configurations (8) on the same validation window. LightGBM's 8
+cover both kinds chainrun can ship: quantile boosters (4) and its own quantile forest (4).
 
     .venv/bin/python bench/predict_tune.py [--trace FILE] [--train-until 2023-02-01] [--refit-every 4d]
         [--out docs/results/predict_tune.json]
@@ -9,8 +10,8 @@ Validation: the last 20 % (by eligible time) of the training rows, replayed like
 was known at --train-until: jobs submitted later are dropped, starts and ends after it are
 unknown (those jobs count as still waiting). Nothing at or after --train-until is read.
 Score: mean pinball loss over the learned quantiles (log10 s); coverage is printed beside it.
-LightGBM's grid includes the user anchor (on/off: the anchor ablation); for the chosen
-configuration the split-conformal calibration is shown on and off (the same fits).
+The anchor ablation (the best quantile-booster configuration with the user anchor on) and,
+for the chosen configuration, the calibration on and off (the same fits) are shown beside.
 Prints a Markdown table; writes JSON.
 """
 
@@ -24,7 +25,8 @@ import time
 from pathlib import Path
 
 TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
-LGB_GRID = {"num_leaves": (15, 63), "min_data_in_leaf": (20, 100), "anchor": (True, False)}
+LGB_GRID = {"quantile": {"num_leaves": (15, 63), "min_data_in_leaf": (20, 100)},
+            "forest": {"num_leaves": (63, 255), "min_data_in_leaf": (5, 20)}}
 RF_GRID = {"min_samples_leaf": (5, 20, 50, 100), "max_features": (0.33, 0.6)}
 
 
@@ -69,13 +71,15 @@ def main() -> None:
         return res
 
     rows = []
-    for vals in itertools.product(*LGB_GRID.values()):
-        cfg = dict(zip(LGB_GRID, vals))
-        ts = time.time()
-        params = {k: v for k, v in cfg.items() if k != "anchor"}
-        res = run(random_forest=False, lightgbm_params=params, anchor=cfg["anchor"])
-        for name in ("lightgbm", "lightgbm_uncalibrated"):
-            rows.append({"model": name, "config": cfg, **_score(res["models"][name]), "seconds": round(time.time() - ts, 1)})
+    for kind, grid in LGB_GRID.items():
+        for vals in itertools.product(*grid.values()):
+            cfg = dict(zip(grid, vals))
+            ts = time.time()
+            kw = {"lightgbm_params": cfg} if kind == "quantile" else {"forest_params": cfg}
+            res = run(random_forest=False, kind=kind, other_kind=False, **kw)
+            for name in ("lightgbm", "lightgbm_uncalibrated"):
+                rows.append({"model": name, "config": {"kind": kind, **cfg}, **_score(res["models"][name]),
+                             "seconds": round(time.time() - ts, 1)})
     n_val = res["test"]["n"]
     for vals in itertools.product(*RF_GRID.values()):
         cfg = dict(zip(RF_GRID, vals))
@@ -87,13 +91,18 @@ def main() -> None:
              "random_forest": [r for r in rows if r["model"] == "random_forest"]}
     best = {m: min(rs, key=lambda r: r["mean_pinball"]) for m, rs in cands.items()}
     uncal = next(r for r in rows if r["model"] == "lightgbm_uncalibrated" and r["config"] == best["lightgbm"]["config"])
+    bq = min((r for r in cands["lightgbm"] if r["config"]["kind"] == "quantile"), key=lambda r: r["mean_pinball"])
+    cfg = {k: v for k, v in bq["config"].items() if k != "kind"}
+    res = run(random_forest=False, kind="quantile", other_kind=False, lightgbm_params=cfg, anchor=True)
+    anchored = {"model": "lightgbm (best quantile configuration, user anchor on)", "config": bq["config"],
+                **_score(res["models"]["lightgbm"]), "seconds": None}
 
     print(f"validation: {n_val} jobs submitted {_iso(cut)} .. {a.train_until}, refit every {a.refit_every}; "
           f"the trace as known at {a.train_until}")
     print()
     print("| model | configuration | mean pinball | pinball q98 | cov q50 | cov q90 | cov q98 | width q50-q98 | deadline acc 1h / 6h |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for r in cands["lightgbm"] + [uncal] + cands["random_forest"]:
+    for r in cands["lightgbm"] + [uncal, anchored] + cands["random_forest"]:
         c = r["calibration"]
         mark = " **chosen**" if r is best.get(r["model"]) else (" (chosen config, calibration off)" if r is uncal else "")
         print(f"| {r['model']}{mark} | {', '.join(f'{k}={v}' for k, v in r['config'].items())} | {r['mean_pinball']:.4f} | "
@@ -101,7 +110,7 @@ def main() -> None:
               f"{r['sharpness_log10_q50_q98']:.2f} | {r['deadline_acc']['1h']:.3f} / {r['deadline_acc']['6h']:.3f} |")
     out = {"trace": a.trace, "train_until": a.train_until, "validation_from": _iso(cut), "n_validation": n_val,
            "refit_every": a.refit_every, "configs": rows, "chosen": {m: r["config"] for m, r in best.items()},
-           "chosen_without_calibration": uncal, "seconds": round(time.time() - t0, 1),
+           "chosen_without_calibration": uncal, "anchor_ablation": anchored, "seconds": round(time.time() - t0, 1),
            "command": " ".join(["bench/predict_tune.py", *sys.argv[1:]])}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
