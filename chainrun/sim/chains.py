@@ -52,7 +52,8 @@ class ChainWork:
     # how the next segment's limit is sized when it is submitted:
     # "shipped": as Engine._plan does, the work left after the live segment trains to its hand-over
     #   point (a successor that starts early and cuts it is then too short for the work);
-    # "takeover": the work left if the live segment stopped now, so an early start takes over.
+    # "takeover": the work left if the live segment stopped now (plus the hand-off minutes), so
+    #   an early start takes over.
     successor_limit: str = "shipped"
     max_segments: int = 60  # a chain that needs more is reported as stuck (a hand-off spiral)
 
@@ -142,8 +143,10 @@ class _Chain:
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
                takeover: bool = False) -> Seg:
         if cur is not None and (takeover or self.work.successor_limit == "takeover") and cur.start == cur.start:
-            # the work left if the live segment stopped now
-            left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s)
+            # the work left if the live segment stopped now, plus the hand-off minutes the
+            # successor spends waiting for it to save and exit
+            left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s) \
+                + self.work.handoff_s
         s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s))
         self.next_jid += 1
         runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
