@@ -179,3 +179,18 @@ def test_tuning_chooses_only_on_chains_that_end_before_the_split(monkeypatch):
     assert "predicted_tuned" in names2 and "reactive" not in names1
     assert out["choose"]["picked"]["name"] in names1
     assert out["score"]["chains"]["policies"]["predicted_tuned"]["n"] > 0
+
+
+def test_hand_off_spiral_with_the_shipped_sizing_and_not_with_takeover():
+    """A lead longer than the last segment: its successor starts at once on an idle partition and
+    cuts it; sized as the watcher sizes it (the work left after the live segment), it is short of
+    what the cut took, so yet another one follows. Sized to take over, the chain ends."""
+    idle = frame(steady(30, every_s=12 * H, run_s=H))  # two nodes, almost always free
+    specs = [PolicySpec("reactive", "reactive"), PolicySpec("fixed_6h", "lead", lead_s=6 * H)]
+    work = dict(work_s=30 * H, segment_s=12 * H, max_segments=20)
+    shipped = run_chains(idle, cfg(specs=specs, max_chains=1, work=ChainWork(**work)))
+    take = run_chains(idle, cfg(specs=specs, max_chains=1, work=ChainWork(successor_limit="takeover", **work)))
+    s = [r for r in shipped.runs if r.policy == "fixed_6h"][0]
+    t = [r for r in take.runs if r.policy == "fixed_6h"][0]
+    assert s.stuck or s.segments > 6
+    assert t.done and t.segments <= 4
