@@ -133,9 +133,9 @@ def progress_main(argv: list[str] | None = None) -> None:
 _READ_SCRIPT = (
     'for f in "$0".*; do [ -f "$f" ] || continue; '
     'n=$(wc -c < "$f"); '
-    f'printf "\\n{_SECTION}%s %s head <==\\n" "$f" "$n"; head -c {HEAD_BYTES} "$f"; '
-    f'printf "\\n{_SECTION}%s %s tail <==\\n" "$f" "$n"; tail -c {TAIL_BYTES} "$f"; done'
-)
+    f'printf "\\n{_SECTION}%s %s head <==\\n" "$f" "$n"; head -c {HEAD_BYTES} "$f" | tr -cd "\\11\\12\\40-\\176"; '
+    f'printf "\\n{_SECTION}%s %s tail <==\\n" "$f" "$n"; tail -c {TAIL_BYTES} "$f" | tr -cd "\\11\\12\\40-\\176"; done'
+)  # tr: printable ASCII only, so a NUL or an invalid byte a crashing trainer left cannot upset a decoder
 
 
 def read_argv(base: str) -> list[str]:

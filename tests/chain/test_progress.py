@@ -91,3 +91,17 @@ def test_helper_and_console_script(tmp_path, monkeypatch):
     bad = subprocess.run([sys.executable, "-c", "from chainrun.chain.progress import progress_main; progress_main()",
                           "1e400"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2
+
+
+def test_invalid_bytes_and_nul_are_read_through_the_runner(tmp_path):
+    """A crashing trainer may leave a NUL or invalid UTF-8: the read command passes printable ASCII only."""
+    from chainrun.runner.local import LocalRunner
+
+    base = str(tmp_path / "seg-0.progress")
+    (tmp_path / "seg-0.progress.0.n2").write_bytes(b"\xff\x00 junk\n1700000000 1e400\n"
+                                                   + b"".join(b"%d %d - 0.5\n" % (1.7e9 + i, i) for i in range(30))
+                                                   + b"17000\xff")
+    res = LocalRunner().run(read_argv(base), 30)
+    assert res.ok, res.stderr
+    prog = segment_progress(parse_read_output(res.stdout, base), read_at=0)
+    assert prog["nodes"] == ["n2"] and prog["step"] == 29

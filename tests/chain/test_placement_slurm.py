@@ -1,0 +1,165 @@
+"""Stragglers on the real local Slurm (issue #13): a slow node is excluded from later segments.
+
+The test nodes share one host, so "slow" is a knob: the toy trainer makes its steps on the
+Slurm node named in TOY_SLOW_NODES (keyed to SLURMD_NODENAME) twice as slow. The jobs are
+still real Slurm jobs, the 2-node one a real 2-node allocation running one rank per node
+under srun. Both scenarios run side by side (one thread, chainrun home and watcher each):
+
+1. a 2-node segment with its first node slow: the next segment excludes it;
+2. a one-node chain (n3 or n4) with n3 slow: once another node has shown a normal pace,
+   every segment planned after that excludes n3;
+3. a trainer that writes garbage, NaN, huge numbers and a partial line into its progress file,
+   then crashes: the watcher carries on, the chain fails for the crash and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+from tests.reliability import harness as h
+
+pytestmark = pytest.mark.slurm
+
+TOY_PY = h.REPO / "templates" / "toy_trainer.py"
+FAST_PROGRESS = {"CHAINRUN_PROGRESS_EVERY": "10"}  # read running segments' progress every 10 s
+
+
+def _detail(home: Path, chain: str) -> dict:
+    return json.loads(h.cli("status", chain, "--json", home=home).stdout)["data"][0]
+
+
+def _run(home: Path, chain: str) -> dict:
+    watcher = subprocess.Popen(h.watch_argv(3), env={**os.environ, **FAST_PROGRESS, "CHAINRUN_HOME": str(home)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    log, _ = watcher.communicate(timeout=900)
+    return {"home": home, "chain": chain, "rc": watcher.returncode, "log": log, "detail": _detail(home, chain),
+            "adapt": h.events(home, "adapt"), "plain": h.cli("status", chain, "--plain", home=home).stdout}
+
+
+def _two_node(base: Path) -> dict:
+    script = base / "srun_toy.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
+                      f"exec srun python3 {TOY_PY}\n")
+    home, work = base / "home", base / "w"
+    work.mkdir()
+    p = h.cli("submit", str(script), "--name", "twonode", "--json", "--total", "100s", "--policy", "reactive",
+              "--signal", "USR2@40", "--", "--exclude=n4", "--export=ALL,TOY_SLOW_NODES=n1=2.0", home=home, cwd=work)
+    assert p.returncode == 0, p.stderr
+    return _run(home, json.loads(p.stdout)["data"]["chain"])
+
+
+def _one_node(base: Path) -> dict:
+    home = base / "home"
+    chain = h.submit(home, base / "w", "onenode", "--total", "4m", "--policy", "lead", "--lead", "60s",
+                     "--signal", "USR2@40", "--", "--exclude=n1,n2", "--exclusive",
+                     "--export=ALL,TOY_SLOW_NODES=n3=2.0")
+    return _run(home, chain)
+
+
+def _garbage(base: Path) -> dict:
+    script = base / "garbage.sh"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --mem=100M
+f=$CHAINRUN_PROGRESS_FILE.0.$SLURMD_NODENAME
+now=$(date +%s)
+printf '%s 1\\nnan nan\\n%s 1e400 - 0.5\\n%s 99999999999999999999999999\\n%s -4\\n\\xff\\x00 junk\\n' $now $now $now $now >> "$f"
+python3 {TOY_PY}   # TOY_CRASH_AT_STEP: exits 1
+printf '%s 12' $(date +%s) >> "$f"   # killed mid-line
+exit 1
+""")
+    home, work = base / "home", base / "w"
+    work.mkdir()
+    p = h.cli("submit", str(script), "--name", "garbage", "--json", "--total", "3m", "--policy", "reactive",
+              "--retries", "1", "--signal", "USR2@40", "--", "--nodelist=n2", "--export=ALL,TOY_CRASH_AT_STEP=25",
+              home=home, cwd=work)
+    assert p.returncode == 0, p.stderr
+    return _run(home, json.loads(p.stdout)["data"]["chain"])
+
+
+SCENARIOS = {"twonode": _two_node, "onenode": _one_node, "garbage": _garbage}
+
+
+@pytest.fixture(scope="module")
+def runs(slurm_cluster, tmp_path_factory):
+    results: dict = {}
+
+    def run(name, fn):
+        try:
+            results[name] = fn(tmp_path_factory.mktemp(name))
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+
+    only = os.environ.get("CHAINRUN_PLACEMENT_SCENARIOS")  # e.g. "garbage" while developing
+    chosen = {k: v for k, v in SCENARIOS.items() if not only or k in only.split(",")}
+    threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _ok(res: dict) -> dict:
+    assert "error" not in res, res.get("error")
+    assert res["rc"] == 0, res["log"][-3000:]
+    assert "Traceback" not in res["log"], res["log"][-3000:]
+    assert res["detail"]["status"] == "COMPLETED", res["detail"]["reason"]
+    return res
+
+
+def _segs(res: dict) -> list[dict]:
+    return [s for s in res["detail"]["segments_detail"] if s["start"] is not None and s["nodes"]]
+
+
+def test_two_node_segment_with_a_slow_node_excludes_it_next(runs):
+    res = _ok(runs["twonode"])
+    segs = _segs(res)
+    assert sorted(segs[0]["nodes"]) == ["n1", "n2"], segs[0]
+    slow = next(v for v in segs[0]["node_verdicts"] if v["node"] == "n1")
+    assert slow["ratio"] > 1.5 and slow["slow"], segs[0]["node_verdicts"]
+    assert any("excluding node n1" in e for e in res["adapt"]), res["adapt"]
+    for s in segs[1:]:
+        assert "n1" in s["request"].split("--exclude=")[1].split()[0].split(","), s["request"]
+        assert "n1" not in s["nodes"] and len(s["nodes"]) == 2, s
+    assert len(segs) >= 2, segs
+    pace = res["detail"]["pace"]
+    assert pace["excluded"][0]["node"] == "n1" and pace["excluded"][0]["ratio"] > 1.5
+    assert pace["step"] and pace["steps_per_s"] and any("--exclude n1" in c["what"] for c in pace["changes"])
+    assert "n1" in res["plain"] and "excluded" in res["plain"], res["plain"]
+
+
+def test_one_node_chain_avoids_its_slow_node_once_another_showed_a_normal_pace(runs):
+    res = _ok(runs["onenode"])
+    segs = _segs(res)
+    nodes = [s["nodes"][0] for s in segs]
+    assert "n3" in nodes and "n4" in nodes, nodes
+    assert any("excluding node n3" in e for e in res["adapt"]), (res["adapt"], nodes)
+    # the exclusion came once both had reported; every segment submitted after it avoids n3
+    excl_after = min(c["after_segment"] for c in res["detail"]["pace"]["changes"] if "n3" in c["what"])
+    later = [s for s in res["detail"]["segments_detail"] if s["idx"] > excl_after + 1 and s["request"]]
+    for s in later:
+        assert "n3" in s["request"], s["request"]
+        assert "n3" not in s["nodes"], s
+
+
+def test_garbage_in_progress_files_never_breaks_the_watcher(runs):
+    res = runs["garbage"]
+    assert "error" not in res, res.get("error")
+    assert res["rc"] == 0 and "Traceback" not in res["log"], res["log"][-3000:]
+    d = res["detail"]
+    assert d["status"] == "FAILED" and "no retries left" in d["reason"], d["reason"]
+    ran = [s for s in d["segments_detail"] if s["start"] is not None]
+    assert len(ran) == 2 and all(s["outcome"] == "crash" for s in ran), ran
+    for s in ran:  # the whole lines were read; the garbage, the huge numbers and the cut line were not
+        assert s["nodes"] == ["n2"] and 24 <= s["step"] <= 25 and s["steps"] >= 20, s
+    assert d["pace"]["step"] <= 25 and not d["pace"]["excluded"]
+    st = h.cli("status", res["chain"], home=res["home"])
+    assert st.returncode == 0 and "steps/s" in st.stdout, st.stdout + st.stderr
