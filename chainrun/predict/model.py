@@ -398,7 +398,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     else:
         if all_users is None:
             all_users = p["user"].nunique() > 1
-        categories = {c: {v: i for i, v in enumerate(sorted(set(p[c].astype(str)) - {""}))} for c in ("partition", "qos")}
+        known = p if until is None else p[p["submit"].to_numpy(float) < until]  # no category from after the cut
+        categories = {c: {v: i for i, v in enumerate(sorted(set(known[c].astype(str)) - {""}))} for c in ("partition", "qos")}
         source = "scontrol" if capacity else "history"
         if not capacity:  # no node count from the cluster: the history's guess (node-slots on shared nodes)
             capacity = estimate_capacity(p if until is None else p[p["start"] < until])
