@@ -42,8 +42,8 @@ def one_round(kills: int, total: str, seed: int, base: Path) -> dict:
     since = time.time()
     h.submit(home, base / "dep", "soakdep", "--total", total, "--policy", "dependency", *h.SEG, *N4)
     h.submit(home, base / "lead", "soaklead", "--total", total, "--policy", "lead", "--lead", "10s", *h.SEG, *N4)
-    pred = h.submit(home, base / "pred", "soakpred", "--total", total, "--policy", "predicted", "--lead", "10s",
-                    *h.SEG, *N4)
+    pred = h.submit(home, base / "pred", "soakpred", "--total", total, "--policy", "predicted", "--lead", "50s",
+                    "--segment", "2m", "--signal", "USR2@20", *N4)
     env = {"PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
     st = h.kill_loop(home, kills=kills, rng=random.Random(seed), log=base / "watch.log", env=env,
                      shim_state=shim, sbatch_share=0.15, min_shim_kills=3, min_s=1, max_s=10, timeout=3600)

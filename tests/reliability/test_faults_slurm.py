@@ -40,8 +40,9 @@ def _kill_scenario(base: Path, kills: int, seed: int, total: str = "3m", max_s: 
     chains = [
         h.submit(home, base / "dep", "kdep", "--total", total, "--policy", "dependency", *h.SEG, *N4),
         h.submit(home, base / "lead", "klead", "--total", total, "--policy", "lead", "--lead", "10s", *h.SEG, *N4),
-        h.submit(home, base / "pred", "kpred", "--total", total, "--policy", "predicted", "--lead", "10s", *h.SEG,
-                 *N4),
+        # 2-minute segments: the model's decision comes before the signal ends the segment
+        h.submit(home, base / "pred", "kpred", "--total", total, "--policy", "predicted", "--lead", "50s",
+                 "--segment", "2m", "--signal", "USR2@20", *N4),
     ]
     env = {"PATH": f"{base / 'bin'}:{os.environ['PATH']}"}
     stats = h.kill_loop(home, kills=kills, rng=random.Random(seed), log=base / "watch.log", env=env,
