@@ -132,25 +132,30 @@ def after_segment(chain, segs: list, seg) -> list[tuple[int | None, str, str]]:
     hist: dict[str, list[dict]] = pl.setdefault("verdicts", {})
     pardoned = pl.get("pardoned") or {}
     multi = segment_verdicts(progress)
+    verdict_seg: dict[str, int] = {}  # node -> the segment its verdict is about
     if multi:
         verdicts = multi
     elif len(per_node_step_s(progress)) == 1:
-        newest = next(iter(per_node_step_s(progress)))
-        ones = []
+        ones, last_seg = [], {}
         for o in sorted(segs, key=lambda s: s.idx):
             stats = per_node_step_s(o.extra.get("progress") or {})
             if len(stats) == 1 and (o.start or 0) >= pardoned.get(next(iter(stats)), 0):
                 ones.append(o.extra["progress"])
-        # the newest segment's node; and a grossly slow node that a normal pace elsewhere has just shown up
-        verdicts = [v for v in one_node_verdicts(ones) if v.node == newest or v.gross]
+                last_seg[next(iter(stats))] = o.idx
+        # every node's latest segment against the others: a verdict counts once per segment of that node
+        # (a normal pace elsewhere also shows up a slow node that ran before)
+        verdicts = one_node_verdicts(ones)
+        verdict_seg = last_seg
     else:
         verdicts = []
     for v in verdicts:
-        rec = dict(v.as_dict(), seg=seg.idx)
+        rec = dict(v.as_dict(), seg=verdict_seg.get(v.node, seg.idx))
         rec.pop("node")
         lst = hist.setdefault(v.node, [])
-        if not lst or lst[-1].get("seg") != seg.idx:
+        if not lst or lst[-1].get("seg") != rec["seg"]:
             lst.append(rec)
+        else:
+            lst[-1] = rec  # the same segment of that node, compared with more evidence now
         del lst[:-8]
     seg.extra["node_verdicts"] = [v.as_dict() for v in verdicts]
     adapt = chain.extra.setdefault("adapt", {})
@@ -177,6 +182,83 @@ def _note_change(chain, idx: int | None, at: float | None, what: str) -> None:
     changes = chain.extra.setdefault("placement", {}).setdefault("changes", [])
     changes.append({"after_segment": idx, "at": at, "what": what})
     del changes[:-20]
+
+
+# ------------------------------------------------------------------ interference (MARL row)
+INTERFERENCE_LOSS = 0.15  # the pace while another job shared a node is at least this much slower
+
+
+def record_sharing(seg, row, queue, now: float) -> None:
+    """From the tick's one (widened) squeue: this running segment's nodes and every other running
+    job on any of them (id, user, nodes in common, its start, when we saw it)."""
+    from chainrun.slurm.parsers import expand_hostlist
+
+    mine = set(expand_hostlist(getattr(row, "nodelist", "")))
+    if not mine:
+        return
+    seg.extra["slurm_nodes"] = sorted(mine)
+    shared = seg.extra.setdefault("shared", {})
+    for q in queue:
+        if q.job_id == row.job_id or q.state not in ("RUNNING", "COMPLETING") or not getattr(q, "nodelist", ""):
+            continue
+        common = mine & set(expand_hostlist(q.nodelist))
+        if not common:
+            continue
+        e = shared.setdefault(q.job_id, {"user": q.user, "nodes": sorted(common), "cpus": q.cpus, "start": q.start,
+                                         "first_seen": now})
+        e["last_seen"] = now
+        if len(shared) > 50:
+            shared.pop(next(iter(shared)))
+
+
+def sharing_windows(seg) -> dict[str, list[tuple[float, float]]]:
+    """node -> [(from, to)] when other jobs were seen on it (from their start, to the last tick that saw them)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in (seg.extra.get("shared") or {}).values():
+        a = e.get("start") or e.get("first_seen")
+        b = e.get("last_seen") or a
+        for n in e.get("nodes") or []:
+            out.setdefault(n, []).append((float(a), float(b)))
+    return out
+
+
+def interference(chain, seg, extra_wait) -> list[tuple[int | None, str, str]]:
+    """After a segment that shared a node: was its pace worse while sharing, and is `--exclusive` worth
+    its extra wait? ``extra_wait()`` -> seconds more queue wait `--exclusive` costs (sbatch --test-only)
+    or None when Slurm would not say. Decides only with >= MIN_STEPS steps both alone and shared."""
+    progress = seg.extra.get("progress") or {}
+    worst = None
+    for r in progress.get("ranks") or []:
+        if (r.get("shared_n") or 0) >= MIN_STEPS and (r.get("alone_n") or 0) >= MIN_STEPS and r.get("alone_step_s"):
+            loss = r["shared_step_s"] / r["alone_step_s"] - 1
+            if worst is None or loss > worst[0]:
+                worst = (loss, r)
+    if worst is None or worst[0] < INTERFERENCE_LOSS:
+        return []
+    loss, r = worst
+    adapt = chain.extra.setdefault("adapt", {})
+    if adapt.get("exclusive"):
+        return []
+    frac = r["shared_n"] / (r["shared_n"] + r["alone_n"])
+    per_segment = max(60.0, chain.segment_s - chain.signal_lead_s)
+    lost = per_segment * frac * loss / (1 + loss)  # training time a segment like this one loses to the neighbour
+    jobs = ", ".join(f"{j} ({e.get('user') or '?'})" for j, e in (seg.extra.get("shared") or {}).items()
+                     if r["node"] in (e.get("nodes") or []))
+    seen = (f"segment {seg.idx} trained {loss * 100:.0f} % slower on {r['node']} while job(s) {jobs} shared it "
+            f"({r['shared_step_s']:.3g} s vs {r['alone_step_s']:.3g} s a step, {frac * 100:.0f} % of its steps)")
+    if not adapt_enabled(chain):
+        return [(seg.idx, "placement", f"{seen}; not asking for --exclusive (--no-adapt)")]
+    cost = extra_wait()
+    if cost is None:
+        return [(seg.idx, "placement", f"{seen}; not asking for --exclusive: Slurm would not estimate its extra wait "
+                                       "(sbatch --test-only)")]
+    if lost <= cost:
+        return [(seg.idx, "placement", f"{seen}; not asking for --exclusive: it would wait ~{cost:.0f} s longer "
+                                       f"(sbatch --test-only), more than the ~{lost:.0f} s a segment loses")]
+    adapt["exclusive"] = True
+    why = f"{seen}; --exclusive costs ~{cost:.0f} s more wait (sbatch --test-only), a segment loses ~{lost:.0f} s"
+    _note_change(chain, seg.idx, seg.end, f"--exclusive: {why}")
+    return [(seg.idx, "adapt", f"asking --exclusive for the next segments: {why}")]
 
 
 def unexclude(chain, node: str, now: float) -> bool:
