@@ -254,6 +254,7 @@ def targets(pols: dict) -> dict:
                    "closes_90pct": (share is not None and share <= 0.10) if gap >= 0.5 else None,
                    "worse_than_reactive_min": (pl["mean_overhead_h"] - rl["mean_overhead_h"]) * 60}
     out["gpu_h_twice_share_ok"] = p.get("gpu_h_twice_share", 1) <= 0.01
+    out["predicted_stuck"] = p.get("stuck", 0)  # stuck chains are not in the means: > 0 is a miss
     return out
 
 
