@@ -335,7 +335,10 @@ class Engine:
             cur.extra["last_prediction"] = {"at": now, "wait_s": decision.estimate.seconds, "model": decision.estimate.model}
             self.store.save(c, [cur])
         if decision.submit:
-            self._submit_next(c, segs, remaining, dependency=decision.dependency, note=decision.reason,
+            # sized to take over: if it starts early it cuts the live segment, so it must carry the work
+            # left as if that stopped now (sized for the hand-over point, early successors spiral)
+            left_if_cut = c.total_s - c.credited_s - trained_so_far(cur, now)
+            self._submit_next(c, segs, left_if_cut, dependency=decision.dependency, note=decision.reason,
                               estimate=decision.estimate)
             report.submitted += 1
 
@@ -396,6 +399,11 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
     c.status, c.reason, c.finished = CANCELLED, reason, time.time()
     store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
     return ids
+
+
+def trained_so_far(s: Segment, now: float) -> float:
+    """What a live segment has trained by now (from its job's start: the hand-off wait is not known here)."""
+    return max(0.0, now - s.start) if s.phase == RUNNING and s.start else 0.0
 
 
 def total_tolerance(c: Chain) -> float:

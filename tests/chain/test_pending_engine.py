@@ -69,3 +69,27 @@ def test_cancel_leaves_no_segment_shown_running(tmp_path):
     v = view_chain(store.chain(c.id), store.segments(c.id))
     assert v.status == "CANCELLED" and v.current_state == "CANCELLED"
     assert [s.slurm_state for s in v.segment_views] == ["CANCELLED"]
+
+
+def test_an_early_successor_is_sized_to_take_over(tmp_path):
+    """Submitted early, the next segment may start at once and cut the live one: it must carry the work
+    left as if the live one stopped now, not only what is left after the live one's hand-over point
+    (sized that way, early successors cut each other in a spiral: the whole-chain replay found it)."""
+    from chainrun.state.records import Chain
+
+    fake = FakeSlurm(now=time.time())
+    store = Store(tmp_path / "state.db")
+    slurm = SlurmClient(fake)
+    eng = Engine(store, slurm, fake, clock=lambda: fake.now, user="root")
+    c = Chain(id="big-0001", name="big", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+              total_s=4000, segment_s=3600, policy="lead", lead_s=3600, signal="USR2", signal_lead_s=30, retries=1,
+              sbatch_args=[], partition="short", created=time.time())
+    store.add_chain(c)
+    submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=3600))
+    (job,) = fake.jobs.values()
+    fake.start(job.id)
+    fake.now += 100
+    eng.tick()
+    segs = store.segments(c.id)
+    assert len(segs) == 2, [s.phase for s in segs]  # --lead 1h: due at once
+    assert segs[1].time_limit_s == 3600  # 4000 s of work, 100 s trained: a full segment, not 480 s
