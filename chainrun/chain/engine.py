@@ -91,11 +91,13 @@ class Engine:
 
     def _tick(self, chains: list[Chain], report: TickReport) -> None:
         # the predicted policy reads everyone's queue; it comes from the same single squeue call
-        everyone = self.predictor is not None and any(c.policy == "predicted" for c in chains)
+        segs = {c.id: self.store.segments(c.id) for c in chains}
+        # ... and while a segment runs, so does the interference record (who shares its nodes: docs/placement.md)
+        everyone = (self.predictor is not None and any(c.policy == "predicted" for c in chains)) or any(
+            s.phase == RUNNING for c in chains for s in segs[c.id])
         queue = self.slurm.queue(all_users=everyone)
         self._queue = queue
         self._reservations = None
-        segs = {c.id: self.store.segments(c.id) for c in chains}
         # a recorded job id that now names another job (ids restart after a controller reset) is not ours
         recorded = {s.job_id: (c, s) for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id}
         by_id = {}
@@ -180,6 +182,8 @@ class Engine:
             q = by_id.get(s.job_id)
             if q is not None:
                 self._from_queue(c, segs, s, q)
+                if s.phase == RUNNING:
+                    placement.record_sharing(s, q, self._queue, now)
                 if s.phase == RUNNING and now - (s.extra.get("progress") or {}).get("read_at", 0) >= progress.READ_EVERY_S:
                     self._read_progress(c, s)
             elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
@@ -243,6 +247,7 @@ class Engine:
         if result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
             self._read_progress(c, s)
             events += placement.after_segment(c, segs, s)
+            events += placement.interference(c, s, lambda: self._exclusive_cost(c, s))
         self.store.save(c, [s], events)
         if result.outcome == DONE:
             self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
@@ -292,9 +297,26 @@ class Engine:
         ranks = progress.parse_read_output(res.stdout if res.ok else "", base)
         old = s.extra.get("progress") or {}
         if ranks or not old.get("ranks"):
-            s.extra["progress"] = progress.segment_progress(ranks, read_at=self.clock())
+            s.extra["progress"] = progress.segment_progress(ranks, read_at=self.clock(),
+                                                            shared=placement.sharing_windows(s))
         else:
             old["read_at"] = self.clock()
+
+    def _exclusive_cost(self, c: Chain, s: Segment) -> float | None:
+        """How much longer the next segment would wait with --exclusive: two `sbatch --test-only` (no job
+        is created), made only when a segment's pace suffered from a neighbour."""
+        from chainrun.chain.request import segment_args
+        from chainrun.chain.segments import wrapper_path
+
+        probe = Segment(chain_id=c.id, idx=s.idx + 1, time_limit_s=c.segment_s)
+        args = segment_args(c, probe)
+        try:
+            plain = self.slurm.test_only(wrapper_path(c), args, script_args=[str(probe.idx)])
+            excl = self.slurm.test_only(wrapper_path(c), args + ["--exclusive"], script_args=[str(probe.idx)])
+        except SlurmError as e:
+            log.info("sbatch --test-only for chain %s: %s", c.id, e)
+            return None
+        return None if plain is None or excl is None else max(0.0, excl - plain)
 
     def _count_failure(self, c: Chain, segs: list[Segment], s: Segment) -> None:
         c.consecutive_failures += 1

@@ -220,11 +220,33 @@ def rank_pace(rank: int, node: str, points: list[Point]) -> RankPace:
                     reported)
 
 
-def segment_progress(ranks: dict[tuple[int, str], list[Point]], *, read_at: float) -> dict:
+def timed_step_times(points: list[Point]) -> list[tuple[float, float]]:
+    """(time, seconds of that step) for each step: the reported compute time, else the interval."""
+    comp = [(p.t, p.compute_s) for p in points if p.compute_s is not None and p.compute_s > 0]
+    if len(comp) >= max(2, len(points) // 2):
+        return comp
+    return [(b.t, (b.t - a.t) / (b.step - a.step)) for a, b in zip(points, points[1:]) if b.step > a.step and b.t > a.t]
+
+
+def split_by_windows(points: list[Point], windows: list[tuple[float, float]]) -> dict:
+    """Median step time inside the windows (another job shared the node) and outside them."""
+    inside, outside = [], []
+    for t, dt in timed_step_times(points):
+        (inside if any(a <= t - dt / 2 <= b for a, b in windows) else outside).append(dt)
+    return {"shared_step_s": statistics.median(inside) if inside else None, "shared_n": len(inside),
+            "alone_step_s": statistics.median(outside) if outside else None, "alone_n": len(outside)}
+
+
+def segment_progress(ranks: dict[tuple[int, str], list[Point]], *, read_at: float,
+                     shared: dict[str, list[tuple[float, float]]] | None = None) -> dict:
     """What chainrun keeps of a segment's progress (``segment.extra["progress"]``): rank 0's
-    steps and pace (the lowest rank reporting), and every rank's step time for the straggler rule."""
+    steps and pace (the lowest rank reporting), and every rank's step time for the straggler rule;
+    with ``shared`` (node -> windows when other jobs ran there), each rank's pace in and out of them."""
     paces = [rank_pace(r, n, pts) for (r, n), pts in sorted(ranks.items())]
     out: dict = {"read_at": read_at, "ranks": [asdict(p) for p in paces]}
+    for rec, ((_, node), pts) in zip(out["ranks"], sorted(ranks.items())):
+        if shared and shared.get(node):
+            rec.update(split_by_windows(pts, shared[node]))
     if not paces:
         return out
     lead = paces[0]

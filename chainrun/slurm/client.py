@@ -198,6 +198,11 @@ class SlurmClient:
         res = self._call(argv, what="sbatch")
         return parsers.parse_sbatch_parsable(res.stdout)
 
+    def test_only(self, script_path: str, sbatch_args: Sequence[str], *, script_args: Sequence[str] = ()) -> float | None:
+        """``sbatch --test-only``: when Slurm would start this request now (epoch s); no job is created."""
+        res = self._call(["sbatch", "--test-only", *sbatch_args, script_path, *script_args], what="sbatch --test-only")
+        return parsers.parse_test_only(res.stderr + "\n" + res.stdout)
+
     def cancel(self, job_ids: Iterable[str]) -> None:
         ids = sorted(set(job_ids))
         if ids:

@@ -107,7 +107,7 @@ def base_state(text: str | None) -> str:
 
 # ------------------------------------------------------------------ squeue
 
-SQUEUE_FORMAT = "%i|%u|%T|%r|%V|%S|%e|%l|%M|%P|%q|%D|%C|%b|%E|%k|%j"
+SQUEUE_FORMAT = "%i|%u|%T|%r|%V|%S|%e|%l|%M|%P|%q|%D|%C|%b|%E|%k|%N|%j"
 """Fields we ask squeue for; NAME last because a name may contain the separator."""
 
 
@@ -130,6 +130,40 @@ class QueueRow:
     dependency: str
     comment: str
     name: str
+    nodelist: str = ""  # %N: the nodes of a running job, compressed (``n[1-3],gpu07``); "" while pending
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """``n[1-3,7],gpu-a[01-02]`` -> n1 n2 n3 n7 gpu-a01 gpu-a02 (zero padding kept); junk is skipped."""
+    out: list[str] = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if not m:
+            out.append(item)
+            continue
+        head, ranges, tail = m.groups()
+        for part in ranges.split(","):
+            a, _, b = part.partition("-")
+            if not a.isdigit() or (b and not b.isdigit()) or (b and int(b) - int(a) > 100_000):
+                continue
+            for n in range(int(a), int(b or a) + 1):
+                out += [f"{head}{str(n).zfill(len(a))}{t}" for t in expand_hostlist(tail) or [""]] if tail else [
+                    f"{head}{str(n).zfill(len(a))}"]
+    return out
+
+
+_TEST_ONLY_RE = re.compile(r"to start at (\S+)")
+
+
+def parse_test_only(text: str) -> float | None:
+    """``sbatch: Job 12 to start at 2026-11-23T14:20:00 using 1 processors on nodes n2 in partition short``."""
+    m = _TEST_ONLY_RE.search(text or "")
+    if not m:
+        return None
+    try:
+        return parse_slurm_timestamp(m.group(1))
+    except ValueError:
+        return None
 
 
 def parse_squeue(text: str) -> list[QueueRow]:
@@ -159,6 +193,7 @@ def parse_squeue(text: str) -> list[QueueRow]:
                 dependency="" if dep == "(null)" else dep,
                 comment="" if com == "(null)" else com,
                 name=r.get("NAME", ""),
+                nodelist="" if r.get("NODELIST", "") in ("", "(null)") else r.get("NODELIST", ""),
             )
         )
     return rows

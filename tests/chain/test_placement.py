@@ -82,3 +82,39 @@ def test_too_few_steps_prove_nothing():
     rng, c = random.Random(5), _chain()
     s0 = _seg(0, {"n1": 2.0, "n2": 0.5}, rng, steps=placement.MIN_STEPS - 2)
     assert placement.after_segment(c, [s0], s0) == []
+
+
+def _shared_seg(rng: random.Random) -> Segment:
+    """60 steps alone at 0.5 s, then 60 steps at 0.8 s while job 900 ran on n3."""
+    from chainrun.slurm.parsers import QueueRow
+
+    row = lambda jid, nodes, start: QueueRow(jid, "u", "RUNNING", "None", 0, start, None, 60, 1, "short", "", 1, 2, 0,  # noqa: E731
+                                             "", "", "x", nodes)
+    t, text = 1.7e9, ""
+    for k in range(120):
+        dt = (0.5 if k < 60 else 0.8) * rng.lognormvariate(0, 0.05)
+        t += dt
+        text += progress.format_line(k, compute_s=dt, t=t)
+    s = Segment(chain_id="c1", idx=0, start=1.7e9, end=t)
+    placement.record_sharing(s, row("7", "n[3]", 1.7e9), [row("7", "n3", 1.7e9), row("900", "n[3-4]", 1.7e9 + 31),
+                                                          row("901", "n1", 1.7e9)], now=t)
+    assert list(s.extra["shared"]) == ["900"] and s.extra["shared"]["900"]["nodes"] == ["n3"]
+    s.extra["progress"] = progress.segment_progress({(0, "n3"): progress.parse_lines(text)}, read_at=t,
+                                                    shared=placement.sharing_windows(s))
+    return s
+
+
+def test_interference_asks_exclusive_when_it_costs_less_than_the_pace_lost():
+    rng = random.Random(6)
+    c = _chain(sbatch_args=[])
+    c.segment_s = 3600
+    s = _shared_seg(rng)
+    events = placement.interference(c, s, lambda: 30.0)
+    assert [k for _, k, _ in events] == ["adapt"] and "job(s) 900" in events[0][2], events
+    assert c.extra["adapt"]["exclusive"] is True
+    assert "--exclusive" in segment_args(c, Segment(chain_id="c1", idx=1, time_limit_s=120))
+    dear = _chain()
+    events = placement.interference(dear, s, lambda: 5000.0)
+    assert [k for _, k, _ in events] == ["placement"] and "not asking" in events[0][2]
+    assert not dear.extra["adapt"].get("exclusive")
+    assert "would not estimate" in placement.interference(_chain(), s, lambda: None)[0][2]

@@ -9,7 +9,10 @@ under srun. Both scenarios run side by side (one thread, chainrun home and watch
 2. a one-node chain (n3 or n4) with n3 slow: once another node has shown a normal pace,
    every segment planned after that excludes n3;
 3. a trainer that writes garbage, NaN, huge numbers and a partial line into its progress file,
-   then crashes: the watcher carries on, the chain fails for the crash and nothing else.
+   then crashes: the watcher carries on, the chain fails for the crash and nothing else;
+4. (after the others, on a node idle at that moment) a CPU-bound trainer whose node gets a CPU-heavy neighbour job
+   for 35 s: its pace drops while they share the node, `sbatch --test-only` says --exclusive
+   costs no extra wait, so the next segment asks for --exclusive.
 """
 
 from __future__ import annotations
@@ -84,7 +87,36 @@ exit 1
     return _run(home, json.loads(p.stdout)["data"]["chain"])
 
 
+def _idle_node() -> str:
+    """A node nobody uses now (other jobs there would rightly make --exclusive wait): n1 if none is idle."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True).stdout.split()
+    return sorted(set(out))[0] if out else "n1"
+
+
+def _shared(base: Path) -> dict:
+    home, node = base / "home", _idle_node()
+    chain = h.submit(home, base / "w", "shared", "--total", "100s", "--policy", "reactive", "--signal", "USR2@40",
+                     "--", f"--nodelist={node}", "--export=ALL,TOY_BUSY=1,TOY_STEP_SECONDS=0.2")
+    watcher = subprocess.Popen(h.watch_argv(3), env={**os.environ, **FAST_PROGRESS, "CHAINRUN_HOME": str(home)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    ctl, hog = Path(_detail(home, chain)["run_dir"]) / "control", None
+    deadline = time.time() + 300
+    while hog is None and time.time() < deadline:
+        if "phase=training" in ((ctl / "seg-0.state").read_text() if (ctl / "seg-0.state").exists() else ""):
+            time.sleep(15)  # some steps alone first
+            spin = "timeout 35 python3 -c 'while 1: pass'"
+            p = subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={node}", "-c", "3", "-t", "1",
+                                "--job-name=cpu-hog", "-o", "/dev/null", "--wrap", f"{spin} & {spin} & {spin}; wait"],
+                               capture_output=True, text=True)
+            hog = p.stdout.strip() or p.stderr
+        time.sleep(0.5)
+    log, _ = watcher.communicate(timeout=900)
+    return {"home": home, "chain": chain, "rc": watcher.returncode, "log": log, "detail": _detail(home, chain),
+            "adapt": h.events(home, "adapt"), "placement": h.events(home, "placement"), "hog": hog}
+
+
 SCENARIOS = {"twonode": _two_node, "onenode": _one_node, "garbage": _garbage}
+LATER = {"shared": _shared}  # alone afterwards: a neighbour of its own making, not the other scenarios
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +130,13 @@ def runs(slurm_cluster, tmp_path_factory):
             results[name] = {"error": traceback.format_exc()}
 
     only = os.environ.get("CHAINRUN_PLACEMENT_SCENARIOS")  # e.g. "garbage" while developing
-    chosen = {k: v for k, v in SCENARIOS.items() if not only or k in only.split(",")}
-    threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for group in (SCENARIOS, LATER):
+        chosen = {k: v for k, v in group.items() if not only or k in only.split(",")}
+        threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     return results
 
 
@@ -163,3 +196,12 @@ def test_garbage_in_progress_files_never_breaks_the_watcher(runs):
     assert d["pace"]["step"] <= 25 and not d["pace"]["excluded"]
     st = h.cli("status", res["chain"], home=res["home"])
     assert st.returncode == 0 and "steps/s" in st.stdout, st.stdout + st.stderr
+
+
+def test_cpu_heavy_neighbour_makes_the_next_segment_ask_for_exclusive(runs):
+    res = _ok(runs["shared"])
+    assert res["hog"] and res["hog"].isdigit(), res["hog"]
+    segs = [s for s in res["detail"]["segments_detail"] if s["start"] is not None]
+    assert any("--exclusive" in e and res["hog"] in e for e in res["adapt"]), (res["adapt"], res["placement"])
+    assert "--exclusive" not in segs[0]["request"] and "--exclusive" in segs[1]["request"], segs
+    assert any("--exclusive" in c["what"] for c in res["detail"]["pace"]["changes"])
