@@ -42,6 +42,22 @@ class AvgLead:
         return Decision(False, estimate=est)
 
 
+def engine_chain(work, lead_s: float, policy: str = "") -> Chain:
+    """The chain record the watcher holds for a replayed chain (``--total`` = the replay's work)."""
+    return Chain(id="sim", name="sim", cluster="sim", script="", workdir="", run_dir="", checkpoint_dir="",
+                 total_s=int(work.work_s), segment_s=int(work.segment_s), policy=policy,
+                 lead_s=int(lead_s), signal="USR2", signal_lead_s=int(work.signal_lead_s), retries=1,
+                 sbatch_args=[], partition="")
+
+
+def engine_segment(cur, running: bool) -> Segment:
+    """The watcher's record of a replayed segment: pending, or running since its job started."""
+    return Segment(chain_id="sim", idx=cur.idx, phase=RUNNING if running else PENDING, job_id=f"sim{cur.jid}",
+                   time_limit_s=int(cur.limit), submit=cur.submit, eligible=cur.submit,
+                   start=cur.start if running else None,
+                   end=(cur.start + cur.limit) if running else None)
+
+
 class _SimClock:
     now = 0.0
 
@@ -116,14 +132,8 @@ class SimWatcher:
 
     def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work,
             target: float | None = None) -> Decision:
-        chain = Chain(id="sim", name="sim", cluster="sim", script="", workdir="", run_dir="", checkpoint_dir="",
-                      total_s=int(work.work_s), segment_s=int(work.segment_s), policy=getattr(policy, "name", ""),
-                      lead_s=int(lead_s), signal="USR2", signal_lead_s=int(work.signal_lead_s), retries=1,
-                      sbatch_args=[], partition="")
-        seg = Segment(chain_id="sim", idx=cur.idx, phase=RUNNING if running else PENDING, job_id=f"sim{cur.jid}",
-                      time_limit_s=int(cur.limit), submit=cur.submit, eligible=cur.submit,
-                      start=cur.start if running else None,
-                      end=(cur.start + cur.limit) if running else None)
+        chain = engine_chain(work, lead_s, getattr(policy, "name", ""))
+        seg = engine_segment(cur, running)
         handover = (seg.end - work.signal_lead_s) if running else None
         view = PolicyView(now=now, chain=chain, current=seg, handover_at=handover,
                           predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes, target))

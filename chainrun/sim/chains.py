@@ -8,9 +8,13 @@ never queue behind each other) and every segment is run until the work is done:
   its start (or, at a hand-off, from the moment its predecessor released the chain) until then.
   The first ``restart_s`` of every segment's training are lost compute (model load, data loader
   warm-up): **work** is training minus restarts, the chain's ``--total`` less those minutes.
-- Segments are planned as the watcher plans them: the next one is asked for only while exactly
-  one segment is live and more than a minute of work is left after it; its limit is the work
-  left (plus the restart and the signal lead), at most the segment length.
+- Segments are planned as the watcher plans them (``Engine._plan``, through its own helpers
+  ``expected_training``, ``trained_so_far`` and ``total_tolerance``): the next one is asked for only
+  while exactly one segment is live and more than the tolerance (a minute) of work is left after it;
+  its limit is the work left *as if the live segment stopped now* (so an early start takes over;
+  before a segment starts, all the work left), plus the restart and the signal lead, in whole
+  minutes, at most the segment length. ``successor_limit="handover"`` replays the rule before the
+  fix (the work left after the live segment trains to its hand-over point), which spirals.
 - **Hand-off**: a successor that starts before its predecessor's hand-over point asks it to stop;
   the predecessor's training ends at once, it saves and exits ``handoff_s`` later, and the
   successor trains from then on. What the cut took is simply still to do: it lands in later
@@ -31,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
+from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
 
 NAN = float("nan")
@@ -50,12 +56,15 @@ class ChainWork:
     oracle_step_s: float = 600.0
     horizon_s: float = 60 * 86400.0
     # how the next segment's limit is sized when it is submitted:
-    # "shipped": as Engine._plan does, the work left after the live segment trains to its hand-over
-    #   point (a successor that starts early and cuts it is then too short for the work);
-    # "takeover": the work left if the live segment stopped now (plus the hand-off minutes), so
-    #   an early start takes over.
+    # "shipped": as Engine._plan does now, the work left as if the live segment stopped now
+    #   (total - credited - trained_so_far), so an early start takes over ("takeover" is an alias);
+    # "handover": the rule before the fix, the work left after the live segment trains to its
+    #   hand-over point (a successor that starts early and cuts it is then too short: a spiral).
     successor_limit: str = "shipped"
     max_segments: int = 60  # a chain that needs more is reported as stuck (a hand-off spiral)
+
+
+SUCCESSOR_LIMITS = ("shipped", "handover", "takeover")  # "takeover": the shipped rule's old name
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,10 @@ def run_chain(base: Scheduler, t0: float, nodes: int, jid0: int, spec: PolicySpe
 
 class _Chain:
     def __init__(self, base, t0, nodes, jid0, spec, work, watcher) -> None:
+        from chainrun.sim.adapter import engine_chain
+
+        if work.successor_limit not in SUCCESSOR_LIMITS:
+            raise ValueError(f"successor_limit {work.successor_limit!r}: use shipped or handover")
         self.sim = base.fork()
         self.sim.run_until(t0)
         self.t0, self.nodes, self.spec, self.work, self.watcher = t0, nodes, spec, work, watcher
@@ -130,23 +143,43 @@ class _Chain:
         self.segs: list[Seg] = []
         self.policy = watcher.policy(spec)
         self.out = ChainRun(spec.name, t0, nodes, work.work_s)
+        self.chain = engine_chain(work, self.lead_s, spec.policy)  # the watcher's chain record
+        self.tolerance = total_tolerance(self.chain)
 
     def limit_for(self, left_s: float) -> float:
-        """The work left plus the restart and the signal lead, in whole minutes, at most a segment."""
+        """As Engine._submit_next: the work left (at least a minute) plus the signal lead, in whole
+        minutes, at most a segment; plus the restart, which is the replay's (the watcher's --total
+        counts it as training)."""
         w = self.work
-        return min(w.segment_s, math.ceil((max(left_s, 60.0) + w.restart_s + w.signal_lead_s) / 60) * 60)
+        wanted = max(left_s, MIN_SEGMENT_S) + w.restart_s + w.signal_lead_s
+        return min(w.segment_s, to_slurm_minutes(int(wanted)) * 60)
 
     def expected(self, s: Seg) -> float:
-        """Work a live segment should still deliver if it trains to its hand-over point."""
-        return max(0.0, s.limit - self.work.signal_lead_s - self.work.restart_s)
+        """Work a live segment should still deliver if it trains to its hand-over point
+        (``expected_training``, less its restart)."""
+        from chainrun.sim.adapter import engine_segment
+
+        return max(0.0, expected_training(self.chain, engine_segment(s, False)) - self.work.restart_s)
+
+    def left_if_cut(self, cur: Seg, done_s: float) -> float:
+        """Engine._plan's size for a successor submitted while ``cur`` is live: the work left as if
+        ``cur`` stopped now (``trained_so_far``: from its job's start; before it starts, nothing)."""
+        from chainrun.sim.adapter import engine_segment
+
+        running = cur.start == cur.start and cur.start <= self.sim.now
+        trained = trained_so_far(engine_segment(cur, running), self.sim.now)
+        return self.work.work_s - done_s - max(0.0, trained - self.work.restart_s)
 
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
-               takeover: bool = False) -> Seg:
-        if cur is not None and (takeover or self.work.successor_limit == "takeover") and cur.start == cur.start:
-            # the work left if the live segment stopped now, plus the hand-off minutes the
-            # successor spends waiting for it to save and exit
+               oracle: bool = False) -> Seg:
+        """``left_s``: the work left after ``cur`` trains to its hand-over point (the old rule); with
+        ``cur`` live, the shipped rule sizes for ``left_if_cut`` instead."""
+        if cur is not None and oracle and cur.start == cur.start:
+            # the oracle (a bound, not a shipped rule): what its short cut leaves, hand-off included
             left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s) \
                 + self.work.handoff_s
+        elif cur is not None and self.work.successor_limit != "handover":
+            left_s = self.left_if_cut(cur, done_s)
         s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s))
         self.next_jid += 1
         runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
@@ -169,10 +202,10 @@ class _Chain:
         done_s = 0.0  # work delivered by segments that stopped
         cur = self.submit(w.work_s)
         nxt: Seg | None = None
-        if w.work_s - self.expected(cur) >= 60 and self.policy is not None:  # pending: dependency pre-queues
+        if w.work_s - self.expected(cur) >= self.tolerance and self.policy is not None:  # pending: dependency pre-queues
             d = self.ask(cur, running=False)
             if d.submit:
-                nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None)
+                nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None, cur)
         b = self.sim.run_until_started(cur.jid, horizon)
         if b != b:
             return run
@@ -183,7 +216,7 @@ class _Chain:
             run.restart_s += w.restart_s
             h = cur.start + cur.limit - w.signal_lead_s  # hand-over point
             left_after = w.work_s - done_s - max(0.0, h - cur.train_start - w.restart_s)
-            if left_after < 60:  # the last segment: the work is done before its hand-over point
+            if left_after < self.tolerance:  # the last segment: the work is done before its hand-over point
                 run.finish = cur.train_start + w.restart_s + (w.work_s - done_s)
                 run.segments = len([s for s in self.segs if s.start == s.start])
                 return run
@@ -277,7 +310,7 @@ class _Chain:
             best = lo
         self.sim = grid[best][1]
         # a bound, not a shipped rule: sized to take over what its (short) cut leaves
-        return self.submit(left_after, None, cur, self.done_s, takeover=True)
+        return self.submit(left_after, None, cur, self.done_s, oracle=True)
 
 
 def _next_ask(t: float, h: float, d, policy, work: ChainWork, lead_s: float) -> float:

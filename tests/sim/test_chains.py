@@ -181,16 +181,38 @@ def test_tuning_chooses_only_on_chains_that_end_before_the_split(monkeypatch):
     assert out["score"]["chains"]["policies"]["predicted_tuned"]["n"] > 0
 
 
-def test_hand_off_spiral_with_the_shipped_sizing_and_not_with_takeover():
+def test_hand_off_spiral_only_with_the_sizing_before_the_fix():
     """A lead longer than the last segment: its successor starts at once on an idle partition and
-    cuts it; sized as the watcher sizes it (the work left after the live segment), it is short of
-    what the cut took, so yet another one follows. Sized to take over, the chain ends."""
+    cuts it. Sized as the watcher sized it before the fix (successor_limit="handover": the work
+    left after the live segment), it is short of what the cut took, so yet another one follows: a
+    spiral. Sized as Engine._plan sizes it now (the default: the work left as if the live segment
+    stopped now), it takes over and the chain ends."""
     idle = frame(steady(30, every_s=12 * H, run_s=H))  # two nodes, almost always free
     specs = [PolicySpec("reactive", "reactive"), PolicySpec("fixed_6h", "lead", lead_s=6 * H)]
     work = dict(work_s=30 * H, segment_s=12 * H, max_segments=20)
+    old = run_chains(idle, cfg(specs=specs, max_chains=1, work=ChainWork(successor_limit="handover", **work)))
     shipped = run_chains(idle, cfg(specs=specs, max_chains=1, work=ChainWork(**work)))
-    take = run_chains(idle, cfg(specs=specs, max_chains=1, work=ChainWork(successor_limit="takeover", **work)))
-    s = [r for r in shipped.runs if r.policy == "fixed_6h"][0]
-    t = [r for r in take.runs if r.policy == "fixed_6h"][0]
+    s = [r for r in old.runs if r.policy == "fixed_6h"][0]
+    t = [r for r in shipped.runs if r.policy == "fixed_6h"][0]
     assert s.stuck or s.segments > 6
-    assert t.done and t.segments <= 4
+    # a 6 h lead cuts every segment about 6 h early: 30 h of work in 5 segments, no spiral
+    assert t.done and not t.stuck and t.segments <= 5
+
+
+def test_the_replay_sizes_a_successor_with_the_engines_helpers(monkeypatch):
+    """The shipped sizing is Engine._plan's: chainrun.chain.engine.trained_so_far is what it calls."""
+    from chainrun.chain import engine
+    from chainrun.sim import chains
+
+    calls = []
+
+    def spy(seg, now):
+        calls.append((seg.phase, now))
+        return engine.trained_so_far(seg, now)
+
+    monkeypatch.setattr(chains, "trained_so_far", spy)
+    specs = [PolicySpec("fixed_6h", "lead", lead_s=6 * H)]
+    run_chains(busy(), cfg(specs=specs, max_chains=1))
+    assert calls and all(p == "RUNNING" for p, _ in calls)
+    with pytest.raises(ValueError):
+        run_chains(busy(), cfg(specs=specs, max_chains=1, work=ChainWork(successor_limit="nope")))
