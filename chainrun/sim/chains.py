@@ -163,12 +163,16 @@ class _Chain:
 
     def left_if_cut(self, cur: Seg, done_s: float) -> float:
         """Engine._plan's size for a successor submitted while ``cur`` is live: the work left as if
-        ``cur`` stopped now (``trained_so_far``: from its job's start; before it starts, nothing)."""
+        ``cur`` stopped now (``trained_so_far``: from its job's start, as the engine counts it;
+        before it starts, nothing). In the replay's units: its restart is lost work (limit_for adds
+        it), and so are the hand-off minutes the successor waits while ``cur`` saves, which the
+        watcher credits to ``cur`` as training (its payload runs until it has saved): added here."""
         from chainrun.sim.adapter import engine_segment
 
         running = cur.start == cur.start and cur.start <= self.sim.now
         trained = trained_so_far(engine_segment(cur, running), self.sim.now)
-        return self.work.work_s - done_s - max(0.0, trained - self.work.restart_s)
+        handoff = self.work.handoff_s if running else 0.0  # a pending segment is not cut
+        return self.work.work_s - done_s - max(0.0, trained - self.work.restart_s) + handoff
 
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
                oracle: bool = False) -> Seg:
