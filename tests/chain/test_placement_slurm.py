@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -88,9 +89,15 @@ exit 1
 
 
 def _idle_node() -> str:
-    """A node nobody uses now (other jobs there would rightly make --exclusive wait): n1 if none is idle."""
-    out = subprocess.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], capture_output=True, text=True).stdout.split()
-    return sorted(set(out))[0] if out else "n1"
+    """The node with the fewest allocated CPUs now (other jobs there would rightly make --exclusive wait,
+    and would leave no steps alone to compare with)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "short", "-o", "%N %C"], capture_output=True, text=True).stdout
+    load = {}
+    for line in out.splitlines():
+        name, _, cpus = line.partition(" ")
+        if cpus.count("/") == 3 and name.startswith("n"):
+            load[name] = int(cpus.split("/")[0])
+    return min(sorted(load), key=lambda n: load[n]) if load else "n1"
 
 
 def _shared(base: Path) -> dict:
@@ -105,8 +112,8 @@ def _shared(base: Path) -> dict:
         if "phase=training" in ((ctl / "seg-0.state").read_text() if (ctl / "seg-0.state").exists() else ""):
             time.sleep(15)  # some steps alone first
             spin = "timeout 35 python3 -c 'while 1: pass'"
-            p = subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={node}", "-c", "3", "-t", "1",
-                                "--job-name=cpu-hog", "-o", "/dev/null", "--wrap", f"{spin} & {spin} & {spin}; wait"],
+            p = subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={node}", "-c", "2", "-t", "1",
+                                "--job-name=cpu-hog", "-o", "/dev/null", "--wrap", f"{spin} & {spin}; wait"],
                                capture_output=True, text=True)
             hog = p.stdout.strip() or p.stderr
         time.sleep(0.5)
@@ -202,6 +209,15 @@ def test_cpu_heavy_neighbour_makes_the_next_segment_ask_for_exclusive(runs):
     res = _ok(runs["shared"])
     assert res["hog"] and res["hog"].isdigit(), res["hog"]
     segs = [s for s in res["detail"]["segments_detail"] if s["start"] is not None]
-    assert any("--exclusive" in e and res["hog"] in e for e in res["adapt"]), (res["adapt"], res["placement"])
+    asked = [e for e in res["adapt"] if "--exclusive" in e and res["hog"] in e]
+    declined = [e for e in res["placement"] if "not asking for --exclusive" in e and res["hog"] in e]
+    assert asked or declined, ("the neighbour's effect was not measured", res["adapt"], res["placement"])
+    if declined:
+        # on a test cluster shared with other people's tests, other jobs may still hold the node when the
+        # segment ends: then --exclusive would wait for them, and declining is the rule's right answer
+        m = re.search(r"wait ~(\d+) s longer .* the ~(\d+) s a segment loses", declined[0])
+        assert m and int(m.group(1)) > int(m.group(2)), declined
+        assert "--exclusive" not in segs[1]["request"], segs
+        return
     assert "--exclusive" not in segs[0]["request"] and "--exclusive" in segs[1]["request"], segs
     assert any("--exclusive" in c["what"] for c in res["detail"]["pace"]["changes"])
