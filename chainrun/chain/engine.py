@@ -333,7 +333,8 @@ class Engine:
         if any(s.phase == SUBMITTING for s in live):
             return  # an unconfirmed submission: wait for adoption before planning more
         # --total counts training: a live segment is expected to train its limit less the signal lead
-        expected = sum(expected_training(c, s) for s in live)
+        overhead = segment_overhead(c, segs)
+        expected = sum(expected_training(c, s, overhead) for s in live)
         remaining = c.total_s - c.credited_s - expected
         if not live:
             if c.total_s - c.credited_s < total_tolerance(c):
@@ -433,9 +434,22 @@ def total_tolerance(c: Chain) -> float:
     return min(float(MIN_SEGMENT_S), 0.05 * c.total_s)
 
 
-def expected_training(c: Chain, s: Segment) -> float:
-    """How much training a live segment should still deliver toward --total."""
-    return max(0.0, s.time_limit_s - c.signal_lead_s)
+def expected_training(c: Chain, s: Segment, overhead_s: float | None = None) -> float:
+    """How much training a live segment should still deliver toward --total: its limit less the
+    chain's per-segment overhead (the signal lead by default; see ``segment_overhead``)."""
+    return max(0.0, s.time_limit_s - (c.signal_lead_s if overhead_s is None else overhead_s))
+
+
+def segment_overhead(c: Chain, segs: list[Segment]) -> float:
+    """What a full segment of this chain has lost to the signal lead, an early signal (Slurm sends it
+    up to a minute early) and the payload's start, measured on its segments that ran to their
+    signal (median); never less than the signal lead. Planning with it keeps the successor early
+    when segments train less than their limit minus the lead."""
+    seen = sorted(s.time_limit_s - s.credit_s for s in segs
+                  if s.phase == ENDED and s.outcome == CONTINUE and s.extra.get("signaled") == "1" and s.credit_s > 0)
+    if not seen:
+        return float(c.signal_lead_s)
+    return max(float(c.signal_lead_s), seen[len(seen) // 2])
 
 
 def _streak(segs: list[Segment], outcome: str) -> int:

@@ -93,3 +93,23 @@ def test_an_early_successor_is_sized_to_take_over(tmp_path):
     segs = store.segments(c.id)
     assert len(segs) == 2, [s.phase for s in segs]  # --lead 1h: due at once
     assert segs[1].time_limit_s == 3600  # 4000 s of work, 100 s trained: a full segment, not 480 s
+
+
+def test_segment_overhead_is_learnt_from_segments_that_ran_to_their_signal():
+    from chainrun.chain.engine import expected_training, segment_overhead
+    from chainrun.state.records import ENDED, Chain
+
+    c = Chain(id="o", name="o", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+              total_s=600, segment_s=120, policy="lead", lead_s=40, signal="USR2", signal_lead_s=50, retries=1,
+              sbatch_args=[], partition="short")
+    assert segment_overhead(c, []) == 50  # nothing seen yet: the signal lead
+
+    def ended(i, credit, outcome="continue", signaled="1"):
+        return Segment(chain_id="o", idx=i, phase=ENDED, outcome=outcome, time_limit_s=120, credit_s=credit,
+                       extra={"signaled": signaled})
+
+    segs = [ended(0, 50), ended(1, 58), ended(2, 55), ended(3, 10, outcome="handoff"), ended(4, 119, signaled="0")]
+    assert segment_overhead(c, segs) == 65  # the signal came ~15 s early; cut and unsignaled ones do not count
+    live = Segment(chain_id="o", idx=5, phase="RUNNING", time_limit_s=120)
+    assert expected_training(c, live, segment_overhead(c, segs)) == 55
+    assert segment_overhead(c, [ended(0, 100)]) == 50  # never below the signal lead
