@@ -88,11 +88,20 @@ def _union_exclude(opts: list[str], extra: list[str]) -> list[str]:
     return rest + ([f"--exclude={','.join(merged)}"] if merged else [])
 
 
+def _pinned_nodes(opts: list[str]) -> set[str]:
+    from chainrun.chain.contract import option_value
+    from chainrun.slurm.reservations import expand_nodes
+
+    return set(expand_nodes(option_value(opts, "--nodelist", "-w") or ""))
+
+
 def segment_args(chain: Chain, seg: Segment) -> list[str]:
     """Every sbatch option of one segment, in the order sbatch applies them (later wins)."""
     user = list(chain.sbatch_args)
     adapt = chain.extra.get("adapt") or {}
-    args = _union_exclude(user, list(adapt.get("exclude") or []))
+    # a node the user pinned with --nodelist is never excluded by chainrun (sbatch would refuse both)
+    pinned = _pinned_nodes(user)
+    args = _union_exclude(user, [n for n in adapt.get("exclude") or [] if n not in pinned])
     if adapt.get("exclusive") and not user_pinned(user, *_SHARING):
         args.append("--exclusive")
     if adapt.get("nodes") and not user_pinned(user, *_NODES):

@@ -27,7 +27,7 @@ def sim(
     work: Annotated[str, typer.Option("--work", help="--chains: compute per chain (training time less restarts).")] = "168h",
     segment: Annotated[str, typer.Option("--segment", help="--chains: segment length (time limit).")] = "48h",
     restart_cost: Annotated[str, typer.Option("--restart-cost", help="--chains: compute lost at every segment start (model load, data loader warm-up).")] = "10m",
-    successor_limit: Annotated[str, typer.Option("--successor-limit", help="--chains: size the next segment as the watcher does (shipped) or to take over an early cut (takeover).")] = "shipped",
+    successor_limit: Annotated[str, typer.Option("--successor-limit", help="--chains: size the next segment as the watcher does (shipped), or by the rule before the take-over fix (handover).")] = "shipped",
     inject_from: Annotated[Optional[str], typer.Option("--from", help="--chains: inject chains from this date (YYYY-MM-DD, trace time).")] = None,
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
     tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's target probability and floor on chains that end before this date, score every policy on chains injected from it.")] = None,
@@ -119,8 +119,8 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
     from chainrun.sim.traces import load_trace
 
-    if successor_limit not in ("shipped", "takeover"):
-        raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or takeover")
+    if successor_limit not in ("shipped", "takeover", "handover"):
+        raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or handover")
     every = float(parse_duration(chains_every or "12h", what="--chains-every"))
     if every <= 0:
         raise UsageError("--chains-every must be positive")

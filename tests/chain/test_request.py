@@ -48,3 +48,9 @@ def test_time_min_and_dependency_and_description():
     assert "--time-min=0-00:10:00" in args and args[-1] == "--dependency=afterany:5"
     text = describe(args)
     assert "--account=a" in text and "--job-name" not in text and "--chdir" not in text
+
+
+def test_a_pinned_node_is_never_excluded_by_chainrun():
+    c = chain(["--nodelist=n[1-2]"], adapt={"exclude": ["n1", "n3"]})
+    args = segment_args(c, Segment(chain_id="c1", idx=0, time_limit_s=60))
+    assert "--exclude=n3" in args and not any("n1" in a for a in args if a.startswith("--exclude"))
