@@ -443,13 +443,11 @@ def expected_training(c: Chain, s: Segment, overhead_s: float | None = None) -> 
 def segment_overhead(c: Chain, segs: list[Segment]) -> float:
     """What a full segment of this chain has lost to the signal lead, an early signal (Slurm sends it
     up to a minute early) and the payload's start, measured on its segments that ran to their
-    signal (median); never less than the signal lead. Planning with it keeps the successor early
-    when segments train less than their limit minus the lead."""
-    seen = sorted(s.time_limit_s - s.credit_s for s in segs
-                  if s.phase == ENDED and s.outcome == CONTINUE and s.extra.get("signaled") == "1" and s.credit_s > 0)
-    if not seen:
-        return float(c.signal_lead_s)
-    return max(float(c.signal_lead_s), seen[len(seen) // 2])
+    signal (the largest seen: planning for the worst keeps the successor early; a successor that
+    turns out not to be needed is cancelled when the total is reached); never less than the lead."""
+    seen = [s.time_limit_s - s.credit_s for s in segs
+            if s.phase == ENDED and s.outcome == CONTINUE and s.extra.get("signaled") == "1" and s.credit_s > 0]
+    return max([float(c.signal_lead_s)] + seen)
 
 
 def _streak(segs: list[Segment], outcome: str) -> int:

@@ -109,7 +109,7 @@ def test_segment_overhead_is_learnt_from_segments_that_ran_to_their_signal():
                        extra={"signaled": signaled})
 
     segs = [ended(0, 50), ended(1, 58), ended(2, 55), ended(3, 10, outcome="handoff"), ended(4, 119, signaled="0")]
-    assert segment_overhead(c, segs) == 65  # the signal came ~15 s early; cut and unsignaled ones do not count
+    assert segment_overhead(c, segs) == 70  # the worst seen: the signal came 20 s early; cut/unsignaled ones do not count
     live = Segment(chain_id="o", idx=5, phase="RUNNING", time_limit_s=120)
-    assert expected_training(c, live, segment_overhead(c, segs)) == 55
+    assert expected_training(c, live, segment_overhead(c, segs)) == 50
     assert segment_overhead(c, [ended(0, 100)]) == 50  # never below the signal lead

@@ -3,7 +3,8 @@ by one real `chainrun watch` in its live view inside tmux (send-keys, capture-pa
 notifications to a local webhook and a fake sendmail, and the timeline of a real chain.
 
 One watcher drives all chains at once (like tests/chain/test_chain_slurm.py): each template
-chain is two 2-minute segments (`--total 3m`, the signal 50 s before the limit); the torch
+chain is two or more 2-minute segments (`--total 3m` of training, the signal 50 s before the
+limit, up to a minute early); the torch
 models are tiny and train on a CPU with a short sleep per step. The segment-0 checkpoint
 must come from the real signal and segment 1 must resume from exactly that step. After the
 chain, one more local run of each trainer resumes from the last checkpoint and says done.
@@ -134,7 +135,8 @@ def test_template_checkpoints_on_signal_and_resumes(ux, name):
     assert r.result["status"] == "COMPLETED", (r.result["reason"], ux["screens"][-1])
     segs = r.result["segments_detail"]
     ran = [s for s in segs if s["start"] is not None]
-    assert len(ran) == 2 and [s["outcome"] for s in ran] == ["continue", "continue"], segs
+    # --total counts training: two or three segments, depending on how early Slurm's signal came
+    assert len(ran) >= 2 and all(s["outcome"] == "continue" for s in ran), segs
     seg0 = [ln for ln in r.log if " segment 0 " in ln]
     seg1 = [ln for ln in r.log if " segment 1 " in ln]
     saved = _step(seg0, r"saved step (\d+) on SIGUSR2")
@@ -185,14 +187,15 @@ def test_report_of_a_real_chain_has_segments_and_gaps(ux, tmp_path):
     p = run_cli("report", r.chain, "--png", str(png), "--html", str(page), "--json", home=ux["home"])
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)["data"]
-    assert d["segments_ran"] == 2 and d["gaps"] >= 1 and d["interruption_s"] > 0
+    ran = [s for s in r.result["segments_detail"] if s["start"] is not None]
+    assert d["segments_ran"] == len(ran) >= 2 and d["gaps"] >= 1 and d["interruption_s"] > 0
     meta = d["files"]["png"]
-    assert meta["bars"] == 2 and meta["gaps"] >= 1 and meta["waits"] >= 1
+    assert meta["bars"] == len(ran) and meta["gaps"] >= 1 and meta["waits"] >= 1
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     w, h = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     assert (w, h) == (meta["width"], meta["height"]) and 600 <= w <= 2000 and 150 <= h <= 1200
     html = page.read_text()
-    assert html.count('class="segment ') == 2 and 'class="gap"' in html
+    assert html.count('class="segment ') == len(ran) and 'class="gap"' in html
     if os.environ.get("CHAINRUN_UX_KEEP_PNG"):  # keep the picture of this run to look at
         shutil.copyfile(png, os.environ["CHAINRUN_UX_KEEP_PNG"])
