@@ -7,10 +7,9 @@ needs: a 48 h segment submitted the day before a maintenance waits out the whole
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from chainrun.slurm.parsers import parse_scontrol_oneliners
+from chainrun.slurm.parsers import expand_hostlist, parse_scontrol_oneliners
 
 
 @dataclass(frozen=True)
@@ -51,23 +50,8 @@ def parse_reservations(text: str) -> list[Reservation]:
 
 
 def expand_nodes(text: str) -> list[str]:
-    """Slurm host lists: ``n[1-3,7],gpu01`` -> n1 n2 n3 n7 gpu01."""
-    if not text or text in ("(null)", "ALL"):
-        return []
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", text):
-        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", part)
-        if not m:
-            out.append(part)
-            continue
-        pre, body, post = m.groups()
-        for rng in body.split(","):
-            lo, _, hi = rng.partition("-")
-            if hi and lo.isdigit() and hi.isdigit():
-                out += [f"{pre}{str(i).zfill(len(lo))}{post}" for i in range(int(lo), int(hi) + 1)]
-            else:
-                out.append(f"{pre}{lo}{post}")
-    return out
+    """Slurm host lists (``n[1-3,7],gpu01``); ``ALL`` and ``(null)`` name no node here."""
+    return [] if text in ("", "(null)", "ALL") else expand_hostlist(text)
 
 
 @dataclass(frozen=True)
