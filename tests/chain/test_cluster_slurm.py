@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -130,21 +128,7 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory):
-    results: dict = {}
-
-    def run(name, fn):
-        try:
-            results[name] = fn(tmp_path_factory.mktemp(name))
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-
-    only = os.environ.get("CHAINRUN_CLUSTER_SCENARIOS")  # e.g. "maint" while developing
-    threads = [threading.Thread(target=run, args=item) for item in SCENARIOS.items() if not only or item[0] in only]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    return h.run_side_by_side([SCENARIOS], tmp_path_factory, "CHAINRUN_CLUSTER_SCENARIOS")
 
 
 def _ok(res: dict) -> dict:

@@ -19,9 +19,7 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
-import traceback
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -151,22 +149,7 @@ SCENARIOS = {"ignores": _ignoring_trainer, "killwait": _killed_while_waiting, "r
 
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory):
-    results: dict = {}
-
-    def run(name, fn):
-        try:
-            results[name] = fn(tmp_path_factory.mktemp(name))
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-
-    only = os.environ.get("CHAINRUN_HANDOFF_SCENARIOS")  # e.g. "heartbeat,replan" while developing
-    chosen = {k: v for k, v in SCENARIOS.items() if not only or k in only.split(",")}
-    threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+    return h.run_side_by_side([SCENARIOS], tmp_path_factory, "CHAINRUN_HANDOFF_SCENARIOS")
 
 
 def _ok(res: dict, *, payload_traceback: bool = False) -> dict:

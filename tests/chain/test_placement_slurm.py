@@ -21,9 +21,7 @@ import json
 import os
 import re
 import subprocess
-import threading
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -127,24 +125,10 @@ LATER = {"shared": _shared}  # alone afterwards: a neighbour of its own making, 
 
 
 @pytest.fixture(scope="module")
-def runs(slurm_cluster, tmp_path_factory):
-    results: dict = {}
-
-    def run(name, fn):
-        try:
-            results[name] = fn(tmp_path_factory.mktemp(name))
-        except Exception:
-            results[name] = {"error": traceback.format_exc()}
-
-    only = os.environ.get("CHAINRUN_PLACEMENT_SCENARIOS")  # e.g. "garbage" while developing
-    for group in (SCENARIOS, LATER):
-        chosen = {k: v for k, v in group.items() if not only or k in only.split(",")}
-        threads = [threading.Thread(target=run, args=item) for item in chosen.items()]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    return results
+def runs(slurm_cluster, tmp_path_factory, request):
+    # the neighbour scenario runs alone afterwards, and only when its (slow-marked) test is selected
+    later = [LATER] if any(it.name.startswith("test_cpu_heavy_neighbour") for it in request.session.items) else []
+    return h.run_side_by_side([SCENARIOS, *later], tmp_path_factory, "CHAINRUN_PLACEMENT_SCENARIOS")
 
 
 def _ok(res: dict) -> dict:

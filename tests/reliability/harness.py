@@ -216,6 +216,32 @@ def audit(home: Path, since: float, env: dict | None = None) -> dict:
     return out
 
 
+def run_side_by_side(groups: list[dict], tmp_path_factory, only_env: str) -> dict:
+    """Run scenario functions (name -> fn(base folder) -> result dict) in threads, group after group;
+    a scenario that raises gets {"error": traceback}. ``only_env`` names an environment variable that
+    picks scenarios by name while developing (e.g. CHAINRUN_HANDOFF_SCENARIOS=heartbeat,replan)."""
+    import threading
+    import traceback
+
+    results: dict = {}
+
+    def run(name, fn):
+        try:
+            results[name] = fn(tmp_path_factory.mktemp(name))
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+
+    only = os.environ.get(only_env)
+    for group in groups:
+        threads = [threading.Thread(target=run, args=item) for item in group.items()
+                   if not only or item[0] in only.split(",")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return results
+
+
 def train_model(home: Path) -> None:
     """Give the cluster some history and train the queue-delay model in this home."""
     from tests.chain.test_chain_slurm import train_model as train
