@@ -7,15 +7,8 @@ import pytest
 
 from chainrun.chain.outcomes import classify, payload_overlaps, payload_window, record_overlaps
 from chainrun.slurm.parsers import AcctRow
-from chainrun.state.records import ENDED, RUNNING, Chain, Segment
-
-
-def chain(**kw):
-    base = dict(id="c", name="c", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
-                total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=300,
-                retries=1, sbatch_args=[], partition="p")
-    base.update(kw)
-    return Chain(**base)
+from chainrun.state.records import ENDED, RUNNING, Segment
+from tests.chain.test_policies import chain
 
 
 def row(state, *, elapsed=100.0, limit=3600.0, code=0, sig=0, job="7"):

@@ -10,17 +10,10 @@ from chainrun.slurm.client import SlurmClient
 from chainrun.state.records import FAILED, PENDING, Segment
 from chainrun.state.store import Store
 from tests.reliability.fakeslurm import SQ_HEAD, FakeSlurm
-from tests.reliability.test_engine_faults import make_chain
+from tests.reliability.test_engine_faults import make_world
 
 
-def _world(tmp_path):
-    fake = FakeSlurm(now=time.time())
-    store = Store(tmp_path / "state.db")
-    slurm = SlurmClient(fake)
-    eng = Engine(store, slurm, fake, clock=lambda: fake.now, user="root")
-    c = make_chain(store)
-    submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=120))
-    return fake, store, eng, c
+_world = make_world
 
 
 def _pending_as(fake: FakeSlurm, reason: str, start: str = "N/A") -> None:

@@ -37,14 +37,20 @@ def make_chain(store: Store, cid: str = "t-0001", policy: str = "reactive") -> C
     return c
 
 
-@pytest.fixture
-def world(tmp_path):
+def make_world(tmp_path):
+    """An in-memory Slurm, a real store and engine, one chain with segment 0 submitted."""
     fake = FakeSlurm(now=time.time())
     store = Store(tmp_path / "state.db")
     slurm = SlurmClient(fake)
     eng = Engine(store, slurm, fake, clock=lambda: fake.now, user="root")
     c = make_chain(store)
     submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=120))
+    return fake, store, eng, c
+
+
+@pytest.fixture
+def world(tmp_path):
+    fake, store, eng, c = make_world(tmp_path)
     yield fake, store, eng, c
     store.close()
 
