@@ -1,0 +1,154 @@
+"""Elastic segments: which node count the next segment asks for.
+
+One pure rule, shared by the watcher (chainrun.chain.engine) and the whole-chain replay
+(`chainrun sim --chains`, policy ``predicted_elastic``): what ships is what is measured.
+
+Work is counted at the chain's **reference shape** (the first of ``--shapes``, the shape
+``--total`` is stated in). A segment of another shape does ``rate`` reference-seconds of work per
+wall second of training:
+
+- from the chain's measured pace on that shape when it has one (steps/s, the global batch being
+  kept by the trainer, so a step is the same work at every shape);
+- else scaled from a measured pace on another shape, linear in nodes times the user's efficiency;
+- else linear in nodes times the user's efficiency for that shape (default 1.0).
+
+For every candidate the rule predicts when the remaining work would be done if the chain kept
+that shape: the predicted start (the queue model's median wait for that request, or Slurm's own
+``sbatch --test-only`` answer where the caller has one) plus the training time at that rate, plus
+one ``boundary_s`` per extra segment boundary the slower shape needs. It picks the earliest finish;
+a shape other than the reference must win by ``margin_s`` (default 10 min, or 5 % of the reference
+finish if larger), so noise in the predictions does not make the chain flap between shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from chainrun.errors import UsageError
+
+DEFAULT_MARGIN_S = 600.0
+MARGIN_SHARE = 0.05
+
+
+def parse_shapes(text: str, *, max_nodes: int | None = None) -> tuple[int, ...]:
+    """``"8,4,2"`` -> (8, 4, 2): node counts, the first the reference shape. One-line errors for
+    non-numbers, counts below 1, duplicates, and counts above what the partition has."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise UsageError(f"--shapes {text!r}: give node counts separated by commas, e.g. --shapes 8,4,2")
+    shapes: list[int] = []
+    for p in parts:
+        if not p.isdigit():
+            raise UsageError(f"--shapes {text!r}: {p!r} is not a node count (a whole number >= 1)")
+        n = int(p)
+        if n < 1:
+            raise UsageError(f"--shapes {text!r}: a shape needs at least 1 node, not {n}")
+        if max_nodes is not None and n > max_nodes:
+            raise UsageError(f"--shapes {text!r}: {n} nodes, but the partition has {max_nodes}")
+        if n in shapes:
+            raise UsageError(f"--shapes {text!r}: {n} is listed twice")
+        shapes.append(n)
+    return tuple(shapes)
+
+
+def shape_rate(nodes: int, ref_nodes: int, *, measured: dict[int, float] | None = None,
+               efficiency: dict[int, float] | None = None) -> float:
+    """Reference-seconds of work per wall second of training on ``nodes`` nodes.
+
+    ``measured``: the chain's pace per node count (any unit, e.g. steps/s), where known.
+    ``efficiency``: the user's scaling efficiency per node count relative to linear (default 1.0);
+    the reference shape is 1.0 by definition.
+    """
+    eff = efficiency or {}
+    measured = {n: float(v) for n, v in (measured or {}).items() if v and v > 0}
+    if not measured:
+        return (nodes / ref_nodes) * eff.get(nodes, 1.0) / eff.get(ref_nodes, 1.0)
+
+    def pace(n: int) -> float:  # measured, else scaled from the closest measured shape
+        if n in measured:
+            return measured[n]
+        b = min(measured, key=lambda m: (abs(m - n), -m))
+        return measured[b] * (n / b) * eff.get(n, 1.0) / eff.get(b, 1.0)
+
+    return pace(nodes) / pace(ref_nodes)
+
+
+@dataclass(frozen=True)
+class ShapeOption:
+    """One candidate: its predicted start (s from now), rate, and finish of all remaining work."""
+
+    nodes: int
+    wait_s: float
+    rate: float
+    segments: int
+    finish_s: float
+    wait_source: str = "model"
+
+    def as_dict(self) -> dict:
+        return {"nodes": self.nodes, "wait_s": round(self.wait_s, 1), "rate": round(self.rate, 4),
+                "segments": self.segments, "finish_s": round(self.finish_s, 1), "wait_source": self.wait_source}
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    nodes: int
+    reason: str
+    options: tuple[ShapeOption, ...]
+
+    def as_dict(self) -> dict:
+        return {"nodes": self.nodes, "reason": self.reason, "options": [o.as_dict() for o in self.options]}
+
+
+def finish_estimate(remaining_s: float, wait_s: float, rate: float, *, segment_s: float,
+                    boundary_s: float) -> tuple[float, int]:
+    """(seconds from now until ``remaining_s`` reference-seconds of work are done, segments used)
+    if every remaining segment has this rate and trains at most ``segment_s`` each."""
+    wall = max(remaining_s, 0.0) / max(rate, 1e-9)
+    segments = max(1, math.ceil(wall / max(segment_s, 1.0)))
+    return wait_s + wall + (segments - 1) * boundary_s, segments
+
+
+def choose_shape(remaining_s: float, shapes: tuple[int, ...], waits: dict[int, float], *,
+                 segment_s: float, boundary_s: float, measured: dict[int, float] | None = None,
+                 efficiency: dict[int, float] | None = None, sources: dict[int, str] | None = None,
+                 margin_s: float = DEFAULT_MARGIN_S) -> ShapeChoice:
+    """The node count for the next segment (see the module doc).
+
+    ``shapes``: the chain's shapes, the first the reference. ``waits``: predicted wait (s) per node
+    count; a shape without one is not a candidate (the reference always is: missing = 0 s wait
+    assumed only when no shape has a prediction, i.e. the caller has no model).
+    """
+    if not shapes:
+        raise ValueError("no shapes")
+    ref = shapes[0]
+    if not waits:
+        return ShapeChoice(ref, "no wait prediction: the reference shape", ())
+    sources = sources or {}
+    options = []
+    for n in shapes:
+        if n not in waits:
+            continue
+        rate = shape_rate(n, ref, measured=measured, efficiency=efficiency)
+        finish, segs = finish_estimate(remaining_s, waits[n], rate, segment_s=segment_s, boundary_s=boundary_s)
+        options.append(ShapeOption(n, float(waits[n]), rate, segs, finish, sources.get(n, "model")))
+    if not options:
+        return ShapeChoice(ref, "no wait prediction for any shape: the reference shape", ())
+    best = min(options, key=lambda o: (o.finish_s, -o.nodes))
+    ref_opt = next((o for o in options if o.nodes == ref), None)
+    if ref_opt is None:
+        return ShapeChoice(best.nodes, f"{best.nodes} nodes finish first ({_h(best.finish_s)})", tuple(options))
+    need = max(margin_s, MARGIN_SHARE * ref_opt.finish_s)
+    if best.nodes != ref and ref_opt.finish_s - best.finish_s >= need:
+        return ShapeChoice(best.nodes, (
+            f"{best.nodes} nodes: start in ~{_h(best.wait_s)}, work done in ~{_h(best.finish_s)}; "
+            f"{ref} nodes: start in ~{_h(ref_opt.wait_s)}, done in ~{_h(ref_opt.finish_s)}"), tuple(options))
+    return ShapeChoice(ref, f"{ref} nodes (reference): done in ~{_h(ref_opt.finish_s)}, no shape saves "
+                            f"{_h(need)} or more", tuple(options))
+
+
+def _h(seconds: float) -> str:
+    s = max(0.0, float(seconds))
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"

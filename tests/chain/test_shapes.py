@@ -1,0 +1,58 @@
+"""The elastic-shape rule (chainrun.chain.shapes): parsing, rates, and the choice."""
+
+import pytest
+
+from chainrun.chain.shapes import choose_shape, finish_estimate, parse_shapes, shape_rate
+from chainrun.errors import UsageError
+
+
+def test_parse_shapes_keeps_order_first_is_reference():
+    assert parse_shapes("8,4,2") == (8, 4, 2)
+    assert parse_shapes(" 4 , 2 ") == (4, 2)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("0", "at least 1 node"), ("4,x", "'x' is not a node count"), ("4,,2", "separated by commas"),
+    ("4,4", "listed twice"), ("5", "the partition has 4"), ("-1", "is not a node count"), ("2.5", "not a node"),
+])
+def test_parse_shapes_errors_are_one_line(text, words):
+    with pytest.raises(UsageError) as e:
+        parse_shapes(text, max_nodes=4)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rate_linear_then_measured():
+    assert shape_rate(2, 4) == pytest.approx(0.5)
+    assert shape_rate(2, 4, efficiency={2: 0.8}) == pytest.approx(0.4)
+    # measured on both shapes: the ratio of paces, whatever the efficiency says
+    assert shape_rate(2, 4, measured={4: 10.0, 2: 6.0}, efficiency={2: 0.5}) == pytest.approx(0.6)
+    # measured on the reference only: linear from it
+    assert shape_rate(2, 4, measured={4: 10.0}) == pytest.approx(0.5)
+    # measured on the small shape only: the reference is scaled from it
+    assert shape_rate(2, 4, measured={2: 6.0}) == pytest.approx(0.5)
+    assert shape_rate(4, 4, measured={2: 6.0}) == pytest.approx(1.0)
+
+
+def test_finish_counts_boundaries_of_the_slower_shape():
+    assert finish_estimate(10 * 3600, 0, 1.0, segment_s=10 * 3600, boundary_s=600) == (10 * 3600, 1)
+    t, n = finish_estimate(10 * 3600, 0, 0.5, segment_s=10 * 3600, boundary_s=600)
+    assert n == 2 and t == 20 * 3600 + 600
+
+
+def test_small_shape_wins_when_the_big_one_waits_long():
+    c = choose_shape(4 * 3600, (4, 2), {4: 12 * 3600, 2: 60}, segment_s=48 * 3600, boundary_s=3600)
+    assert c.nodes == 2 and "2 nodes" in c.reason
+    assert [o.nodes for o in c.options] == [4, 2]
+
+
+def test_reference_kept_unless_the_saving_beats_the_margin():
+    # 2 nodes would finish 5 min earlier: not worth a change of shape
+    c = choose_shape(3600, (4, 2), {4: 3600 + 300, 2: 0}, segment_s=48 * 3600, boundary_s=0)
+    assert c.nodes == 4 and "reference" in c.reason
+
+
+def test_no_prediction_keeps_the_reference():
+    assert choose_shape(3600, (8, 4), {}, segment_s=3600, boundary_s=0).nodes == 8
+    # a shape without a prediction is not a candidate
+    c = choose_shape(3600, (8, 4), {8: 10.0}, segment_s=3600, boundary_s=0)
+    assert c.nodes == 8 and [o.nodes for o in c.options] == [8]
