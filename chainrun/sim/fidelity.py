@@ -24,10 +24,11 @@ class Fidelity:
         return {"spearman": self.spearman, "median_ratio": self.median_ratio, "within_2x": self.within_2x}
 
 
-def replay_alone(w: Workload, nodes: int, *, bf_depth: int, size_weight_s: float) -> list[float]:
+def replay_alone(w: Workload, nodes: int, *, bf_depth: int, size_weight_s: float, fairshare=None) -> list[float]:
     """Simulated start time of every job (by jid) when the trace runs alone."""
     sim = Scheduler(
-        nodes, w.jobs, open_at=w.open_at, bf_depth=bf_depth, size_weight_s=size_weight_s, record_starts=True
+        nodes, w.jobs, open_at=w.open_at, bf_depth=bf_depth, size_weight_s=size_weight_s, record_starts=True,
+        fairshare=fairshare,
     )
     sim.run_until(float("inf"))
     return sim.starts

@@ -6,6 +6,8 @@ Why this shape:
 - Priority is age (earlier eligible first). ``size_weight_s`` optionally adds Slurm's multifactor
   job-size term, expressed in seconds of age (PriorityWeightJobSize / PriorityWeightAge *
   PriorityMaxAge * nodes / cluster nodes) so the order stays static and a sorted list suffices.
+  ``fairshare`` (fairshare.py) adds fair share from the trace's users and caps age at
+  PriorityMaxAge: the pending list is then re-keyed every PriorityCalcPeriod, as Slurm recomputes.
 - EASY backfill: the first job that does not fit gets a reservation at the earliest time enough
   nodes free up (using running jobs' *time limits*, which is all Slurm knows); later jobs, up to
   ``bf_depth`` of them (Slurm's bf_max_job_test), start now if they fit and either end (by their
@@ -21,7 +23,10 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from chainrun.sim.fairshare import FairShare
 
 Job = tuple  # (submit, jid, nodes, limit_s, runtime_s, dep)
 
@@ -39,6 +44,7 @@ class Scheduler:
         size_weight_s: float = 0.0,
         n_ids: int | None = None,
         record_starts: bool = False,
+        fairshare: "FairShare | None" = None,
     ) -> None:
         self.total = int(nodes)
         self.free = int(nodes)
@@ -47,8 +53,14 @@ class Scheduler:
         self.now = arrivals[0][0] if arrivals else 0.0
         self.open_at = open_at  # the partition starts no job before this (LS6 entered service late)
         self.bf_depth = bf_depth
-        self.size_weight_s = size_weight_s
-        self.pending: list = []  # sorted (key, seq, jid, nodes, limit, runtime)
+        self.size_weight_s = size_weight_s if fairshare is None else 0.0  # fair share has its own size term
+        if fairshare is not None:
+            from chainrun.sim.fairshare import Usage
+
+            self.usage: "Usage | None" = Usage(fairshare)
+        else:
+            self.usage = None
+        self.pending: list = []  # sorted (key, seq, jid, nodes, limit, runtime, eligible)
         self.running: list = []  # heap (end, jid, nodes)
         self.limits: list = []  # sorted (start + limit, jid, nodes, start): what the backfill planner sees
         self.held: dict[int, list] = {}  # dep jid -> jobs waiting for it
@@ -69,6 +81,8 @@ class Scheduler:
         f.status = bytearray(self.status)
         f.starts = None  # forks only watch injected jobs
         f.watched = dict(self.watched)
+        if self.usage is not None:
+            f.usage = self.usage.copy()
         return f
 
     # ---- inputs -------------------------------------------------------------------------
@@ -100,8 +114,13 @@ class Scheduler:
 
     def _enqueue(self, jid, nodes, limit, runtime, eligible) -> None:
         self.seq += 1
-        key = eligible - self.size_weight_s * nodes / self.total
-        insort(self.pending, (key, self.seq, jid, nodes, limit, runtime))
+        if self.usage is None:
+            key = eligible - self.size_weight_s * nodes / self.total
+        else:
+            if self.now >= self.usage.next_calc:
+                self._recalc()
+            key = eligible - self.usage.bonus_s(jid, nodes, self.total)
+        insort(self.pending, (key, self.seq, jid, nodes, limit, runtime, eligible))
         if 0 <= jid < len(self.status):
             self.status[jid] = _WAITING
 
@@ -140,6 +159,8 @@ class Scheduler:
             _, jid, nodes = heapq.heappop(run)
             self.free += nodes
             self._drop_limit(jid)
+            if self.usage is not None:
+                self.usage.ended(jid, t)
             if 0 <= jid < len(self.status):
                 self.status[jid] = _DONE
             for job in self.held.pop(jid, ()):
@@ -165,8 +186,10 @@ class Scheduler:
 
     def _start(self, p: tuple) -> None:
         now = self.now
-        _, _, jid, nodes, limit, runtime = p
+        jid, nodes, limit, runtime = p[2], p[3], p[4], p[5]
         self.free -= nodes
+        if self.usage is not None:
+            self.usage.started(jid, nodes, now)
         heapq.heappush(self.running, (now + min(runtime, limit), jid, nodes))
         insort(self.limits, (now + limit, jid, nodes, now))
         if 0 <= jid < len(self.status):
@@ -177,9 +200,11 @@ class Scheduler:
             self.watched[jid] = now
 
     def _schedule(self) -> None:
-        pend = self.pending
-        if not pend or self.free == 0:
+        if not self.pending or self.free == 0:
             return
+        if self.usage is not None and self.now >= self.usage.next_calc:
+            self._recalc()
+        pend = self.pending
         n = len(pend)
         i = 0
         while i < n and pend[i][3] <= self.free:  # strict priority order while jobs fit
@@ -223,6 +248,18 @@ class Scheduler:
             self.pending = [pend[k] for k in range(i, n) if k not in gone]
         else:
             self.pending = pend[i:] if i else pend
+
+    def _recalc(self) -> None:
+        """Fair share factors now, and every pending job re-keyed: age capped at PriorityMaxAge
+        plus its (new) fair share and size terms, all in seconds of age."""
+        u = self.usage
+        now = self.now
+        u.recalc(now)
+        oldest = now - u.fs.max_age_s
+        total = self.total
+        self.pending = sorted(
+            (max(p[6], oldest) - u.bonus_s(p[2], p[3], total),) + p[1:] for p in self.pending
+        )
 
     # ---- views for policies ---------------------------------------------------------------
     def queue_view(self) -> tuple[list[int], list[tuple[int, float]]]:

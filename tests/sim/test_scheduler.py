@@ -101,3 +101,49 @@ def test_json_has_no_nan():
 
     r = SimResult(Fidelity(float("nan"), 1.0, 0.5, 3), {"p": {"x": float("nan")}}, {}, {}, [])
     assert r.as_json()["fidelity"]["spearman"] is None and r.as_json()["policies"]["p"]["x"] is None
+
+
+def _fs(users, n_users, **kw):
+    from chainrun.sim.fairshare import FairShare
+
+    base = dict(users=users, n_users=n_users, weight_s=4 * 86400.0, size_weight_s=0.0, max_age_s=7 * 86400.0,
+                half_life_s=2 * 86400.0, period_s=300.0)
+    return FairShare(**{**base, **kw})
+
+
+def test_fair_share_lets_a_light_user_overtake_a_heavy_users_older_job():
+    # user 0 ran job 0 on the only node for a day; at t=86400 its job 1 (submitted at 1000) and
+    # user 1's job 2 (submitted at 2000) both wait: by age 1 goes first, by fair share 2 does
+    day = 86400.0
+    jobs = [job(0, 0, 1, day, day), job(1, 1000, 1, 100, 100), job(2, 2000, 1, 100, 100)]
+    assert starts(1, jobs) == [0, day, day + 100]
+    assert starts(1, jobs, fairshare=_fs([0, 0, 1], 2)) == [0, day + 100, day]
+
+
+def test_fair_share_is_weighed_against_age():
+    # user 0's use ranks it below user 1 (factor 1/3 against 1), but the fair share difference
+    # (2/3 x 1800 s of age) is less than the hour of age job 1 has on job 2: age wins
+    day = 86400.0
+    jobs = [job(0, 0, 1, day, day), job(1, 1000, 1, 100, 100), job(2, 1000 + 3600, 1, 100, 100)]
+    assert starts(1, jobs, fairshare=_fs([0, 0, 1], 2, weight_s=1800.0)) == [0, day, day + 100]
+
+
+def test_age_counts_only_up_to_the_max_age_under_fair_share():
+    # 1 (heavy user) has waited far longer than 2, but both are past PriorityMaxAge: fair share decides
+    jobs = [job(0, 0, 1, 10 * 86400, 10 * 86400), job(1, 10, 1, 100, 100), job(2, 3 * 86400, 1, 100, 100)]
+    fs = _fs([0, 0, 1], 2, max_age_s=86400.0, weight_s=3600.0)
+    assert starts(1, jobs, fairshare=fs) == [0, 10 * 86400 + 100, 10 * 86400]
+    assert starts(1, jobs) == [0, 10 * 86400, 10 * 86400 + 100]
+
+
+def test_a_fork_has_its_own_usage():
+    day = 86400.0
+    jobs = [job(0, 0, 1, day, day)]
+    sim = Scheduler(2, jobs, fairshare=_fs([0], 1))
+    sim.run_until(10.0)
+    f = sim.fork()
+    f.submit(5, 1, 100, 100)  # the chain's user (beyond the trace)
+    f.run_until(day + 10)
+    sim.run_until(day + 10)
+    assert f.usage.done[1] > 0 and sim.usage.done[1] == 0
+    assert sim.usage.done[0] == f.usage.done[0] > 0
