@@ -172,6 +172,8 @@ TaskPlugin=$TASKPLUGIN
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 SwitchType=switch/none
+# two nodes per leaf switch (topology.conf): `--switches` and chainrun's spread rule have a topology to read
+TopologyPlugin=topology/tree
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=5,sched_interval=5
 SelectType=select/cons_tres
@@ -207,6 +209,16 @@ stage "$ETC/gres.conf" 644 root:root < <(
   echo "AutoDetect=off"
   # gres/gpu needs File= (file-less GPUs are dropped); DIR/dev/gpuN (char dev 1:3) stand in for devices
   ((GPUS > 0)) && echo "NodeName=n[1-$NODES] Name=gpu File=$DIR/dev/gpu[0-$((GPUS - 1))]"
+)
+stage "$ETC/topology.conf" 644 root:root < <(
+  echo "# managed by chainrun start-cluster.sh: leaf switches of two nodes under one top switch"
+  leaves=()
+  for ((i = 1; i <= NODES; i += 2)); do
+    j=$((i + 1 <= NODES ? i + 1 : i)); k=$(((i + 1) / 2))
+    if ((j > i)); then echo "SwitchName=s$k Nodes=n[$i-$j]"; else echo "SwitchName=s$k Nodes=n$i"; fi
+    leaves+=("s$k")
+  done
+  echo "SwitchName=s0 Switches=$(IFS=,; echo "${leaves[*]}")"
 )
 stage "$ETC/cgroup.conf" 644 root:root <<EOF
 # managed by chainrun start-cluster.sh (only used with proctrack/cgroup or task/cgroup)

@@ -28,7 +28,7 @@ from chainrun.state.records import (
     PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
 )
 from chainrun.state.store import Store
-from chainrun.chain import placement, progress
+from chainrun.chain import placement, progress, spread
 from chainrun.state.records import SKIPPED
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class Engine:
         self.user = user or getpass.getuser()  # whose job names we may adopt
         self._queue: list[QueueRow] = []
         self._reservations: list | None = None  # read at most once a tick, and only when planning
+        self._topology = None  # `scontrol show topology`, read once per watcher (it does not change)
 
     # ------------------------------------------------------------------ tick
     def tick(self) -> TickReport:
@@ -184,6 +185,7 @@ class Engine:
                 self._from_queue(c, segs, s, q)
                 if s.phase == RUNNING:
                     placement.record_sharing(s, q, self._queue, now)
+                    self._record_switches(s)
                 if s.phase == RUNNING and now - (s.extra.get("progress") or {}).get("read_at", 0) >= progress.READ_EVERY_S:
                     self._read_progress(c, s)
             elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
@@ -248,6 +250,7 @@ class Engine:
             self._read_progress(c, s)
             events += placement.after_segment(c, segs, s)
             events += placement.interference(c, s, lambda: self._exclusive_cost(c, s))
+            events += spread.after_segment(c, segs, s)
         self.store.save(c, [s], events)
         if result.outcome == DONE:
             self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
@@ -301,6 +304,18 @@ class Engine:
                                                             shared=placement.sharing_windows(s))
         else:
             old["read_at"] = self.clock()
+
+    def _record_switches(self, s: Segment) -> None:
+        """How many leaf switches a running segment spans (chain/spread.py); topology read once."""
+        if "switches" in s.extra or not s.extra.get("slurm_nodes"):
+            return
+        if self._topology is None:
+            try:
+                self._topology = self.slurm.topology()
+            except SlurmError as e:  # transient: ask again next tick
+                log.info("scontrol show topology: %s", e)
+                return
+        spread.record_switches(s, self._topology)
 
     def _exclusive_cost(self, c: Chain, s: Segment) -> float | None:
         """How much longer the next segment would wait with --exclusive: two `sbatch --test-only` (no job

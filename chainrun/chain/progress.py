@@ -315,7 +315,7 @@ def segment_fields(seg) -> dict:
     p = seg.extra.get("progress") or {}
     return {"step": p.get("step"), "steps": p.get("steps"), "steps_per_s": p.get("steps_per_s"),
             "samples_per_s": p.get("samples_per_s"), "nodes": tuple(p.get("nodes") or ()),
-            "node_verdicts": tuple(seg.extra.get("node_verdicts") or ())}
+            "node_verdicts": tuple(seg.extra.get("node_verdicts") or ()), "switches": seg.extra.get("switches")}
 
 
 __all__ = ["Point", "parse_line", "parse_lines", "rank_file", "format_line", "report", "progress_main", "read_argv",

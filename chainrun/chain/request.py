@@ -106,6 +106,8 @@ def segment_args(chain: Chain, seg: Segment) -> list[str]:
         args.append("--exclusive")
     if adapt.get("nodes") and not user_pinned(user, *_NODES):
         args.append(f"--nodes={int(adapt['nodes'])}")
+    if adapt.get("switches") and not user_pinned(user, "--switches") and not _pinned_nodes(user):
+        args.append(f"--switches={adapt['switches']}")  # chain/spread.py: at most T of extra wait
     args += [
         f"--job-name={job_name(chain.id, seg.idx)}",
         f"--time={to_slurm_time(seg.time_limit_s)}",

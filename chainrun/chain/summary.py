@@ -36,6 +36,7 @@ class SegmentView:
     samples_per_s: float | None = None
     nodes: tuple = ()  # nodes its ranks reported from
     node_verdicts: tuple = ()  # the straggler rule's comparison of its nodes (chain/placement.py)
+    switches: int | None = None  # leaf switches its nodes spanned (chain/spread.py); None = not reported
     pending_reason: str = ""  # squeue's code while pending (e.g. Priority, ReqNodeNotAvail, ...)
     expected_start: float | None = None  # Slurm's own estimate (squeue --start), while pending
     request: str = ""  # the sbatch options this segment asked for (user's, site's, chainrun's)

@@ -308,6 +308,8 @@ def _segment_fields(s, now: float) -> dict[str, str]:
             "end": _ts(s.end, now), "wait": dur(s.wait_s), "predicted": pred,
             "steps": _steps(getattr(s, "steps", None)), "steps/s": _rate(getattr(s, "steps_per_s", None)),
             "nodes": ",".join(getattr(s, "nodes", ()) or ()) or "-",
+            "switches": "-" if getattr(s, "switches", None) is None else str(s.switches),
+            "shape": "-" if getattr(s, "shape_nodes", None) is None else f"{s.shape_nodes}N",
             "gap": "-" if s.gap_s is None else (f"+{dur(s.gap_s)}" if s.gap_s > 0 else dur(s.gap_s))}
 
 
@@ -319,7 +321,8 @@ def detail_lines(v: ChainView, width: int) -> list[str]:
         f = _segment_fields(s, now)
         out += record([f"seg={f['seg']}", f"job={f['job']}"] + [f"{k}={f[k]}" for k in
                       ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap",
-                       "steps", "steps/s", "nodes")],
+                       "steps", "steps/s", "nodes", "switches")]
+                      + ([f"shape={f['shape']}"] if getattr(s, "shape_nodes", None) is not None else []),
                       width)
         if _note(s):
             out += wrap_text(_note(s), width, first=INDENT + "note: ")
@@ -424,6 +427,8 @@ class ChainDetail:
             col("outcome"), col("limit"), col("submit"), col("eligible"), col("start"), col("end"), col("wait"),
             col("predicted", short=[dur(s.predicted_wait_s) for s, _ in rows]), Column("gap", "gap", gap_cells),
         ]
+        if any(f["shape"] != "-" for _, f in rows):  # elastic chains: the node count each segment asked for
+            cols.append(col("shape", justify="right"))
         if any(f["steps"] != "-" for _, f in rows):
             cols += [col("steps", justify="right"), col("steps/s", justify="right"), col("nodes")]
         if any(notes):

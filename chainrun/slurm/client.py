@@ -175,6 +175,19 @@ class SlurmClient:
         res = self._call(["scontrol", "show", "reservation", "--oneliner"], what="scontrol show reservation")
         return parse_reservations(res.stdout)
 
+    def topology(self):
+        """``scontrol show topology`` (slurm/topology.py); an empty Topology where the site has no
+        topology plugin (the command then fails or prints no switch)."""
+        from chainrun.slurm.topology import Topology, parse_topology
+
+        try:
+            res = self._call(["scontrol", "show", "topology"], what="scontrol show topology")
+        except TransientSlurmError:
+            raise
+        except SlurmError:
+            return Topology()
+        return parse_topology(res.stdout)
+
     def node_count(self) -> int:
         """Nodes of the cluster (``scontrol show node``: one record a node)."""
         res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")

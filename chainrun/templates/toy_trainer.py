@@ -12,7 +12,8 @@ makes it fail with a traceback while saving after a signal. Each line of steps.l
 Slurm job id, so a test can tell which job trained when.
 Progress (the optional contract): every step appends "<time> <step> - <step seconds> [<total>]" to this
 rank's $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME>. TOY_SLOW_NODES="n2=2.0" makes steps on
-that Slurm node (SLURMD_NODENAME: test nodes share one hostname) that many times slower; TOY_BUSY=1 spins
+that Slurm node (SLURMD_NODENAME: test nodes share one hostname) that many times slower; TOY_SWITCHES=
+"n1+n2:n3+n4" with TOY_SPREAD_SLOW=1.3 slows a job whose nodes span more than one group; TOY_BUSY=1 spins
 the CPU through a step instead of sleeping (so a CPU-heavy neighbour slows it). Under srun with several
 ranks only rank 0 (SLURM_PROCID) writes the checkpoint, steps.log and the done file.
 """
@@ -43,6 +44,16 @@ rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
 node = os.environ.get("SLURMD_NODENAME", "") or "local"
 slow = dict((k, float(v)) for k, _, v in (x.partition("=") for x in os.environ.get("TOY_SLOW_NODES", "").split(",")) if v)
 step_s *= slow.get(node, 1.0)
+# TOY_SWITCHES="n1+n2:n3+n4" TOY_SPREAD_SLOW=1.3: a job whose nodes sit under more than one of those
+# groups (leaf switches) steps that many times slower, as an all-reduce crossing switches does
+if os.environ.get("TOY_SWITCHES") and os.environ.get("SLURM_JOB_NODELIST"):
+    import subprocess
+
+    _mine = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True).stdout.split()
+    _groups = [set(g.split("+")) for g in os.environ["TOY_SWITCHES"].split(":")]
+    if sum(1 for g in _groups if g & set(_mine)) > 1:
+        step_s *= float(os.environ.get("TOY_SPREAD_SLOW", "1.3"))
 busy = os.environ.get("TOY_BUSY") == "1"
 progress = os.environ.get("CHAINRUN_PROGRESS_FILE")
 progress = progress and open(f"{progress}.{rank}.{node}", "a")

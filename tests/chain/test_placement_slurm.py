@@ -120,15 +120,38 @@ def _shared(base: Path) -> dict:
             "adapt": h.events(home, "adapt"), "placement": h.events(home, "placement"), "hog": hog}
 
 
+def _spread(base: Path) -> dict:
+    """Segment 0 finds one node free under each switch (n2 and n4 held for 30 s) and spans two; the toy
+    trainer steps 1.4x slower across switches (TOY_SWITCHES: the test cluster's topology.conf); segment 1
+    fits under one switch; the rule then asks --switches=1@T for segment 2 on."""
+    hold = [subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={n}", "--exclusive", "-t", "1",
+                            "--job-name=spread-hold", "-o", "/dev/null", "--wrap", "sleep 30"],
+                           capture_output=True, text=True).stdout.strip() for n in ("n2", "n4")]
+    script = base / "srun_toy.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
+                      f"exec srun python3 {TOY_PY}\n")
+    home, work = base / "home", base / "w"
+    work.mkdir()
+    p = h.cli("submit", str(script), "--name", "spread", "--json", "--total", "100s", "--segment", "75s",
+              "--policy", "reactive", "--signal", "USR2@30", "--",
+              "--export=ALL,TOY_SWITCHES=n1+n2:n3+n4,TOY_SPREAD_SLOW=1.4",
+              home=home, cwd=work)
+    assert p.returncode == 0, p.stderr
+    res = _run(home, json.loads(p.stdout)["data"]["chain"])
+    res["hold"] = hold
+    return res
+
+
 SCENARIOS = {"twonode": _two_node, "onenode": _one_node, "garbage": _garbage}
-LATER = {"shared": _shared}  # alone afterwards: a neighbour of its own making, not the other scenarios
+# alone afterwards: placement of their own making, not beside the other scenarios
+LATER = {"spread": _spread}
+QUIET = {"shared": _shared}  # a CPU-heavy neighbour: only when its (slow-marked) test is selected
 
 
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory, request):
-    # the neighbour scenario runs alone afterwards, and only when its (slow-marked) test is selected
-    later = [LATER] if any(it.name.startswith("test_cpu_heavy_neighbour") for it in request.session.items) else []
-    return h.run_side_by_side([SCENARIOS, *later], tmp_path_factory, "CHAINRUN_PLACEMENT_SCENARIOS")
+    quiet = [QUIET] if any(it.name.startswith("test_cpu_heavy_neighbour") for it in request.session.items) else []
+    return h.run_side_by_side([SCENARIOS, LATER, *quiet], tmp_path_factory, "CHAINRUN_PLACEMENT_SCENARIOS")
 
 
 def _ok(res: dict) -> dict:
@@ -206,3 +229,18 @@ def test_cpu_heavy_neighbour_makes_the_next_segment_ask_for_exclusive(runs):
         return
     assert "--exclusive" not in segs[0]["request"] and "--exclusive" in segs[1]["request"], segs
     assert any("--exclusive" in c["what"] for c in res["detail"]["pace"]["changes"])
+
+
+def test_segments_spanning_switches_record_it_and_the_slower_spread_asks_for_one_switch(runs):
+    res = _ok(runs["spread"])
+    assert all(j.isdigit() for j in res["hold"]), res["hold"]
+    segs = _segs(res)
+    assert len(segs) >= 3, segs
+    assert segs[0]["switches"] == 2 and sorted(segs[0]["nodes"]) == ["n1", "n3"], segs[0]
+    assert segs[1]["switches"] == 1, segs[1]
+    asked = [e for e in res["adapt"] if "--switches=1@" in e]
+    assert asked and "spanned 2 switches" in asked[0], res["adapt"]
+    assert "--switches" not in segs[1]["request"] and "--switches=1@" in segs[2]["request"], segs
+    assert segs[2]["switches"] == 1, segs[2]
+    assert any("--switches" in c["what"] for c in res["detail"]["pace"]["changes"])
+    assert "switches" in res["plain"], res["plain"]
