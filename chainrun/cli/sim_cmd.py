@@ -20,7 +20,7 @@ def sim(
     nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes in the replayed partition (default: the trace's peak concurrent nodes).")] = None,
     chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 4h (default 4h; 12h with --chains).")] = None,
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
-    priority: Annotated[str, typer.Option("--priority", help="age, or multifactor (age + job size weights of LS6).")] = "age",
+    priority: Annotated[str, typer.Option("--priority", help="fairshare (age + job size + fair share from the trace's users, LS6's weights), multifactor (age + job size) or age.")] = "fairshare",
     workers: Annotated[int, typer.Option("--workers", min=1, max=16, help="Worker processes.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of tables.")] = False,
     chains: Annotated[bool, typer.Option("--chains", help="Whole-chain replay: run every segment of chains of fixed work; completion overhead per policy and load level.")] = False,

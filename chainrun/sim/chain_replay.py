@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
 from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, default_specs, run_chain
+from chainrun.sim.fairshare import priority_terms
 from chainrun.sim.fidelity import fidelity, replay_alone
 from chainrun.sim.knowledge import Knowledge, chainrun_predictor
 from chainrun.sim.scheduler import Scheduler
@@ -32,7 +33,7 @@ class ChainsConfig:
     chain_nodes: tuple[int, ...] = (1, 8)
     work: ChainWork = field(default_factory=ChainWork)
     specs: list[PolicySpec] | None = None  # None: default_specs()
-    priority: str = "age"
+    priority: str = "fairshare"  # or age, multifactor (chainrun/sim/fairshare.py)
     size_weight_s: float = 100 / 7000 * 7 * 86400
     bf_depth: int = 1000
     retrain_every_s: float = 7 * 86400.0
@@ -74,13 +75,13 @@ def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> Chains
     if widest > nodes:
         raise UsageError(f"the trace has a {widest}-node job but the replay has only {nodes} nodes",
                          hint=f"use --nodes {widest} or more")
-    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
-    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    size_w, fs = priority_terms(cfg.priority, w, cfg.size_weight_s)
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w, fairshare=fs)
     first = w.open_at + cfg.warmup_s
     fid = fidelity_dict(w, starts, nodes, first)
     points = chain_points(w.jobs[-1][0], first, cfg, sizes)
     specs = cfg.specs or default_specs()
-    _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, specs=specs)
+    _SHARED.update(w=w, nodes=nodes, size_w=size_w, fs=fs, starts=starts, first=first, cfg=cfg, specs=specs)
     workers = max(1, cfg.workers)
     chunks = _split(points, 3 * workers if workers > 1 else 1)
     if workers > 1 and len(chunks) > 1:
@@ -114,8 +115,8 @@ def fidelity_dict(w, starts, nodes: int, first: float) -> dict:
 def chains_fidelity(trace, cfg: ChainsConfig) -> dict:
     w = build_workload(trace)
     nodes = int(cfg.nodes or w.peak_nodes)
-    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
-    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    size_w, fs = priority_terms(cfg.priority, w, cfg.size_weight_s)
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w, fairshare=fs)
     return fidelity_dict(w, starts, nodes, w.open_at + cfg.warmup_s)
 
 
@@ -150,7 +151,8 @@ def _run_chunk(points):
     knowledge = Knowledge(w.table, s["starts"], factory=cfg.predictor or chainrun_predictor,
                           retrain_every_s=cfg.retrain_every_s, first_retrain=s["first"])
     watcher = SimWatcher(knowledge, gpus_per_node=cfg.gpus_per_node)
-    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"])
+    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"],
+                     fairshare=s.get("fs"))
     n = len(w.jobs)
     out: list[ChainRun] = []
     for i, (t0, k) in enumerate(points):

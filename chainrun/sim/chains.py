@@ -260,6 +260,9 @@ class _Chain:
                 run.queue_s += bn - h
                 run.boundaries.append((bn - h, 0.0))
             done_s += max(0.0, cur.stop - cur.train_start - w.restart_s)
+            # a segment cut before its restart was over lost only the time it had (fair share can
+            # start a successor minutes after its predecessor): the overhead still splits exactly
+            run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
             cur, nxt = nxt, None
 
     def poll(self, cur: Seg, h: float, left_after: float) -> Seg:

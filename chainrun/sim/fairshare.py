@@ -9,7 +9,9 @@ ls6-a100-priority-config.json: age 7000 over a 7-day PriorityMaxAge, fair share 
   not touch the stored numbers (it scales every user alike and does not change their order).
 - **Fair share factor**: Fair Tree (Slurm's default since 19.05) on a flat tree, every user of the
   trace one association with equal shares under one account: users are ranked by usage; a user
-  with no usage gets 1.0, the user with the most gets 1/N, the k-th most k/N (N = users).
+  with no usage gets 1.0, the user with the most gets 1/N, the k-th most k/N (N = the users that
+  have submitted by then, plus the chain's: a user's association exists from its first job on, so
+  the factors never depend on who submits later).
 - **Priority** = age (capped at PriorityMaxAge) + fair share + job size, expressed in seconds of
   age so that a pending list sorted by "effective eligible time" is the priority order. Factors are
   recomputed every ``period_s`` (Slurm's PriorityCalcPeriod, 5 min), as the slurmctld decay thread
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,6 +40,7 @@ CHAIN_USER = -1
 class FairShare:
     users: Sequence[int]  # user index of every trace job, by jid (0 .. n_users-1)
     n_users: int  # users of the trace; the chain's user is one more
+    since: Sequence[float]  # sorted first submission times of the trace's users
     weight_s: float  # the fair share weight in seconds of age: W_fs / W_age * PriorityMaxAge
     size_weight_s: float  # the job size weight, likewise (x nodes / cluster nodes)
     max_age_s: float  # PriorityMaxAge: age counts up to this
@@ -80,11 +84,12 @@ def fair_share_for(table, *, config: dict | None = None, origin: float = 0.0,
 
     c = config or load_priority_config()
     codes, uniques = pd.factorize(table["user"].astype(str), sort=True)
+    since = sorted(pd.Series(table["submit"].to_numpy(float)).groupby(codes).min().tolist())
     w_age = float(c.get("PriorityWeightAge", 0)) or 1.0
     max_age = float(c.get("PriorityMaxAge", 7)) * 86400.0  # days in the config file
     per_point = max_age / w_age  # seconds of age one priority point is worth
     return FairShare(
-        users=[int(u) for u in codes], n_users=len(uniques),
+        users=[int(u) for u in codes], n_users=len(uniques), since=since,
         weight_s=float(c.get("PriorityWeightFairshare", 0)) * per_point,
         size_weight_s=float(c.get("PriorityWeightJobSize", 0)) * per_point,
         max_age_s=max_age, half_life_s=_duration_s(c.get("PriorityDecayHalfLife", "7-0")),
@@ -93,22 +98,23 @@ def fair_share_for(table, *, config: dict | None = None, origin: float = 0.0,
 
 
 class Usage:
-    """Per-user decayed usage and the Fair Tree factors, inside one Scheduler (forked with it)."""
+    """Per-user decayed usage and the Fair Tree factors, inside one Scheduler (forked with it).
+    Only users that ever ran are stored: everyone else has no usage and the factor 1.0."""
 
     __slots__ = ("fs", "done", "running", "factor", "next_calc", "_k")
 
     def __init__(self, fs: FairShare) -> None:
         self.fs = fs
-        self.done = [0.0] * (fs.n_users + 1)  # scaled usage of ended jobs (last slot: the chain user)
-        self.running: dict[int, tuple[int, float, int]] = {}  # jid -> (user, start, nodes)
-        self.factor = [1.0] * (fs.n_users + 1)
+        self.done: dict[int, float] = {}  # user -> scaled usage of its ended jobs (chain user: n_users)
+        self.running: dict[int, tuple[int, float, int]] = {}  # jid -> (user, scaled start, nodes)
+        self.factor: dict[int, float] = {}  # user -> fair share factor (absent: 1.0)
         self.next_calc = -math.inf
         self._k = math.log(2.0) / fs.half_life_s
 
     def copy(self) -> "Usage":
         u = Usage.__new__(Usage)
         u.fs, u._k, u.next_calc = self.fs, self._k, self.next_calc
-        u.done = list(self.done)
+        u.done = dict(self.done)
         u.running = dict(self.running)
         u.factor = self.factor  # replaced, never mutated, on recomputation
         return u
@@ -117,33 +123,46 @@ class Usage:
         users = self.fs.users
         return users[jid] if 0 <= jid < len(users) else self.fs.n_users
 
-    def _scaled_integral(self, a: float, b: float) -> float:
-        """The integral of 2^((t - origin) / half-life) dt from a to b."""
-        k, o = self._k, self.fs.origin
-        return (math.exp(k * (b - o)) - math.exp(k * (a - o))) / k
+    def _scaled(self, t: float) -> float:
+        """2^((t - origin) / half-life): usage charged at t, in the stored units."""
+        return math.exp(self._k * (t - self.fs.origin))
 
     def started(self, jid: int, nodes: int, now: float) -> None:
-        self.running[jid] = (self.user(jid), now, nodes)
+        self.running[jid] = (self.user(jid), self._scaled(now), nodes)
 
     def ended(self, jid: int, now: float) -> None:
         r = self.running.pop(jid, None)
-        if r is not None:
-            self.done[r[0]] += r[2] * self._scaled_integral(r[1], now)
+        if r is not None:  # the integral of nodes * 2^((t - origin) / half-life) over the run
+            u = r[0]
+            self.done[u] = self.done.get(u, 0.0) + r[2] * (self._scaled(now) - r[1]) / self._k
 
     def recalc(self, now: float) -> None:
         """Fair Tree on a flat tree: rank users by usage (the decay factor is common to all)."""
-        usage = list(self.done)
-        for u, start, nodes in self.running.values():
-            usage[u] += nodes * self._scaled_integral(start, now)
-        n = len(usage) - 1  # the trace's users; the chain user ranks among them
-        used = sorted((x for x in range(len(usage)) if usage[x] > 0.0), key=usage.__getitem__, reverse=True)
-        factor = [1.0] * len(usage)
-        for i, x in enumerate(used):
-            factor[x] = (i + 1) / (n + 1)
-        self.factor = factor
+        usage = dict(self.done)
+        g, k = self._scaled(now), self._k
+        for u, e0, nodes in self.running.values():
+            usage[u] = usage.get(u, 0.0) + nodes * (g - e0) / k
+        n1 = bisect_right(self.fs.since, now) + 1  # the users known by now and the chain's
+        ranked = sorted(usage, key=usage.__getitem__, reverse=True)
+        self.factor = {u: (i + 1) / n1 for i, u in enumerate(ranked) if usage[u] > 0.0}
         p = self.fs.period_s
         self.next_calc = (math.floor(now / p) + 1) * p
 
     def bonus_s(self, jid: int, nodes: int, total: int) -> float:
         """Fair share plus job size, in seconds of age."""
-        return self.fs.weight_s * self.factor[self.user(jid)] + self.fs.size_weight_s * nodes / total
+        return self.fs.weight_s * self.factor.get(self.user(jid), 1.0) + self.fs.size_weight_s * nodes / total
+
+
+PRIORITIES = ("age", "multifactor", "fairshare")
+
+
+def priority_terms(priority: str, w, size_weight_s: float) -> tuple[float, "FairShare | None"]:
+    """The Scheduler's ``size_weight_s`` and ``fairshare`` for a ``--priority`` name:
+    age (age only), multifactor (age + job size), fairshare (age capped + job size + fair share)."""
+    from chainrun.errors import UsageError
+
+    if priority not in PRIORITIES:
+        raise UsageError(f"unknown priority {priority!r}", hint="use " + ", ".join(PRIORITIES))
+    if priority == "fairshare":
+        return 0.0, fair_share_for(w.table, origin=w.jobs[0][0] if w.jobs else 0.0)
+    return (size_weight_s if priority == "multifactor" else 0.0), None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
 from chainrun.sim.experiment import ChainSpec, Transition, run_experiment
+from chainrun.sim.fairshare import priority_terms
 from chainrun.sim.fidelity import Fidelity, fidelity, replay_alone
 from chainrun.sim.knowledge import Knowledge, PredictorFactory, chainrun_predictor
 from chainrun.sim.policies import default_reports, default_rules
@@ -27,7 +28,7 @@ class SimConfig:
     spec: ChainSpec = field(default_factory=ChainSpec)
     fixed_leads_s: tuple[float, ...] = (2 * 3600.0, 6 * 3600.0, 12 * 3600.0)
     quantiles: tuple[float, ...] = (0.5, 0.75, 0.9, 0.95, 0.98)  # sensitivity; the policies' own are added
-    priority: str = "age"  # or "multifactor": age + job size (the factors a one-partition trace shows)
+    priority: str = "fairshare"  # or "age", "multifactor": age + job size (chainrun/sim/fairshare.py)
     size_weight_s: float = 100 / 7000 * 7 * 86400  # PriorityWeightJobSize/Age * PriorityMaxAge
     bf_depth: int = 1000
     infer_dependencies: bool = True
@@ -73,8 +74,6 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
     t_begin = time.monotonic()
     if cfg.chains_every_s <= 0:
         raise UsageError("--chains-every must be positive")
-    if cfg.priority not in ("age", "multifactor"):
-        raise UsageError(f"unknown priority {cfg.priority!r}", hint="use age or multifactor")
     w = build_workload(trace, infer_dependencies=cfg.infer_dependencies)
     nodes = int(cfg.nodes or w.peak_nodes)
     if nodes < min(cfg.chain_nodes):
@@ -84,19 +83,19 @@ def run_sim(trace: "pd.DataFrame", cfg: SimConfig | None = None) -> SimResult:
         from dataclasses import replace
 
         cfg = replace(cfg, chain_nodes=sizes)
-    size_w = cfg.size_weight_s if cfg.priority == "multifactor" else 0.0
+    size_w, fs = priority_terms(cfg.priority, w, cfg.size_weight_s)
     widest = max(j[2] for j in w.jobs)
     if widest > nodes:  # a job wider than the cluster would block the queue forever
         raise UsageError(f"the trace has a {widest}-node job but the replay has only {nodes} nodes",
                          hint=f"use --nodes {widest} or more")
-    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w)
+    starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w, fairshare=fs)
     first = w.open_at + cfg.warmup_s
     fid = fidelity(w, starts, since=first if sum(j[0] >= first for j in w.jobs) >= 100 else w.open_at)
     points = injection_points(w, cfg, first)
     if cfg.max_experiments is not None:
         points = points[: cfg.max_experiments]
     rules = default_rules(cfg.fixed_leads_s, cfg.quantiles, segment_s=cfg.spec.segment_s)
-    _SHARED.update(w=w, nodes=nodes, size_w=size_w, starts=starts, first=first, cfg=cfg, rules=rules)
+    _SHARED.update(w=w, nodes=nodes, size_w=size_w, fs=fs, starts=starts, first=first, cfg=cfg, rules=rules)
     workers = max(1, cfg.workers)
     # a few chunks per worker, the later (busier, costlier) ones first: the pool balances itself
     chunks = _split(points, 3 * workers if workers > 1 else 1)
@@ -152,7 +151,8 @@ def _run_chunk(points: list[tuple[float, int]]) -> tuple[list[Transition], list[
     factory = cfg.predictor or chainrun_predictor
     knowledge = Knowledge(w.table, s["starts"], factory=factory, retrain_every_s=cfg.retrain_every_s,
                           first_retrain=s["first"])
-    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"])
+    base = Scheduler(s["nodes"], w.jobs, open_at=w.open_at, bf_depth=cfg.bf_depth, size_weight_s=s["size_w"],
+                     fairshare=s.get("fs"))
     n = len(w.jobs)
     out: list[Transition] = []
     for i, (t0, chain_nodes) in enumerate(points):

@@ -25,7 +25,8 @@ def busy():
 def cfg(**kw):
     base = dict(nodes=2, chain_nodes=(1,), chains_every_s=4 * DAY, warmup_s=1 * DAY, workers=1,
                 predictor=RecentWaits, retrain_every_s=2 * DAY,
-                work=ChainWork(work_s=72 * H, segment_s=24 * H, oracle_step_s=600.0))
+                work=ChainWork(work_s=72 * H, segment_s=24 * H, oracle_step_s=600.0),
+                priority="age")  # the scenarios are scheduled by hand in age order; fair share: test_scheduler
     base.update(kw)
     return ChainsConfig(**base)
 
@@ -40,7 +41,7 @@ def test_overhead_splits_into_queue_restart_and_handoff(result):
     for r in result.runs:
         assert r.done and not r.stuck
         assert r.overhead_s == pytest.approx(r.queue_s + r.restart_s + r.handoff_s, abs=1e-6)
-        assert r.restart_s == pytest.approx(r.segments * 600.0)
+        assert r.restart_s <= r.segments * 600.0 + 1e-6  # a segment cut within its restart lost less
         assert r.segments >= 4  # 72 h of work in 24 h segments, less restarts and signal leads
 
 

@@ -21,7 +21,8 @@ def busy_one_node(days=16):
 
 def cfg(**kw):
     base = dict(nodes=1, chain_nodes=(1,), chains_every_s=3 * DAY, warmup_s=1 * DAY, workers=1,
-                predictor=RecentWaits, retrain_every_s=2 * DAY, spec=ChainSpec(oracle_step_s=300.0))
+                predictor=RecentWaits, retrain_every_s=2 * DAY, spec=ChainSpec(oracle_step_s=300.0),
+                priority="age")  # the scenarios are scheduled by hand in age order; fair share: test_scheduler
     base.update(kw)
     return SimConfig(**base)
 
@@ -87,8 +88,9 @@ def test_no_policy_sees_the_future():
                      "nodes": 1, "user": "flood"} for i in range(30)]
     flood.sort(key=lambda r: r["submit"])
     Recorder.calls = []
-    a = run_sim(frame(rows), cfg(predictor=Recorder, chains_every_s=1 * DAY))
-    b = run_sim(frame(flood), cfg(predictor=Recorder, chains_every_s=1 * DAY))
+    # with fair share (the default): the flood's user must not change anyone's priority before it submits
+    a = run_sim(frame(rows), cfg(predictor=Recorder, chains_every_s=1 * DAY, priority="fairshare"))
+    b = run_sim(frame(flood), cfg(predictor=Recorder, chains_every_s=1 * DAY, priority="fairshare"))
     assert "fit" in Recorder.calls and "history" in Recorder.calls
     done_before_cut = lambda r: [  # noqa: E731
         (t.rule, t.t0, t.submit, t.start) for t in r.transitions
