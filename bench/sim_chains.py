@@ -6,15 +6,19 @@
 
 The file holds the commit it ran on (and whether the tree had local changes), the seed, the exact
 command and the data `chainrun sim --chains --json` prints under "data". Runs `chainrun sim` in a
-subprocess so that what is written is what the CLI prints.
+subprocess so that what is written is what the CLI prints. ``--from-head`` runs it from an export
+of the HEAD commit (git archive), so the numbers belong to that commit even when the working tree
+holds other, uncommitted edits (a shared tree).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,20 +34,30 @@ def main() -> int:
     ap.add_argument("--trace", default="ls6-a100-dev")
     ap.add_argument("--out", default=None)
     ap.add_argument("--tune-score-from", default=None)
+    ap.add_argument("--from-head", action="store_true", help="run chainrun from an export of HEAD")
     ap.add_argument("extra", nargs="*", help="more `chainrun sim` options, after --")
     args = ap.parse_args()
     out = Path(args.out or REPO / "docs" / "results" / ("sim-tune-ls6.json" if args.tune_score_from else "sim-chains-ls6.json"))
     cmd = ["chainrun", "sim", "--trace", args.trace, "--chains", "--json", *args.extra]
     if args.tune_score_from:
         cmd += ["--tune-score-from", args.tune_score_from]
-    exe = Path(sys.executable).with_name("chainrun")
-    t = time.monotonic()
-    p = subprocess.run([str(exe), *cmd[1:]], capture_output=True, text=True, cwd=REPO)
+    exe = [sys.executable, "-c", "import sys; from chainrun.cli.main import run; sys.argv[0] = 'chainrun'; sys.exit(run())"]
+    env = dict(os.environ)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.from_head:  # the committed code only, not the shared tree's uncommitted edits
+            archive = subprocess.run(["git", "archive", "HEAD", "chainrun"], cwd=REPO, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            env["PYTHONPATH"] = tmp
+        t = time.monotonic()
+        # `python -c` puts its working directory first on sys.path: run from the export itself
+        p = subprocess.run([*exe, *cmd[1:]], capture_output=True, text=True, cwd=tmp if args.from_head else REPO,
+                           env=env)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
         return p.returncode
     env = json.loads(p.stdout)
-    doc = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun")),
+    dirty = False if args.from_head else bool(git("status", "--porcelain", "--", "chainrun"))
+    doc = {"commit": git("rev-parse", "HEAD"), "dirty": dirty, "from_head": args.from_head,
            "seed": 0, "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
            "chainrun": env["chainrun"], "data": env["data"]}
     out.parent.mkdir(parents=True, exist_ok=True)
