@@ -7,8 +7,12 @@ Two inputs are accepted, told apart by their first line:
 
 Columns are found by header name (case-insensitive, aliases below), never by position.
 The meaning of each field is the Slurm layer's (``chainrun.slurm.parsers``: the one sacct
-field list ``SACCT_FIELDS``, the TRES reader ``gpus_from_tres``, ``base_state``); this module
-applies it column-wise, fast enough for a million rows.
+field list ``SACCT_FIELDS``, the header mapping ``SACCT_HEADER_ALIASES``, the row splitter
+``split_fields`` and the value rules ``acct_time``, ``acct_limit_s``, ``acct_count``,
+``acct_gpus``, ``base_state``, ``is_step``, which the watcher's row parser ``parse_sacct``
+uses too). This module applies the same functions column-wise, once per distinct value of a
+column, fast enough for a million rows; a value a rule cannot read becomes unknown (NaN)
+here, where the watcher's parser would raise.
 The result is a pandas DataFrame with these columns, one row per allocation (job steps
 such as ``123.batch`` are dropped):
 
@@ -45,8 +49,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
-from chainrun.slurm.parsers import NO_VAL_MINUTES, RAW_MINUTE_LIMITS, SACCT_HEADER_ALIASES, base_state, gpus_from_tres
-from chainrun.slurm.timefmt import parse_slurm_duration
+from functools import partial
+
+from chainrun.slurm.parsers import (
+    SACCT_HEADER_ALIASES, acct_count, acct_gpus, acct_limit_s, acct_time, base_state, is_step, split_fields,
+)
 
 if TYPE_CHECKING:  # pandas is heavy: imported inside functions only
     import pandas as pd
@@ -116,15 +123,13 @@ def _read_delimited(body: list[str], names: list[str], cols: dict[str, int], sou
     import pandas as pd
 
     width = len(names)
-    name_last = names[-1].lower() in ("jobname", "name")
+    name_last = names[-1].lower() in SACCT_HEADER_ALIASES["name"]
     fixed = []
     for ln in body:
-        n = ln.count("|")
-        if n == width - 1:
+        if ln.count("|") == width - 1:  # the common case, exactly what split_fields accepts
             fixed.append(ln)
-        elif n > width - 1 and name_last:
-            head, tail = ln.split("|", width - 1)[: width - 1], ln.split("|", width - 1)[-1]
-            fixed.append("|".join(head) + "|" + tail.replace("|", _US))
+        elif (parts := split_fields(ln, width, last_may_contain_sep=name_last)) is not None:
+            fixed.append("|".join(parts[:-1]) + "|" + parts[-1].replace("|", _US))
     if not fixed:
         raise TraceFormatError(f"{source}: no row has the {width} fields its header names")
     use = sorted(set(cols.values()))
@@ -187,7 +192,7 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
         return c.str.strip() if strip else c  # sacct -P values carry no padding
 
     job_id = col("job_id")
-    keep = ~job_id.str.contains(r"\.", regex=True)  # drop steps (123.batch, 123.0)
+    keep = ~job_id.map(is_step).astype(bool)  # drop steps (123.batch, 123.0)
     raw = raw[keep].reset_index(drop=True)
     job_id = job_id[keep].reset_index(drop=True)
 
@@ -204,16 +209,14 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
         out["eligible"] = out["submit"]
     else:
         out["eligible"] = out["eligible"].fillna(out["submit"])
-    out["timelimit_s"] = _limits(col("timelimit"), raw_minutes=names[cols["timelimit"]].strip().lower() in RAW_MINUTE_LIMITS)
-    out["nodes"] = _count(col("nodes", "1"), 1)
-    out["cpus"] = _count(col("cpus", "0"), 0)
-    tres = col("alloc_tres") if "alloc_tres" in cols else col("req_tres")
-    if "alloc_tres" in cols and "req_tres" in cols:  # a pending job has no AllocTRES yet
-        tres = tres.where(tres != "", col("req_tres"))
-    has_tres = "alloc_tres" in cols or "req_tres" in cols
-    gpus = _by_unique(tres, gpus_from_tres) if has_tres else pd.Series(np.nan, index=raw.index)
-    out["gpus"] = pd.to_numeric(gpus, errors="coerce").fillna(0 if has_tres else np.nan)
-    out["gpus"] = _count(out["gpus"].fillna(out["nodes"] * gpus_per_node), 0)
+    out["timelimit_s"] = _by_unique(col("timelimit"), _lenient(acct_limit_s)).astype(float)
+    out["nodes"] = _by_unique(col("nodes", "1"), partial(acct_count, default=1)).astype(int)
+    out["cpus"] = _by_unique(col("cpus", "0"), partial(acct_count, default=0)).astype(int)
+    if "alloc_tres" in cols or "req_tres" in cols:  # a pending job has no AllocTRES yet
+        pair = col("alloc_tres").str.cat(col("req_tres"), sep=_US)
+        out["gpus"] = _by_unique(pair, lambda v: acct_gpus(*v.split(_US, 1))).astype(int)
+    else:  # traces without TRES (LS6): whole nodes
+        out["gpus"] = out["nodes"] * int(gpus_per_node)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
     out["priority"] = pd.to_numeric(col("priority", ""), errors="coerce")
     # "CANCELLED by 123" -> CANCELLED; "CANCELLED+" (cut to the column width) -> CANCELLED
@@ -228,25 +231,21 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
 
 
 def _times(s: "pd.Series") -> "pd.Series":
-    import numpy as np
-    import pandas as pd
-
-    epoch = pd.to_numeric(s, errors="coerce").astype(float)  # SLURM_TIME_FORMAT=%s
-    other = epoch.isna() & (s != "")
-    if other.any():  # ISO text; Unknown/None/garbage stay NaN
-        iso = pd.to_datetime(s[other].str.strip(), format="%Y-%m-%dT%H:%M:%S", errors="coerce")
-        epoch[other] = (iso - pd.Timestamp("1970-01-01")) / pd.Timedelta(seconds=1)
-    return epoch.where(epoch > 0, np.nan).astype(float)
+    """Epoch seconds by the Slurm layer's rule (acct_time); zone-less ISO text keeps the trace's
+    wall clock (read as UTC). A million epoch strings: about a second per column."""
+    return _by_unique(s, _lenient(partial(acct_time, naive_utc=True))).astype(float)
 
 
-def _count(s: "pd.Series", default: int) -> "pd.Series":
-    """Whole non-negative counts; garbage, inf and negative values become ``default``."""
-    import numpy as np
-    import pandas as pd
+def _lenient(rule):
+    """A value rule whose unreadable input (ValueError) or "unknown" (None) becomes NaN."""
+    def f(v: str) -> float:
+        try:
+            r = rule(v)
+        except ValueError:
+            return float("nan")
+        return float("nan") if r is None else r
 
-    v = pd.to_numeric(s, errors="coerce").astype(float)
-    v = v.where(np.isfinite(v) & (v >= 0) & (v < 1e9), default)
-    return v.astype(int)
+    return f
 
 
 def _by_unique(s: "pd.Series", f) -> "pd.Series":
@@ -258,24 +257,6 @@ def _by_unique(s: "pd.Series", f) -> "pd.Series":
     table = np.empty(len(uniques), dtype=object)
     table[:] = [f(str(u)) for u in uniques]
     return pd.Series(table[codes], index=s.index, dtype=object)
-
-
-def _limits(s: "pd.Series", *, raw_minutes: bool) -> "pd.Series":
-    import numpy as np
-    import pandas as pd
-
-    if raw_minutes:  # UNLIMITED, Partition_Limit -> NaN; so are NO_VAL/INFINITE (2**32-2, 2**32-1)
-        m = pd.to_numeric(s, errors="coerce").astype(float)
-        return m.where(m < NO_VAL_MINUTES, np.nan) * 60.0
-
-    def one(v: str) -> float:
-        try:
-            d = parse_slurm_duration(v)
-        except ValueError:
-            return np.nan
-        return np.nan if d is None else d
-
-    return _by_unique(s, one).astype(float)
 
 
 def _infer_state(df: "pd.DataFrame") -> "pd.Series":

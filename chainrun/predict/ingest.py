@@ -5,10 +5,12 @@ argv and the field list come from the Slurm layer, ``chainrun.slurm``; rows are 
 their header names),
 from the last refresh (minus a day, so jobs that were pending or running then are read
 again with their final state) up to now. Everyone's jobs with ``-a`` when the cluster
-allows it; otherwise our own (then queue-state features are left empty, consistently at
-training and prediction time). Times are asked for as epoch seconds
-(``SLURM_TIME_FORMAT=%s``) so the cache and ``now`` share one clock, and the window
-bounds are given in UTC with ``TZ=UTC`` (right whatever this machine's or the cluster's zone). The cache is an
+allows it; otherwise our own, i.e. sacct's default, the user it runs as on the cluster
+(then queue-state features are left empty, consistently at training and prediction time).
+Times are read back as epoch seconds (``SLURM_TIME_FORMAT=%s``) and the window bounds are
+given relative to the cluster's "now" (``-S now-Nseconds``), so no time zone, here or there,
+enters. Rows are read by the Slurm layer's header mapping and value rules
+(chainrun.traces applies them column-wise). The cache is an
 ``.npz`` of plain arrays, one per canonical column (chainrun.traces), read with
 ``allow_pickle=False``, plus a small JSON beside it.
 """
@@ -60,11 +62,12 @@ def history_paths(cluster: str, base: Path | None = None) -> tuple[Path, Path]:
     return d / f"{safe}.npz", d / f"{safe}.json"
 
 
-def sacct_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
+def sacct_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None,
+               now: float | None = None) -> list[str]:
     """The history call, built by the Slurm layer (:func:`chainrun.slurm.client.history_argv`)."""
     from chainrun.slurm.client import history_argv
 
-    return history_argv(start, end, all_users=all_users, cluster=cluster)
+    return history_argv(start, end, all_users=all_users, cluster=cluster, now=now)
 
 
 def parse_sacct_rows(text: str, *, fields: str = SACCT_FORMAT) -> "pd.DataFrame":
@@ -85,8 +88,9 @@ def parse_sacct_rows(text: str, *, fields: str = SACCT_FORMAT) -> "pd.DataFrame"
 
 
 def _is_header(line: str) -> bool:
-    first = line.split("|", 1)[0].strip().lower()
-    return first in ("jobidraw", "jobid", "job_id")
+    from chainrun.slurm.parsers import SACCT_HEADER_ALIASES
+
+    return line.split("|", 1)[0].strip().lower() in SACCT_HEADER_ALIASES["job_id"]
 
 
 def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | None = None,
@@ -102,13 +106,13 @@ def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | 
         t_end = min(now, t + window_days * 86400.0)
         res = None
         if all_users:
-            res = runner.run(sacct_argv(t, t_end, all_users=True, cluster=cluster), timeout, env=_ENV)
+            res = runner.run(sacct_argv(t, t_end, all_users=True, cluster=cluster, now=now), timeout, env=_ENV)
             calls += 1
             if not res.ok and not res.timed_out and res.returncode != 127:
                 all_users = False  # the site does not let us see others: fall back to our jobs
                 res = None
         if res is None:
-            res = runner.run(sacct_argv(t, t_end, all_users=False, cluster=cluster), timeout, env=_ENV)
+            res = runner.run(sacct_argv(t, t_end, all_users=False, cluster=cluster, now=now), timeout, env=_ENV)
             calls += 1
         if not res.ok:
             msg = f"sacct failed: {res.first_error_line()}"

@@ -9,7 +9,9 @@ SSH), and turns "the controller did not answer" into :class:`TransientSlurmError
 from __future__ import annotations
 
 import logging
+import math
 import re
+import time
 from collections import Counter
 from typing import Iterable, Sequence
 
@@ -40,15 +42,21 @@ _REFUSED_RE = re.compile(
     re.IGNORECASE,
 )
 _ENV = {"SLURM_TIME_FORMAT": "%s"}
-# sacct reads -S/-E in the time zone of the process that runs it: ask it in UTC, on any
-# cluster (TZ reaches a remote sacct as an ``env`` prefix), instead of this machine's zone
-SACCT_ENV = {"SLURM_TIME_FORMAT": "%s", "TZ": "UTC"}
+# sacct reads a wall-clock -S/-E in the zone of the process that runs it (the cluster's, over
+# SSH): chainrun gives them relative to the cluster's own "now" instead, which no zone, and no
+# profile that resets TZ, can shift; and reads times back as epoch seconds
+SACCT_ENV = _ENV
 
 
-def history_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None) -> list[str]:
-    """``sacct`` for the jobs of [start, end] (epoch s) with :data:`parsers.SACCT_FIELDS` and a
-    header line; run it with :data:`SACCT_ENV`. Everyone's jobs with ``all_users`` (``-a``)."""
-    argv = ["sacct", "-X", "-P", f"--format={parsers.SACCT_FIELDS}", "-S", utc_time(start), "-E", utc_time(end)]
+def history_argv(start: float, end: float, *, all_users: bool, cluster: str | None = None,
+                 now: float | None = None) -> list[str]:
+    """``sacct`` for the jobs of [start, end] (epoch s, by this machine's clock ``now``) with
+    :data:`parsers.SACCT_FIELDS` and a header line; run it with :data:`SACCT_ENV`. Everyone's
+    jobs with ``all_users`` (``-a``). The user is sacct's default: whoever runs it, here or on
+    the cluster."""
+    now = time.time() if now is None else now
+    argv = ["sacct", "-X", "-P", f"--format={parsers.SACCT_FIELDS}", "-S", ago(start, now, early=True),
+            "-E", ago(end, now)]
     if all_users:
         argv.append("-a")
     if cluster:
@@ -56,11 +64,12 @@ def history_argv(start: float, end: float, *, all_users: bool, cluster: str | No
     return argv
 
 
-def utc_time(epoch: float) -> str:
-    """An instant as sacct reads it under ``TZ=UTC``."""
-    from datetime import datetime, timezone
-
-    return datetime.fromtimestamp(max(0.0, float(epoch)), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+def ago(epoch: float, now: float, *, early: bool = False) -> str:
+    """``epoch`` as sacct's relative time ``now-Nseconds`` (whole seconds, rounded away from the
+    window's inside when ``early``: a start bound may only move earlier)."""
+    d = max(0.0, float(now) - float(epoch))
+    n = math.ceil(d) if early else math.floor(d)
+    return f"now-{n}seconds" if n > 0 else "now"
 
 
 def is_transient(result: RunResult) -> bool:
@@ -151,7 +160,7 @@ class SlurmClient:
         argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--jobs", ",".join(ids)]
         if since is not None:
             # job ids are reused after a controller reset: look only at jobs from our era
-            argv += ["--starttime", _sacct_time(since)]
+            argv += ["--starttime", _since(since)]
         res = self._call(argv, what="sacct", env=SACCT_ENV)
         return parsers.parse_sacct(res.stdout)
 
@@ -161,7 +170,7 @@ class SlurmClient:
         if not names:
             return []
         argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--name", ",".join(names),
-                "--starttime", _sacct_time(since)]
+                "--starttime", _since(since)]
         return parsers.parse_sacct(self._call(argv, what="sacct", env=SACCT_ENV).stdout)
 
     def partitions(self) -> dict[str, PartitionInfo]:
@@ -226,6 +235,6 @@ class SlurmClient:
         self._call(["scancel", "--batch", f"--signal={signal}", job_id], what="scancel --signal")
 
 
-def _sacct_time(epoch: float) -> str:
-    # read as UTC (SACCT_ENV); a day of slack: job ids are reused only after a controller reset
-    return utc_time(epoch - 86400)
+def _since(epoch: float) -> str:
+    # relative to the cluster's clock (see SACCT_ENV); a day of slack: ids are reused only after a controller reset
+    return ago(epoch - 86400, time.time(), early=True)

@@ -45,11 +45,18 @@ def parse_table(text: str, *, sep: str = "|", last_may_contain_sep: bool = False
     n = len(header)
     rows = []
     for line in lines[1:]:
-        parts = line.split(sep, n - 1) if last_may_contain_sep else line.split(sep)
-        if len(parts) != n:
-            continue
-        rows.append(dict(zip(header, (p.strip() for p in parts))))
+        parts = split_fields(line, n, sep=sep, last_may_contain_sep=last_may_contain_sep)
+        if parts is not None:
+            rows.append(dict(zip(header, (p.strip() for p in parts))))
     return rows
+
+
+def split_fields(line: str, width: int, *, sep: str = "|", last_may_contain_sep: bool = False) -> list[str] | None:
+    """The ``width`` fields of one row, or None when it has too few (or, unless the last field
+    may hold ``sep``, too many). The one row-splitting rule: the columnar reader
+    (chainrun.traces) calls it for every row that does not have exactly ``width - 1`` separators."""
+    parts = line.split(sep, width - 1) if last_may_contain_sep else line.split(sep)
+    return parts if len(parts) == width else None
 
 
 def _ts(row: dict[str, str], key: str) -> float | None:
@@ -67,11 +74,7 @@ def _dur(row: dict[str, str], key: str) -> float | None:
 
 
 def _int(row: dict[str, str], key: str, default: int = 0) -> int:
-    v = (row.get(key) or "").strip()
-    try:
-        return int(v)
-    except ValueError:
-        return default
+    return acct_count(row.get(key), default)
 
 
 _TRES_GPU_RE = re.compile(r"^(?:gres[/:])?gpu(?::([^:=()]+))?[:=](\d+)(?:\(.*\))?$", re.IGNORECASE)
@@ -103,6 +106,43 @@ def gpus_from_tres(text: str | None) -> int:
 def base_state(text: str | None) -> str:
     """``CANCELLED by 0`` -> CANCELLED; ``CANCELLED+`` (cut to a column width) -> CANCELLED."""
     return (str(text or "").split() or [""])[0].upper().rstrip("+")
+
+
+# ------------------------------------------------------------------ sacct values
+# One function per rule. The watcher's row parser (parse_sacct) calls them once per row; the
+# columnar reader (chainrun.traces: the model's history and the replay's traces, a million
+# rows) calls the same functions once per distinct value of a column. Unreadable text raises
+# ValueError: the row parser turns it into SlurmParseError naming the field, the columnar
+# reader into "unknown" (NaN), since a history holds other people's oddities.
+
+def is_step(job_id: str) -> bool:
+    """``123.batch``, ``123.0``, ``123.extern``: a step of job 123, not an allocation."""
+    return "." in job_id
+
+
+def acct_time(text: str | None, *, naive_utc: bool = False) -> float | None:
+    """Epoch seconds of a sacct time: epoch digits (``SLURM_TIME_FORMAT=%s``, what chainrun asks
+    for) or ISO text; None for Unknown, None and 0. See :func:`parse_slurm_timestamp` for
+    ``naive_utc``."""
+    return parse_slurm_timestamp(text, naive_utc=naive_utc)
+
+
+def acct_limit_s(text: str | None) -> float | None:
+    """Seconds of a time limit: TimelimitRaw (minutes) or Timelimit (a duration); None for
+    UNLIMITED, Partition_Limit and TimelimitRaw's NO_VAL/INFINITE (2**32-2, 2**32-1)."""
+    d = parse_slurm_duration(text)
+    return None if d is None or d >= NO_VAL_MINUTES * 60.0 else d
+
+
+def acct_count(text: str | None, default: int) -> int:
+    """A whole count (NNodes, NCPUS); anything else (blank, garbage, absurdly large) is ``default``."""
+    v = (text or "").strip()
+    return int(v) if v.isascii() and v.isdigit() and len(v) < 10 else default
+
+
+def acct_gpus(alloc_tres: str | None, req_tres: str | None) -> int:
+    """GPUs of a job: what it was given (AllocTRES), else what it asks for (ReqTRES: pending jobs)."""
+    return gpus_from_tres(alloc_tres or req_tres)
 
 
 # ------------------------------------------------------------------ squeue
@@ -263,7 +303,6 @@ SACCT_HEADER_ALIASES: dict[str, tuple[str, ...]] = {
     "reason": ("reason",),
     "priority": ("priority",),
 }
-RAW_MINUTE_LIMITS = ("timelimitraw", "timelimitr")  # minutes; the others are Slurm durations
 NO_VAL_MINUTES = 4294967294  # NO_VAL / INFINITE in TimelimitRaw: no limit
 
 
@@ -280,24 +319,27 @@ def _get(r: dict[str, str], field: str, default: str = "") -> str:
     return r[k] if k is not None else default
 
 
+def _rule(r: dict[str, str], field: str, f, *args):
+    """Value rule ``f`` on ``field`` of row ``r`` (None when the header lacks it)."""
+    k = _key(r, field)
+    if k is None:
+        return None
+    try:
+        return f(r[k], *args)
+    except ValueError:
+        raise SlurmParseError(f"unreadable {k} {r[k]!r} for job {_get(r, 'job_id')}") from None
+
+
 def parse_sacct(text: str) -> list[AcctRow]:
     """Rows of ``sacct -X -P --format=SACCT_FIELDS`` (header line required, fields found by
-    SACCT_HEADER_ALIASES); steps are skipped."""
+    SACCT_HEADER_ALIASES, values read by the rules above); steps are skipped."""
     rows = []
     for r in parse_table(text, last_may_contain_sep=True):
         jid = _get(r, "job_id")
-        if not jid or "." in jid:
+        if not jid or is_step(jid):
             continue
         code, _, sig = (_get(r, "exit_code") or "0:0").partition(":")
         state_text = _get(r, "state")
-        lk = _key(r, "timelimit")
-        limit = r.get(lk, "") if lk else None
-        if lk is None:
-            limit_s = None
-        elif lk.lower() in RAW_MINUTE_LIMITS and limit.strip().isdigit():
-            limit_s = None if int(limit) >= NO_VAL_MINUTES else float(int(limit) * 60)
-        else:
-            limit_s = _dur(r, lk)
         rows.append(
             AcctRow(
                 job_id=jid,
@@ -305,15 +347,15 @@ def parse_sacct(text: str) -> list[AcctRow]:
                 user=_get(r, "user"),
                 partition=_get(r, "partition"),
                 qos=_get(r, "qos"),
-                submit=_ts(r, _key(r, "submit") or "SUBMIT"),
-                eligible=_ts(r, _key(r, "eligible") or "ELIGIBLE"),
-                start=_ts(r, _key(r, "start") or "START"),
-                end=_ts(r, _key(r, "end") or "END"),
-                elapsed_s=_dur(r, "ELAPSED"),
-                time_limit_s=limit_s,
-                nodes=_int(r, _key(r, "nodes") or "NNODES", 1),
-                cpus=_int(r, _key(r, "cpus") or "NCPUS", 0),
-                gpus=gpus_from_tres(_get(r, "alloc_tres") or _get(r, "req_tres")),
+                submit=_rule(r, "submit", acct_time),
+                eligible=_rule(r, "eligible", acct_time),
+                start=_rule(r, "start", acct_time),
+                end=_rule(r, "end", acct_time),
+                elapsed_s=_rule(r, "elapsed", parse_slurm_duration),
+                time_limit_s=_rule(r, "timelimit", acct_limit_s),
+                nodes=acct_count(_get(r, "nodes"), 1),
+                cpus=acct_count(_get(r, "cpus"), 0),
+                gpus=acct_gpus(_get(r, "alloc_tres"), _get(r, "req_tres")),
                 state=base_state(state_text),
                 exit_code=int(code) if code.strip().isdigit() else 0,
                 exit_signal=int(sig) if sig.strip().isdigit() else 0,

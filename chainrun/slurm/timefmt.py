@@ -10,7 +10,7 @@ none of these raises ``ValueError`` so a caller can say which field was bad.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timezone
 
 _SENTINELS = {"", "unlimited", "partition_limit", "invalid", "n/a", "none", "unknown", "(null)", "infinite", "nan"}
 _DUR_RE = re.compile(r"(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+(?:\.\d+)?)")
@@ -38,11 +38,12 @@ def parse_slurm_duration(text: str | None) -> float | None:
     raise ValueError(f"not a Slurm duration: {text!r}")
 
 
-def parse_slurm_timestamp(text: str | None) -> float | None:
+def parse_slurm_timestamp(text: str | None, *, naive_utc: bool = False) -> float | None:
     """Epoch seconds for a Slurm timestamp; None for Unknown/None/N/A.
 
     Digits are epoch seconds (``SLURM_TIME_FORMAT=%s``); ISO text without a zone is read
-    as this machine's local time, which is what Slurm printed it in.
+    as this machine's local time, which is what Slurm printed it in, or with ``naive_utc`` as
+    UTC (traces from elsewhere: their wall clock kept as printed, see chainrun.traces).
     """
     if text is None:
         return None
@@ -53,6 +54,9 @@ def parse_slurm_timestamp(text: str | None) -> float | None:
         v = float(t)
         return v if v > 0 else None
     try:
-        return datetime.fromisoformat(t).timestamp()
+        d = datetime.fromisoformat(t)
     except ValueError:
         raise ValueError(f"not a Slurm timestamp: {text!r}") from None
+    if naive_utc and d.tzinfo is None:
+        d = d.replace(tzinfo=timezone.utc)
+    return d.timestamp()

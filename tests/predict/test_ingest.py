@@ -26,7 +26,7 @@ class FakeRunner:
         if argv[0] == "sacct":
             if self.refuse_all and "-a" in argv:
                 return RunResult(tuple(argv), 1, "", "sacct: error: Access denied", 0.0)
-            assert env == {"SLURM_TIME_FORMAT": "%s", "TZ": "UTC"}  # -S/-E are read as UTC
+            assert env == {"SLURM_TIME_FORMAT": "%s"}  # epoch out; -S/-E relative to the cluster's now
             header = "|".join(ingest.LEGACY_FORMAT.split(","))  # the capture's fields, as sacct heads them
             return RunResult(tuple(argv), 0, header + "\n" + self.text if self.text else header + "\n", "", 0.0)
         if argv == ["id", "-u"]:
@@ -71,11 +71,13 @@ def test_private_data_hides_others():
     assert ingest.fetch_history(FakeRunner(EPOCH_ROWS, uid=0), since=0, now=86400).all_users  # root sees all
 
 
-def test_history_windows_are_asked_in_utc():
+def test_history_windows_are_relative_to_the_clusters_now():
+    """No wall-clock bound: nothing a time zone (this machine's or the cluster's) could shift."""
     r = FakeRunner(EPOCH_ROWS)
-    ingest.fetch_history(r, since=1_700_000_000, now=1_700_000_000 + 3600)
-    argv = r.calls[0]
-    assert argv[argv.index("-S") + 1] == "2023-11-14T22:13:20" and argv[argv.index("-E") + 1] == "2023-11-14T23:13:20"
+    ingest.fetch_history(r, since=1_700_000_000, now=1_700_000_000 + 20 * 86400, window_days=7)
+    bounds = [(c[c.index("-S") + 1], c[c.index("-E") + 1]) for c in r.calls if c[0] == "sacct"]
+    assert bounds == [("now-1728000seconds", "now-1123200seconds"), ("now-1123200seconds", "now-518400seconds"),
+                      ("now-518400seconds", "now")]
 
 
 def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
@@ -94,8 +96,8 @@ def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
     r = FakeRunner(pending.replace(line, "|".join(f)))
     r2 = service.refresh(r, cluster="t", now=now + 7200)
     assert r2["history_rows"] == r1["history_rows"]  # no duplicates
-    first_since = float(r.calls[0][r.calls[0].index("-S") + 1].replace("T", " ")[:4])  # a year, at least
-    assert first_since > 2000
+    # incremental: from the last refresh less a day of overlap (7200 s + 86400 s before this one)
+    assert r.calls[0][r.calls[0].index("-S") + 1] == f"now-{7200 + int(ingest.OVERLAP_S)}seconds"
     hist, info = ingest.load_cache("t")
     assert hist.loc[hist["job_id"] == f[0], "state"].item() == "COMPLETED"
     assert info["last_refresh"] == now + 7200 and info["rows"] == len(hist)

@@ -133,3 +133,54 @@ def test_one_tres_reader(text, n):
     if text:  # the trace reader uses the same function
         df = parse_trace_text(f"JobID|User|Submit|Start|End|TimelimitRaw|AllocTRES\n1|u|1700000000|1700000001|1700000002|10|{text}\n")
         assert df["gpus"].item() == n
+
+
+@pytest.mark.parametrize("name", ["sacct_fields_epoch_steps.txt", "sacct_epoch.txt", "sacct_iso.txt",
+                                  "sacct_P_iso_pending.txt"])
+def test_row_and_column_readers_agree_on_real_output(name):
+    """The watcher's row parser and the columnar reader (model history, replay traces) read the
+    same captured sacct output the same way: one header mapping, one set of value rules."""
+    import math
+
+    from chainrun.traces import parse_trace_text
+
+    text = (DATA / name).read_text()
+    rows = {r.job_id: r for r in parsers.parse_sacct(text)}
+    df = parse_trace_text(text).set_index("job_id")
+    steps = [ln.split("|")[0] for ln in text.splitlines()[1:] if "." in ln.split("|")[0]]
+    assert sorted(rows) == sorted(df.index) and not set(steps) & set(rows)
+    if name.startswith("sacct_fields"):  # the capture made with the one field list, steps included
+        assert steps and len(rows) > 50 and {r.state for r in rows.values()} >= {"COMPLETED", "FAILED", "TIMEOUT",
+                                                                                   "CANCELLED"}
+        assert any(r.gpus for r in rows.values())
+    iso = "iso" in name  # zone-less ISO: the watcher reads local time, traces keep the wall clock (UTC)
+    for j, r in rows.items():
+        d = df.loc[j]
+        assert (r.user, r.name, r.partition, r.qos, r.account, r.state) == \
+               (d.user, d["name"], d.partition, d.qos, d.account, d.state)
+        assert (r.nodes, r.cpus, r.gpus) == (d.nodes, d.cpus, d.gpus)
+        assert r.time_limit_s == d.timelimit_s or (r.time_limit_s is None and math.isnan(d.timelimit_s))
+        assert f"{r.exit_code}:{r.exit_signal}" == d.exit_code
+        for a, b in ((r.submit, d.submit), (r.eligible, d.eligible), (r.start, d.start), (r.end, d.end)):
+            if a is None:
+                assert math.isnan(b) or b == d.submit  # eligible unknown: the columnar reader copies Submit
+            elif iso:
+                assert b - d.submit == a - r.submit
+            else:
+                assert a == b
+
+
+def test_sacct_value_rules():
+    """The rules both readers call (parsers.acct_*): sentinels, NO_VAL, garbage."""
+    assert parsers.acct_limit_s("120") == 7200 and parsers.acct_limit_s("1-00:00:00") == 86400
+    assert parsers.acct_limit_s("4294967294") is None and parsers.acct_limit_s("UNLIMITED") is None
+    assert parsers.acct_limit_s("Partition_Limit") is None
+    with pytest.raises(ValueError):
+        parsers.acct_limit_s("soon")
+    assert parsers.acct_count("4", 1) == 4 and parsers.acct_count("", 1) == 1 and parsers.acct_count("-3", 0) == 0
+    assert parsers.acct_count("²", 0) == 0 and parsers.acct_count("9" * 12, 1) == 1
+    assert parsers.acct_time("1700000000") == 1.7e9 and parsers.acct_time("0") is None
+    assert parsers.acct_time("Unknown") is None
+    assert parsers.acct_time("2023-11-14T22:13:20", naive_utc=True) == 1.7e9
+    assert parsers.acct_gpus("", "gres/gpu=2") == 2 and parsers.acct_gpus("gres/gpu=4", "gres/gpu=2") == 4
+    assert parsers.is_step("12.batch") and not parsers.is_step("12")
