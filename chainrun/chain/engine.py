@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from chainrun.chain import outcomes, reconcile
+from chainrun.chain import handoff_plan, outcomes, reconcile
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
@@ -198,6 +198,7 @@ class Engine:
             if c.status != ACTIVE:
                 return
         outcomes.record_overlaps(segs)
+        handoff_plan.refresh(self.runner, c, segs)  # a queued successor's adaptive hand-off rule
         self.store.save(c, segs)
         self._plan(c, segs, report)
 
@@ -394,6 +395,7 @@ class Engine:
         self._fit_maintenance(c, seg)
         if seg.extra.get("plan_note"):
             note = f"{note}; {seg.extra['plan_note']}" if note else seg.extra["plan_note"]
+        handoff_plan.write_rule(self.runner, c, segs, seg)  # before sbatch: a successor may start at once
         submit_segment(self.store, self.slurm, c, seg, note=note)
         segs.append(seg)
 

@@ -19,7 +19,7 @@ never queue behind each other) and every segment is run until the work is done:
   the predecessor's training ends at once, it saves and exits ``handoff_s`` later, and the
   successor trains from then on. What the cut took is simply still to do: it lands in later
   segments, with their own queue waits and restarts. With the adaptive variant the successor may
-  wait instead (chainrun.chain.handoff_rule).
+  wait instead (chainrun.chain.handoff_plan: the watcher's wait windows, from handoff_rule).
 - Completion overhead = (time the work is done - chain submission) - work, and it splits exactly
   into queue gaps (the first wait plus every boundary where the successor started after the
   hand-over point), restarts and hand-off minutes.
@@ -199,7 +199,7 @@ class _Chain:
                                 lead_s=self.lead_s, nodes=self.nodes, work=self.work, target=self.spec.target)
 
     def run(self) -> ChainRun:
-        from chainrun.chain.handoff_rule import wait_instead_of_cut
+        from chainrun.chain.handoff_plan import should_wait, windows_for  # the watcher's own rule
 
         w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
         cap_full = w.segment_s - w.signal_lead_s - w.restart_s
@@ -238,10 +238,10 @@ class _Chain:
             nxt.start = bn
             if bn < h:  # started before the hand-over point: hand-off (or wait for it)
                 wait = h - bn
-                cap_cut = nxt.limit - w.signal_lead_s - w.handoff_s - w.restart_s
-                if self.spec.adaptive and wait_instead_of_cut(
-                        wait, handoff_s=w.handoff_s, remaining_s=left_after, capacity_s=cap_cut,
-                        full_capacity_s=cap_full, boundary_cost_s=w.restart_s + w.handoff_s + self.lead_s):
+                cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
+                if self.spec.adaptive and should_wait(wait, windows_for(
+                        remaining_s=left_after, successor_capacity_s=cap, full_capacity_s=cap_full,
+                        handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
                     cur.stop = cur.exit = h
                     nxt.train_start = h
                     run.twice_node_s += wait * self.nodes

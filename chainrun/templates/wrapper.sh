@@ -7,7 +7,8 @@
 # The checkpoint contract (docs/checkpoint-contract.md):
 #   env    CHAINRUN_CHAIN_ID, CHAINRUN_SEGMENT (0-based), CHAINRUN_CHECKPOINT_DIR,
 #          CHAINRUN_END_TIME (epoch s, the real end Slurm reports), CHAINRUN_DONE_FILE,
-#          CHAINRUN_SIGNAL, CHAINRUN_GPUS
+#          CHAINRUN_SIGNAL, CHAINRUN_NODES, CHAINRUN_GPUS (this segment, all nodes),
+#          CHAINRUN_GPUS_PER_NODE, CHAINRUN_REF_NODES, CHAINRUN_REF_GPUS (the chain's reference shape)
 #   signal CHAINRUN_SIGNAL reaches every process of the payload some time before the limit,
 #          or as soon as the next segment has started (hand-off): save a checkpoint, exit.
 #   done   create CHAINRUN_DONE_FILE (or run `chainrun-done`) when training is finished.
@@ -29,9 +30,19 @@ CHAINRUN_PAYLOAD=@@PAYLOAD@@
 CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-@@HANDOFF_TIMEOUT@@}
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
-CHAINRUN_GPUS=${SLURM_GPUS_ON_NODE:-0}
+# the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
+# GPUs are counted over all nodes. A trainer keeps its global batch with
+# gradient accumulation = CHAINRUN_REF_GPUS / CHAINRUN_GPUS (docs/templates.md)
+CHAINRUN_NODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
+CHAINRUN_GPUS_PER_NODE=${SLURM_GPUS_ON_NODE:-0}
+[[ $CHAINRUN_GPUS_PER_NODE =~ ^[0-9]+$ ]] || CHAINRUN_GPUS_PER_NODE=0
+CHAINRUN_REF_NODES=@@REF_NODES@@
+CHAINRUN_REF_NODES=${CHAINRUN_REF_NODES:-$CHAINRUN_NODES}  # one-shape chain: this segment is the reference
+CHAINRUN_GPUS=$((CHAINRUN_GPUS_PER_NODE * CHAINRUN_NODES))
+CHAINRUN_REF_GPUS=$((CHAINRUN_GPUS_PER_NODE * CHAINRUN_REF_NODES))
 CHAINRUN_PROGRESS_FILE=$CHAINRUN_RUN_DIR/control/seg-$CHAINRUN_SEGMENT.progress
 export CHAINRUN_CHAIN_ID CHAINRUN_SEGMENT CHAINRUN_CHECKPOINT_DIR CHAINRUN_SIGNAL CHAINRUN_DONE_FILE CHAINRUN_GPUS
+export CHAINRUN_NODES CHAINRUN_GPUS_PER_NODE CHAINRUN_REF_NODES CHAINRUN_REF_GPUS
 export CHAINRUN_PROGRESS_FILE
 
 CTL=$CHAINRUN_RUN_DIR/control
@@ -119,24 +130,56 @@ claim() {  # exclusive create: exactly one job can own generation $1
   (set -C; printf 'job=%s\nseg=%s\nhost=%s\nat=%s\n' "$JOB" "$CHAINRUN_SEGMENT" "$(hostname)" "$(now)" > "$CTL/owner.$1") 2>/dev/null
 }
 
+# ---- adaptive hand-off: wait for the owner's hand-over point instead of cutting it when the
+# watcher's rule says that costs less (chainrun/chain/handoff_plan.py). The rule file holds the
+# waits (whole seconds from now to the owner's hand-over point) for which to wait; bash only
+# compares numbers. No rule file, one made for another owner, or no known end: cut, as before.
+rule_wait() {  # $1: owner generation, $2: owner job. Prints the hand-over point if the rule says wait
+  local rule=$CTL/handoff-rule.$CHAINRUN_SEGMENT st end lead w k v lo hi
+  [[ -r $rule && -n $2 ]] || return 1
+  [[ $(sed -n 's/^for_job=//p' "$rule" | head -n 1) == "$2" ]] || return 1
+  lead=$(sed -n 's/^signal_lead=//p' "$rule" | head -n 1)
+  st=$CTL/seg-$(sed -n 's/^seg=//p' "$CTL/owner.$1" 2>/dev/null | head -n 1).state
+  [[ $(sed -n 's/^gen=//p' "$st" 2>/dev/null | head -n 1) == "$1" ]] || return 1  # its training state
+  end=$(sed -n 's/^end_time=//p' "$st" | head -n 1)
+  [[ $end =~ ^[0-9]+$ && $lead =~ ^[0-9]+$ ]] || return 1
+  w=$((end - lead - $(now))); ((w < 0)) && w=0
+  while IFS='=' read -r k v; do
+    [[ $k == wait ]] || continue
+    read -r lo hi <<< "$v"
+    [[ $lo =~ ^[0-9]+$ && $hi =~ ^[0-9]+$ ]] && ((w >= lo && w <= hi)) && { echo $((end - lead)); return 0; }
+  done < "$rule"
+  return 1
+}
+
 # ---- wait until the chain is ours: the previous owner released it or its job has ended
-handoff_wait=0
+handoff_wait=0 handoff_mode=""
 t0=$(now)
 while [[ -z $stop_wait ]]; do
   g=$(current_gen)
   if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
     oj=$(owner_job "$g")
-    put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0"
-    if [[ ! -e $CTL/handoff.$g ]]; then
-      say "segment of job ${oj:-?} still owns the chain: requesting hand-off"
-      put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+    deadline=$((t0 + CHAINRUN_HANDOFF_TIMEOUT))  # no hand-off by then: the owner is cancelled
+    if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
+      # the owner stops at its own signal; the wait runs on this job's time limit
+      handoff_mode=wait
+      ((at + CHAINRUN_HANDOFF_TIMEOUT > deadline)) && deadline=$((at + CHAINRUN_HANDOFF_TIMEOUT))
+      put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=wait" "handover_at=$at"
+      say "job ${oj:-?} hands over in $((at - $(now)))s: waiting for it instead of cutting it (hand-off rule)"
+    else
+      put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0"
+      if [[ ! -e $CTL/handoff.$g ]]; then
+        handoff_mode=cut
+        say "segment of job ${oj:-?} still owns the chain: requesting hand-off"
+        put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+      fi
     fi
     cancelled=0 checked=0
     while [[ -z $stop_wait && ! -e $CTL/released.$g ]]; do
       if (($(now) - checked >= 10)); then
         checked=$(now)
         if job_ended "$oj"; then say "Slurm reports job $oj ended"; break; fi
-        if ((!cancelled && $(now) - t0 > CHAINRUN_HANDOFF_TIMEOUT)) && [[ $oj != local-* && -n $oj ]]; then
+        if ((!cancelled && $(now) > deadline)) && [[ $oj != local-* && -n $oj ]]; then
           say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s: cancelling it and waiting for its end"
           scancel "$oj" 2>/dev/null; cancelled=1
         fi
@@ -153,7 +196,7 @@ handoff_wait=$(($(now) - t0))
 if [[ -n $stop_wait ]]; then
   say "got $stop_wait while waiting for the hand-off: ending without training"
   [[ -n ${g:-} ]] && [[ $(sed -n 's/^by=//p' "$CTL/handoff.$g" 2>/dev/null) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
-  outcome outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait"
+  outcome outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
   exit 0
 fi
 ((handoff_wait > 1)) && say "the chain is ours (generation $my_gen) after ${handoff_wait}s"
@@ -167,7 +210,8 @@ fi
 
 # ---- run the payload in its own process group, in the background, so signals reach us
 payload_start=$(now)
-put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start"
+# end_time: a successor that starts early reads it to find this segment's hand-over point
+put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME"
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
   setsid "$CHAINRUN_PAYLOAD" &
 else
@@ -203,7 +247,7 @@ payload_end=$(now)
 kill -KILL "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null  # KILL: a stopped monitor must not hang us
 
 common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
-        "payload_end=$payload_end" "handoff_wait=$handoff_wait")
+        "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode")
 # exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
 stopped_by_signal() {
   local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)

@@ -223,3 +223,126 @@ def test_done_chain_hands_nothing_to_a_successor(chain):
     assert chain.finish("600") == 0
     assert chain.outcome(0)["outcome"] == "skipped"
     assert not chain.steps()
+
+
+# ---------------------------------------------------------------- adaptive hand-off (the watcher's rule)
+def _rule(chain: Chain, seg: int, for_job: str, windows: list[tuple[int, int]], lead: int) -> None:
+    """What the watcher writes before submitting segment ``seg`` (chainrun/chain/handoff_plan.py)."""
+    from chainrun.chain.handoff_plan import rule_text
+
+    (chain.run_dir / "control").mkdir(exist_ok=True)
+    (chain.run_dir / "control" / f"handoff-rule.{seg}").write_text(rule_text(for_job, lead, windows, {}))
+
+
+def _first_step(chain: Chain, job: str) -> float:
+    return min(t for _, j, t in chain.steps() if j == job)
+
+
+def _last_step(chain: Chain, job: str) -> float:
+    return max(t for _, j, t in chain.steps() if j == job)
+
+
+def test_successor_within_the_rule_waits_and_the_owner_is_not_cut(chain):
+    end = int(time.time()) + 9  # the owner's real end; with a 2 s signal lead it hands over 7 s from now
+    _rule(chain, 1, "700", [(0, 30)], lead=2)
+    chain.start(0, "700", SLURM_JOB_END_TIME=str(end))
+    chain.wait_for(lambda: chain.training("700"), what="job 700 to train")
+    chain.start(1, "701")
+    chain.wait_for(lambda: chain.state(1).get("phase") == "waiting", what="job 701 to wait")
+    st = chain.state(1)
+    assert st["mode"] == "wait" and int(st["handover_at"]) == end - 2, st
+    started = time.time()
+    time.sleep(2)
+    assert not (chain.run_dir / "control/handoff.0").exists()  # no hand-off request: the owner is not cut
+    assert not chain.training("701") and _last_step(chain, "700") > started  # the owner trains on
+    time.sleep(max(0.0, end - 2 - time.time()))
+    chain.jobs["700"].send_signal(signal.SIGUSR2)  # Slurm's --signal at the hand-over point
+    chain.finish("700")
+    chain.wait_for(lambda: chain.training("701"), what="job 701 to take over")
+    assert chain.outcome(0)["outcome"] == "continue" and chain.outcome(0)["signaled"] == "1"
+    assert _first_step(chain, "701") - _last_step(chain, "700") < 3  # it took over at once
+    chain.jobs["701"].send_signal(signal.SIGUSR2)
+    chain.finish("701")
+    out = chain.outcome(1)
+    assert out["outcome"] == "continue" and out["handoff_mode"] == "wait" and int(out["handoff_wait"]) >= 4, out
+    chain.assert_never_two_at_once()
+
+
+@pytest.mark.parametrize("case", ["beyond", "other-owner"])
+def test_successor_outside_the_rule_cuts_as_before(chain, case):
+    end = int(time.time()) + 60
+    # beyond: the hand-over point is ~58 s away, the rule waits at most 3 s; other-owner: a rule made
+    # for another predecessor job does not apply
+    _rule(chain, 1, "800" if case == "beyond" else "999", [(0, 3)] if case == "beyond" else [(0, 600)], lead=2)
+    chain.start(0, "800", SLURM_JOB_END_TIME=str(end))
+    chain.wait_for(lambda: chain.training("800"), what="job 800 to train")
+    chain.start(1, "801")
+    chain.wait_for(lambda: chain.jobs["800"].poll() is not None, what="job 800 to hand off")
+    chain.finish("800")
+    chain.wait_for(lambda: chain.training("801"), what="job 801 to take over")
+    assert chain.outcome(0)["outcome"] == "handoff"
+    assert "mode" not in chain.state(1) or chain.state(1)["mode"] != "wait"
+    chain.jobs["801"].send_signal(signal.SIGUSR2)
+    chain.finish("801")
+    assert chain.outcome(1)["handoff_mode"] == "cut"
+    assert time.time() < end - 20  # it did not wait for the hand-over point
+    chain.assert_never_two_at_once()
+
+
+@pytest.mark.parametrize("how", ["stops-early", "crashes", "node-dies", "ignores-signal"])
+def test_waiting_successor_takes_over_when_the_owner_ends_before_its_handover(chain, how):
+    """Waiting is not claiming: the successor still takes over the moment the owner releases the
+    chain or Slurm says its job ended, long before the hand-over point it was waiting for."""
+    end = int(time.time()) + 120
+    _rule(chain, 1, "900", [(0, 600)], lead=2)
+    chain.start(0, "900", SLURM_JOB_END_TIME=str(end), IGNORE_SIGNAL="1" if how == "ignores-signal" else "0")
+    chain.wait_for(lambda: chain.training("900") and (chain.run_dir / "control/seg-0.pid").exists(),
+                   what="job 900 to train")
+    chain.start(1, "901")
+    chain.wait_for(lambda: chain.state(1).get("mode") == "wait", what="job 901 to wait by the rule")
+    time.sleep(1)
+    assert not chain.training("901")
+    if how == "stops-early":  # e.g. the trainer's own early exit on a signal
+        chain.jobs["900"].send_signal(signal.SIGUSR2)
+        chain.finish("900")
+    elif how == "crashes":
+        os.killpg(int((chain.run_dir / "control/seg-0.pid").read_text()), signal.SIGKILL)
+        chain.finish("900")
+        assert chain.outcome(0)["outcome"] == "crash"
+    elif how == "node-dies":  # no outcome, no release: only Slurm's word counts
+        pid = int(parse_outcome((chain.run_dir / "control/seg-0.start").read_text())["pid"])
+        os.killpg(int((chain.run_dir / "control/seg-0.pid").read_text()), signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(3)
+        assert not chain.training("901")  # squeue still lists job 900
+        chain.finish("900")
+    else:  # Slurm's signal is ignored; the time limit's TERM stops it (here: early)
+        chain.jobs["900"].send_signal(signal.SIGUSR2)
+        time.sleep(3)
+        assert not chain.training("901") and chain.jobs["900"].poll() is None
+        chain.jobs["900"].send_signal(signal.SIGTERM)
+        chain.finish("900")
+    ended = time.time()
+    chain.wait_for(lambda: chain.training("901"), timeout=25, what="job 901 to take over")
+    assert _first_step(chain, "901") - ended < (15 if how == "node-dies" else 3)
+    assert time.time() < end - 60  # long before the hand-over point it waited for
+    chain.jobs["901"].send_signal(signal.SIGUSR2)
+    chain.finish("901")
+    chain.assert_never_two_at_once()
+
+
+def test_successor_waiting_by_the_rule_that_gets_its_own_signal_never_trains(chain):
+    end = int(time.time()) + 120
+    _rule(chain, 1, "950", [(0, 600)], lead=2)
+    chain.start(0, "950", SLURM_JOB_END_TIME=str(end))
+    chain.wait_for(lambda: chain.training("950"), what="job 950 to train")
+    chain.start(1, "951")
+    chain.wait_for(lambda: chain.state(1).get("mode") == "wait", what="job 951 to wait by the rule")
+    chain.jobs["951"].send_signal(signal.SIGUSR2)  # its own early signal, or scancel, while it waits
+    assert chain.finish("951") == 0
+    out = chain.outcome(1)
+    assert out["outcome"] == "unstarted" and out["handoff_mode"] == "wait", out
+    assert chain.jobs["950"].poll() is None and not (chain.run_dir / "control/handoff.0").exists()
+    chain.jobs["950"].send_signal(signal.SIGUSR2)
+    chain.finish("950")
+    assert chain.outcome(0)["outcome"] == "continue" and not chain.training("951")
