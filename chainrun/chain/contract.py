@@ -71,7 +71,8 @@ def option_value(opts: list[str], *names: str) -> str | None:
 
 
 def render_wrapper(
-    *, chain_id: str, run_dir: str, checkpoint_dir: str, payload: str, signal: str, script_text: str
+    *, chain_id: str, run_dir: str, checkpoint_dir: str, payload: str, signal: str, script_text: str,
+    ref_nodes: int | None = None,
 ) -> str:
     """The batch script every segment of a chain runs."""
     values = {
@@ -84,6 +85,7 @@ def render_wrapper(
         "RUN_DIR": shlex.quote(run_dir),
         "PAYLOAD": shlex.quote(payload),
         "HANDOFF_TIMEOUT": str(HANDOFF_TIMEOUT_S),
+        "REF_NODES": str(int(ref_nodes)) if ref_nodes else "",  # elastic chains: the first of --shapes
     }
     text = wrapper_template()
     for key, val in values.items():

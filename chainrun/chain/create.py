@@ -44,6 +44,9 @@ class SubmitRequest:
     cluster: str = "local"
     upload_script: bool = False  # remote clusters: copy script_text into the chain's folder and run that copy
     adapt: bool = True  # exclude straggler nodes from later segments (docs/placement.md); --no-adapt turns it off
+    shapes: str | None = None  # elastic segments (docs/elastic.md): node counts, e.g. "8,4,2", first = reference
+    shape_efficiency: str | None = None  # e.g. "2=0.9,4=0.95": scaling efficiency per node count
+    time_min_s: int | None = None  # --time-min: the shortest segment worth starting (Slurm may shorten one)
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,15 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
             hint="use a smaller --signal time, e.g. USR2@60",
         )
 
+    shapes, efficiency = _elastic(req, user_args, script_opts, info.total_nodes)
+    if req.time_min_s is not None:
+        if req.time_min_s > segment:
+            raise UsageError(f"--time-min {format_duration(req.time_min_s)} is longer than a segment "
+                             f"({format_duration(segment)})", hint="give a shorter --time-min, or a longer --segment")
+        if req.time_min_s <= signal_lead:
+            raise UsageError(f"--time-min {format_duration(req.time_min_s)}: the signal comes {signal_lead}s before "
+                             "the end, so such a segment would not train", hint="give a longer --time-min")
+
     chain_id = make_chain_id(req.name or PurePosixPath(req.script).stem)
     warnings = script_overrides(req.script_text, script=PurePosixPath(req.script).name, chain_id=chain_id,
                                 segment_s=min(segment, req.total_s), signal=signal, signal_lead_s=signal_lead)
@@ -126,10 +138,13 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
         sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
         partition=info.name, created=time.time(),
-        extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True})},
+        extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True}),
+               **({"shapes": list(shapes), "shape_efficiency": {str(k): v for k, v in efficiency.items()}}
+                  if shapes else {}),
+               **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
-                             signal=signal, script_text=req.script_text)
+                             signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None)
     for sub in ("control", "logs"):
         runner.write_file(f"{run_dir}/{sub}/.keep", "", 0o600)
     if req.upload_script:
@@ -137,6 +152,11 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     store.add_chain(chain)
     first = Segment(chain_id=chain_id, idx=0, time_limit_s=segment)
+    if shapes:  # the first segment asks for the reference shape; the watcher chooses for the next ones
+        first.extra["nodes"] = shapes[0]
+        first.extra["shape"] = {"nodes": shapes[0], "reason": f"{shapes[0]} nodes: the reference shape (first segment)"}
+    if req.time_min_s:
+        first.extra["time_min_s"] = min(int(req.time_min_s), segment)
     fit_maintenance(chain, first, read_reservations(slurm), time.time())
     try:
         submit_segment(store, slurm, chain, first, note="first segment" + (
@@ -146,6 +166,27 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
     return SubmitResult(chain, first, max_s, tuple(warnings))
+
+
+def _elastic(req: SubmitRequest, user_args: list[str], script_opts: list[str],
+             partition_nodes: int | None) -> tuple[tuple[int, ...], dict[int, float]]:
+    """``--shapes`` and ``--shape-efficiency``, checked. A ``--nodes`` of the user (after ``--`` or in an
+    ``#SBATCH`` line) must equal the reference shape (the first of ``--shapes``): each segment's
+    node count replaces it, so any other value would silently do nothing."""
+    from chainrun.chain.shapes import parse_efficiency, parse_shapes
+
+    if not req.shapes:
+        if req.shape_efficiency:
+            raise UsageError("--shape-efficiency needs --shapes", hint="e.g. --shapes 4,2 --shape-efficiency 2=0.9")
+        return (), {}
+    shapes = parse_shapes(req.shapes, max_nodes=partition_nodes or None)
+    for opts, where in ((user_args, "after --"), (script_opts, "in an #SBATCH line")):
+        pinned = option_value(opts, "--nodes", "-N")
+        if pinned is not None and pinned.strip() != str(shapes[0]):
+            raise UsageError(f"--shapes {req.shapes} starts with {shapes[0]} nodes (the reference shape) but "
+                             f"--nodes={pinned} is given {where}",
+                             hint=f"make them agree (--nodes={shapes[0]}) or drop --nodes: chainrun sets it per segment")
+    return shapes, parse_efficiency(req.shape_efficiency, shapes)
 
 
 def _upload_name(script: str) -> str:

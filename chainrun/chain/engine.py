@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from chainrun.chain import handoff_plan, outcomes, reconcile
+from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
+from chainrun.chain.shapes import ShapeChoice, choose_shape, pace_by_shape, shape_rate
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.durations import to_slurm_minutes
@@ -188,6 +190,8 @@ class Engine:
                     self._record_switches(s)
                 if s.phase == RUNNING and now - (s.extra.get("progress") or {}).get("read_at", 0) >= progress.READ_EVERY_S:
                     self._read_progress(c, s)
+                if s.phase == RUNNING:
+                    self._note_training_start(c, s, now)
             elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
                 self._ended(c, segs, s, row)
                 report.ended += 1
@@ -239,7 +243,6 @@ class Engine:
         window = outcomes.payload_window(info, row)
         if window:
             s.extra["payload_start"], s.extra["payload_end"] = window
-        c.credited_s += result.credit_s
         events = [(s.idx, result.outcome, result.message)]
         if result.outcome in (CONTINUE, HANDOFF):
             c.consecutive_failures = 0  # UNSTARTED and SKIPPED neither spend a retry nor reset the count
@@ -249,6 +252,11 @@ class Engine:
         events += self._check_overlaps(c, segs, s)
         if result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
             self._read_progress(c, s)
+        # --total is work at the reference shape: this segment's training times its shape's rate
+        s.extra["rate"] = segment_rate(c, s, segs, final=True)
+        s.extra["work_s"] = result.credit_s * s.extra["rate"]
+        c.credited_s += s.extra["work_s"]
+        if result.outcome not in (UNSTARTED, SKIPPED):
             events += placement.after_segment(c, segs, s)
             events += placement.interference(c, s, lambda: self._exclusive_cost(c, s))
             events += spread.after_segment(c, segs, s)
@@ -350,7 +358,7 @@ class Engine:
             return  # an unconfirmed submission: wait for adoption before planning more
         # --total counts training: a live segment is expected to train its limit less the signal lead
         overhead = segment_overhead(c, segs)
-        expected = sum(expected_training(c, s, overhead) for s in live)
+        expected = sum(expected_training(c, s, overhead) * segment_rate(c, s, segs) for s in live)
         remaining = c.total_s - c.credited_s - expected
         if not live:
             if c.total_s - c.credited_s < total_tolerance(c):
@@ -376,7 +384,8 @@ class Engine:
         if decision.submit:
             # sized to take over: if it starts early it cuts the live segment, so it must carry the work
             # left as if that stopped now (sized for the hand-over point, early successors spiral)
-            left_if_cut = c.total_s - c.credited_s - trained_so_far(cur, now)
+            self._note_training_start(c, cur, now, force=True)
+            left_if_cut = c.total_s - c.credited_s - trained_so_far(cur, now) * segment_rate(c, cur, segs)
             self._submit_next(c, segs, left_if_cut, dependency=decision.dependency, note=decision.reason,
                               estimate=decision.estimate)
             report.submitted += 1
@@ -386,18 +395,113 @@ class Engine:
         if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
             raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
         idx = (max(s.idx for s in segs) + 1) if segs else 0
-        wanted = max(remaining, MIN_SEGMENT_S) + c.signal_lead_s  # the signal comes this long before the limit
+        choice = self._choose_shape(c, segs, remaining, idx)  # None unless the chain has --shapes
+        rate = chain_shape_rate(c, segs, choice.nodes) if choice else 1.0
+        # the training this segment needs at its shape's rate, plus the signal lead
+        wanted = max(remaining / rate, MIN_SEGMENT_S) + c.signal_lead_s
         limit = min(c.segment_s, to_slurm_minutes(int(wanted)) * 60)  # what Slurm will really grant
         prev_failed = bool(segs) and segs[-1].outcome == "crash"
         seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                       predicted_wait_s=estimate.seconds if estimate else None,
                       predicted_model=estimate.model if estimate else "")
+        shape_event = self._apply_shape(c, segs, seg, choice)
+        if c.extra.get("time_min_s"):  # --time-min: Slurm may start it sooner with a shorter limit
+            seg.extra["time_min_s"] = min(int(c.extra["time_min_s"]), limit)
         self._fit_maintenance(c, seg)
         if seg.extra.get("plan_note"):
             note = f"{note}; {seg.extra['plan_note']}" if note else seg.extra["plan_note"]
         handoff_plan.write_rule(self.runner, c, segs, seg)  # before sbatch: a successor may start at once
         submit_segment(self.store, self.slurm, c, seg, note=note)
         segs.append(seg)
+        if shape_event:
+            self.store.add_event(c.id, idx, "shape", shape_event)
+
+    # ------------------------------------------------------------------ elastic shapes (docs/elastic.md)
+    def _choose_shape(self, c: Chain, segs: list[Segment], remaining: float, idx: int) -> ShapeChoice | None:
+        """The next segment's node count: the shape that finishes the remaining work first (chain/shapes.py).
+        Asked only here, when a segment is planned: the model once, and one `sbatch --test-only` per shape."""
+        shapes = chain_shapes(c)
+        if not shapes:
+            return None
+        ref = shapes[0]
+        if len(shapes) == 1:
+            return ShapeChoice(ref, f"{ref} nodes: the only shape", ())
+        if c.extra.get("no_adapt"):
+            return ShapeChoice(ref, f"{ref} nodes: the reference shape (--no-adapt)", ())
+        waits, sources = self._shape_waits(c, segs, shapes, idx)
+        return choose_shape(remaining, shapes, waits, segment_s=max(60.0, c.segment_s - segment_overhead(c, segs)),
+                            boundary_s=segment_overhead(c, segs), measured=measured_pace(c, segs),
+                            efficiency=chain_efficiency(c), sources=sources)
+
+    def _shape_waits(self, c: Chain, segs: list[Segment], shapes: tuple[int, ...],
+                     idx: int) -> tuple[dict[int, float], dict[int, str]]:
+        """Predicted wait (s) per node count: the queue model's median and Slurm's own `sbatch --test-only`
+        start; with both, the later (test-only knows the running jobs' limits and the reservations, the
+        model knows how the queue usually moves)."""
+        from chainrun.chain.request import segment_args
+        from chainrun.chain.segments import wrapper_path
+
+        now = self.clock()
+        waits: dict[int, float] = {}
+        sources: dict[int, str] = {}
+        model = getattr(self.predictor, "shape_waits", None)
+        if model is not None:
+            probe = next((s for s in reversed(segs) if s.job_id), Segment(chain_id=c.id, idx=idx))
+            try:
+                for n, w in (model(c, probe, self._queue, list(shapes)) or {}).items():
+                    waits[int(n)], sources[int(n)] = max(0.0, float(w)), "model"
+            except Exception as e:  # a broken model must not stop planning: test-only (or the reference) decides
+                log.warning("queue-delay model for the shape choice of %s: %s", c.id, e)
+        for n in shapes:
+            probe = Segment(chain_id=c.id, idx=idx, time_limit_s=c.segment_s, extra={"nodes": n})
+            try:
+                start = self.slurm.test_only(wrapper_path(c), segment_args(c, probe), script_args=[str(idx)])
+            except SlurmError as e:
+                log.info("sbatch --test-only (%s nodes) for chain %s: %s", n, c.id, e)
+                continue
+            if start is None:
+                continue
+            w = max(0.0, start - now)
+            if n in waits:
+                waits[n], sources[n] = max(waits[n], w), "model+test-only"
+            else:
+                waits[n], sources[n] = w, "test-only"
+        return waits, sources
+
+    def _apply_shape(self, c: Chain, segs: list[Segment], seg: Segment, choice: ShapeChoice | None) -> str:
+        """Record the choice in the segment; the event text when the shape changes ("" otherwise)."""
+        if choice is None:
+            return ""
+        seg.extra["nodes"] = choice.nodes
+        seg.extra["shape"] = choice.as_dict()
+        prev = next((int(s.extra["nodes"]) for s in sorted(segs, key=lambda s: s.idx, reverse=True)
+                     if s.extra.get("nodes")), chain_shapes(c)[0])
+        if choice.nodes == prev:
+            return ""
+        return f"segment {seg.idx} asks for {choice.nodes} nodes instead of {prev}: {choice.reason}"
+
+    def _note_training_start(self, c: Chain, s: Segment, now: float, *, force: bool = False) -> None:
+        """A running segment's payload start (its state file: a taken-over segment first waits for the
+        hand-off, which is not training) and the limit Slurm really granted (--time-min may shorten it).
+        One file read, until the start is known; at most every 30 s unless planning needs it now."""
+        if s.start and s.end and s.end - s.start < s.time_limit_s - 1:
+            s.extra["granted_s"] = s.end - s.start
+        if s.extra.get("payload_start") is not None or (not force and now - s.extra.get("state_read_at", 0) < 30):
+            return
+        s.extra["state_read_at"] = now
+        try:
+            res = self.runner.run(["cat", control_path(c.run_dir, s.idx, "state")], 30)
+        except Exception as e:  # optional: without it training counts from the job's start
+            log.info("state of %s segment %s not read: %s", c.id, s.idx, e)
+            return
+        info = parse_outcome(res.stdout) if res.ok else {}
+        if info.get("job") and s.job_id and info["job"] != s.job_id:
+            return
+        if info.get("payload_start"):
+            s.extra["payload_start"] = float(info["payload_start"])
+            s.extra.pop("handoff_waiting", None)
+        elif info.get("phase") == "waiting":
+            s.extra["handoff_waiting"] = True
 
     def _fit_maintenance(self, c: Chain, seg: Segment) -> None:
         if self._reservations is None:  # one scontrol a tick at most, and only when planning
@@ -442,8 +546,60 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
 
 
 def trained_so_far(s: Segment, now: float) -> float:
-    """What a live segment has trained by now (from its job's start: the hand-off wait is not known here)."""
-    return max(0.0, now - s.start) if s.phase == RUNNING and s.start else 0.0
+    """What a live segment has trained by now, in seconds of training: from its payload's start (the
+    wrapper's state file; a taken-over segment's wait for the hand-off is not training), else from
+    its job's start; nothing while it is known to wait for the hand-off."""
+    if s.phase != RUNNING or not s.start:
+        return 0.0
+    if s.extra.get("payload_start") is not None:
+        return max(0.0, now - float(s.extra["payload_start"]))
+    return 0.0 if s.extra.get("handoff_waiting") else max(0.0, now - s.start)
+
+
+def chain_shapes(c: Chain) -> tuple[int, ...]:
+    """The chain's node counts (--shapes), the reference first; () for a one-shape chain."""
+    return tuple(int(n) for n in c.extra.get("shapes") or ())
+
+
+def chain_efficiency(c: Chain) -> dict[int, float]:
+    return {int(k): float(v) for k, v in (c.extra.get("shape_efficiency") or {}).items()}
+
+
+def measured_pace(c: Chain, segs: list[Segment]) -> dict[int, float]:
+    """The chain's measured pace (steps/s, progress contract) per node count."""
+    return pace_by_shape([(int(s.extra["nodes"]), (s.extra.get("progress") or {}).get("steps_per_s") or 0.0)
+                          for s in segs if s.extra.get("nodes")])
+
+
+def chain_shape_rate(c: Chain, segs: list[Segment], nodes: int) -> float:
+    """Reference-seconds of work per second of training on ``nodes`` nodes, for this chain now."""
+    shapes = chain_shapes(c)
+    if not shapes:
+        return 1.0
+    return shape_rate(nodes, shapes[0], measured=measured_pace(c, segs), efficiency=chain_efficiency(c))
+
+
+def segment_rate(c: Chain, s: Segment, segs: list[Segment] | None = None, *, final: bool = False) -> float:
+    """The rate a segment's training counts at toward --total: 1.0 on the reference shape (and for
+    every chain without --shapes); an ended segment keeps the rate fixed at its end."""
+    if not s.extra.get("nodes") or not chain_shapes(c):
+        return 1.0
+    if not final and s.extra.get("rate") is not None:
+        return float(s.extra["rate"])
+    return chain_shape_rate(c, segs or [s], int(s.extra["nodes"]))
+
+
+def work_done(c: Chain, segs: list[Segment], now: float) -> float:
+    """Work toward --total so far, in reference-shape seconds: what ended segments delivered (kept in
+    ``credited_s``) plus what the running ones have trained, each at its shape's rate. The one place
+    that counts it: the engine, status and the replay use it."""
+    running = [s for s in segs if s.phase == RUNNING]
+    return c.credited_s + sum(trained_so_far(s, now) * segment_rate(c, s, segs) for s in running)
+
+
+def granted_limit(s: Segment) -> float:
+    """The limit Slurm really granted a segment: shorter than asked when --time-min let it start early."""
+    return min(float(s.time_limit_s), float(s.extra.get("granted_s") or s.time_limit_s))
 
 
 def total_tolerance(c: Chain) -> float:
@@ -454,7 +610,7 @@ def total_tolerance(c: Chain) -> float:
 def expected_training(c: Chain, s: Segment, overhead_s: float | None = None) -> float:
     """How much training a live segment should still deliver toward --total: its limit less the
     chain's per-segment overhead (the signal lead by default; see ``segment_overhead``)."""
-    return max(0.0, s.time_limit_s - (c.signal_lead_s if overhead_s is None else overhead_s))
+    return max(0.0, granted_limit(s) - (c.signal_lead_s if overhead_s is None else overhead_s))
 
 
 def segment_overhead(c: Chain, segs: list[Segment]) -> float:
@@ -462,7 +618,7 @@ def segment_overhead(c: Chain, segs: list[Segment]) -> float:
     up to a minute early) and the payload's start, measured on its segments that ran to their
     signal (the largest seen: planning for the worst keeps the successor early; a successor that
     turns out not to be needed is cancelled when the total is reached); never less than the lead."""
-    seen = [s.time_limit_s - s.credit_s for s in segs
+    seen = [granted_limit(s) - s.credit_s for s in segs
             if s.phase == ENDED and s.outcome == CONTINUE and s.extra.get("signaled") == "1" and s.credit_s > 0]
     return max([float(c.signal_lead_s)] + seen)
 

@@ -43,7 +43,37 @@ def make_predictor(ctx: "Context"):
             log.warning("queue-delay model unavailable (%s); using the fixed lead", e)
             return None
 
+    def shape_waits(chain: "Chain", seg: "Segment", rows: "list[QueueRow]", shapes: "list[int]") -> dict[int, float]:
+        """Median predicted wait (s) per node count for the chain's next segment: one ``WaitRequest``
+        per shape, one ``predict_many`` call. Empty when there is no usable model."""
+        try:
+            if not loaded:
+                predict(chain, seg, rows)
+            if not loaded:
+                return {}
+            return _shape_waits(loaded["model"], loaded["history"], chain, seg, rows, shapes)
+        except ChainrunError as e:
+            log.warning("queue-delay model unavailable for the shape choice (%s)", e)
+            return {}
+
+    predict.shape_waits = shape_waits  # type: ignore[attr-defined]  (the engine asks for it only when planning)
     return predict
+
+
+def _shape_waits(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]",
+                 shapes: "list[int]") -> dict[int, float]:
+    from chainrun.predict.model import WaitRequest
+    from chainrun.predict.snapshot import snapshot_from_rows
+
+    mine = next((r for r in rows if r.job_id == seg.job_id), None)
+    per_node = (mine.nodes or 1) if mine else 1
+    gpus = (mine.gpus // per_node) if mine and mine.gpus else 0  # GPUs per node stay as given
+    cpus = (mine.cpus // per_node) if mine and mine.cpus else 0
+    reqs = [WaitRequest(user=mine.user if mine else "", nodes=n, gpus=gpus * n, cpus=cpus * n,
+                        timelimit_s=float(chain.segment_s), partition=chain.partition,
+                        qos=mine.qos if mine else "", submit=time.time()) for n in shapes]
+    snapshot = snapshot_from_rows([r for r in rows if r.job_id != seg.job_id])
+    return {n: float(p.p50) for n, p in zip(shapes, model.predict_many(reqs, snapshot, history))}
 
 
 def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]") -> WaitEstimate:

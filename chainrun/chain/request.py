@@ -4,7 +4,9 @@ Merge rules (docs/cli.md, "What each segment asks for"):
 - the user's options (`-- ...` on submit, and the cluster's `sbatch` list in config.toml, which
   the user's own options override) travel to every segment and are never dropped;
 - chainrun's adaptations (``chain.extra["adapt"]``: nodes to exclude, ``--exclusive``, a node
-  count) apply on top: excluded nodes are the union of the user's ``--exclude`` and chainrun's;
+  count; and an elastic chain's per-segment node count, ``segment.extra["nodes"]``, which
+  replaces the user's ``--nodes``: submit checked that it equals the first of ``--shapes``)
+  apply on top: excluded nodes are the union of the user's ``--exclude`` and chainrun's;
   an option the user pinned (e.g. ``--nodes``, ``--exclusive``/``--oversubscribe``) is not changed;
 - chainrun's own options (job name, time limit, signal, working folder, dependency) come last.
 """
@@ -104,7 +106,9 @@ def segment_args(chain: Chain, seg: Segment) -> list[str]:
     args = _union_exclude(user, [n for n in adapt.get("exclude") or [] if n not in pinned])
     if adapt.get("exclusive") and not user_pinned(user, *_SHARING):
         args.append("--exclusive")
-    if adapt.get("nodes") and not user_pinned(user, *_NODES):
+    if seg.extra.get("nodes"):  # elastic segments (--shapes): this segment's node count replaces the user's
+        args = _drop(args, _NODES) + [f"--nodes={int(seg.extra['nodes'])}"]
+    elif adapt.get("nodes") and not user_pinned(user, *_NODES):
         args.append(f"--nodes={int(adapt['nodes'])}")
     if adapt.get("switches") and not user_pinned(user, "--switches") and not _pinned_nodes(user):
         args.append(f"--switches={adapt['switches']}")  # chain/spread.py: at most T of extra wait

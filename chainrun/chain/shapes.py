@@ -52,6 +52,38 @@ def parse_shapes(text: str, *, max_nodes: int | None = None) -> tuple[int, ...]:
     return tuple(shapes)
 
 
+def parse_efficiency(text: str | None, shapes: tuple[int, ...] = ()) -> dict[int, float]:
+    """``"2=0.9,4=0.95"`` -> {2: 0.9, 4: 0.95}: the user's scaling efficiency per node count,
+    relative to linear (1.0 = twice the nodes do twice the work). One-line errors for anything else."""
+    if not text:
+        return {}
+    out: dict[int, float] = {}
+    for part in str(text).split(","):
+        n, sep, v = part.strip().partition("=")
+        try:
+            nodes, eff = int(n), float(v)
+        except ValueError:
+            nodes, eff = 0, -1.0
+        if not sep or nodes < 1 or not 0 < eff <= 2:
+            raise UsageError(f"--shape-efficiency {text!r}: {part.strip()!r} is not NODES=EFFICIENCY "
+                             "(a node count and a number in (0, 2], e.g. 2=0.9)")
+        if shapes and nodes not in shapes:
+            raise UsageError(f"--shape-efficiency {text!r}: {nodes} nodes is not one of --shapes "
+                             f"{','.join(map(str, shapes))}")
+        out[nodes] = eff
+    return out
+
+
+def pace_by_shape(paces: list[tuple[int, float]]) -> dict[int, float]:
+    """node count -> median measured pace (e.g. steps/s) over the chain's segments of that shape."""
+    by: dict[int, list[float]] = {}
+    for nodes, pace in paces:
+        if nodes and pace and pace > 0:
+            by.setdefault(int(nodes), []).append(float(pace))
+    return {n: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
+            for n, v in by.items()}
+
+
 def shape_rate(nodes: int, ref_nodes: int, *, measured: dict[int, float] | None = None,
                efficiency: dict[int, float] | None = None) -> float:
     """Reference-seconds of work per wall second of training on ``nodes`` nodes.

@@ -41,6 +41,13 @@ class SegmentView:
     expected_start: float | None = None  # Slurm's own estimate (squeue --start), while pending
     request: str = ""  # the sbatch options this segment asked for (user's, site's, chainrun's)
     note: str = ""  # one line for people: why it waits, what was planned, or how it ended
+    # elastic segments (--shapes, docs/elastic.md): None/"" for a one-shape chain
+    shape_nodes: int | None = None  # the node count this segment asked for
+    shape_reason: str = ""  # why that shape was chosen (the rule's words)
+    shape_options: tuple = ()  # every candidate: predicted wait, rate, finish of the remaining work
+    rate: float | None = None  # reference-seconds of work per second of its training
+    work_s: float | None = None  # its training times its rate: what it counts toward --total
+    granted_s: float | None = None  # the limit Slurm granted when --time-min made it shorter than asked
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class ChainView:
     finished: float | None
     segment_views: list[SegmentView]
     current_note: str = ""  # the live segment's note: why it waits, what was planned for it
+    shapes: tuple = ()  # --shapes: node counts, the reference (the shape --total is counted in) first
+    time_min_s: int | None = None  # --time-min
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -85,10 +94,11 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
     now = time.time() if now is None else now
     live = [s for s in segs if s.phase in LIVE_PHASES]
     cur = live[0] if live else (segs[-1] if segs else None)
-    done = chain.credited_s
+    from chainrun.chain.engine import work_done
+
     running = next((s for s in live if s.phase == RUNNING), None)
-    if running and running.start:  # training so far (the wait for a hand-off is not known here: counted)
-        done += max(0.0, min(now, running.end or now) - running.start)
+    # work so far in reference-shape seconds (each segment's training from its payload start, times its rate)
+    done = work_done(chain, segs, min(now, running.end or now) if running else now)
     allocated = sum(max(0.0, (s.end or 0) - s.start) for s in segs if s.start and s.phase not in LIVE_PHASES and s.end)
     allocated += sum(max(0.0, now - s.start) for s in live if s.phase == RUNNING and s.start)
     eta = None
@@ -112,6 +122,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
+        shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
     )
 
 
@@ -126,6 +137,9 @@ def _segment_view(s: Segment, now: float) -> SegmentView:
         pending_reason=s.extra.get("pending_reason", "") if s.phase == PENDING else "",
         expected_start=s.extra.get("expected_start") if s.phase == PENDING else None,
         request=s.extra.get("request", ""), note=segment_note(s, now),
+        shape_nodes=s.extra.get("nodes"), shape_reason=(s.extra.get("shape") or {}).get("reason", ""),
+        shape_options=tuple((s.extra.get("shape") or {}).get("options") or ()), rate=s.extra.get("rate"),
+        work_s=s.extra.get("work_s"), granted_s=s.extra.get("granted_s"),
     )
 
 
@@ -154,6 +168,10 @@ def segment_note(s: Segment, now: float) -> str:
             parts.append("Slurm expects it to start " + time.strftime("%a %H:%M", time.localtime(start)))
     if s.extra.get("plan_note"):
         parts.append(s.extra["plan_note"])
+    if (s.extra.get("shape") or {}).get("reason"):  # elastic segments: which shape, and why
+        parts.append("shape " + s.extra["shape"]["reason"])
+    if s.extra.get("granted_s"):
+        parts.append(f"Slurm granted {dur(float(s.extra['granted_s']))} of {dur(s.time_limit_s)} (--time-min)")
     if s.outcome in _EXPLAINED and s.reason:
         parts.append(s.reason)
     return "; ".join(parts)

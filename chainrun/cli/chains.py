@@ -48,7 +48,10 @@ def submit(
     cluster: ClusterOpt = None,
     remote_script: Annotated[bool, typer.Option("--remote-script", help="SCRIPT is a path on the (remote) cluster: use it in place instead of uploading a copy.")] = False,
     json_out: JsonOpt = False,
-    no_adapt: Annotated[bool, typer.Option("--no-adapt", help="Never change later segments' requests (e.g. exclude a node measured slow); slow nodes are still reported.")] = False,
+    no_adapt: Annotated[bool, typer.Option("--no-adapt", help="Never change later segments' requests (e.g. exclude a node measured slow, or another of --shapes); slow nodes are still reported.")] = False,
+    shapes: Annotated[Optional[str], typer.Option("--shapes", metavar="N,N,...", help="Elastic segments: node counts each segment may ask for, e.g. 8,4,2; the first is the reference shape --total is counted in (docs/elastic.md).")] = None,
+    shape_efficiency: Annotated[Optional[str], typer.Option("--shape-efficiency", metavar="N=E,...", help="Scaling efficiency per node count against linear, e.g. 2=0.9,4=0.95 (default 1.0) until the chain has measured its pace.")] = None,
+    time_min: Annotated[Optional[str], typer.Option("--time-min", help=f"The shortest segment worth starting: Slurm may start a segment sooner with a limit down to this (sbatch --time-min); {DURATION_HELP}.")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
     from chainrun.context import cluster_name, open_context
@@ -56,7 +59,8 @@ def submit(
     name_of_cluster = cluster_name(cluster)
     if name_of_cluster != "local":
         return _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir,
-                              name_of_cluster, remote_script, json_out, adapt=not no_adapt)
+                              name_of_cluster, remote_script, json_out, adapt=not no_adapt,
+                              elastic=_elastic_options(shapes, shape_efficiency, time_min))
     if remote_script:
         raise UsageError("--remote-script is for remote clusters", hint="on the local cluster SCRIPT is used in place anyway")
     total_s = parse_duration(total, what="--total")
@@ -69,7 +73,7 @@ def submit(
         script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
         policy=policy, lead_s=lead_s, signal=signal, name=name, retries=retries,
         checkpoint_dir=str(checkpoint_dir.expanduser().resolve()) if checkpoint_dir else None,
-        sbatch_args=extra, cluster="local", adapt=not no_adapt,
+        sbatch_args=extra, cluster="local", adapt=not no_adapt, **_elastic_options(shapes, shape_efficiency, time_min),
     )
     c = open_context("local")
     try:
@@ -80,7 +84,7 @@ def submit(
 
 
 def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir, cluster,
-                   remote_script, json_out, adapt: bool = True) -> None:
+                   remote_script, json_out, adapt: bool = True, elastic: dict | None = None) -> None:
     """Same request on a cluster over SSH: the folder is the cluster's workdir, the script is uploaded."""
     import posixpath
 
@@ -111,11 +115,25 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
             script=path, script_text=text, total_s=total_s, workdir=workdir, segment_s=segment_s, policy=policy,
             lead_s=lead_s, signal=signal, name=name, retries=retries, checkpoint_dir=ckpt,
             sbatch_args=list(ctx.args), cluster=cluster, upload_script=not remote_script, adapt=adapt,
+            **(elastic or {}),
         )
         res = create_chain(c.store, c.slurm, c.runner, req)
     finally:
         c.close()
     _print_submitted(res, json_out)
+
+
+def _elastic_options(shapes: str | None, efficiency: str | None, time_min: str | None) -> dict:
+    """--shapes, --shape-efficiency, --time-min as SubmitRequest fields. Their syntax is checked here,
+    before any Slurm call; create_chain checks them against the partition and the script."""
+    from chainrun.chain.shapes import parse_efficiency, parse_shapes
+
+    if shapes is not None:
+        parse_efficiency(efficiency, parse_shapes(shapes))
+    elif efficiency:
+        raise UsageError("--shape-efficiency needs --shapes", hint="e.g. --shapes 4,2 --shape-efficiency 2=0.9")
+    return {"shapes": shapes, "shape_efficiency": efficiency,
+            "time_min_s": parse_duration(time_min, what="--time-min") if time_min else None}
 
 
 def _read_script(script: Path) -> str:
@@ -139,11 +157,17 @@ def _print_submitted(res, json_out: bool) -> None:
         typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
                                        "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
                                        "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
+                                       "shapes": ch.extra.get("shapes") or [],
+                                       "time_min_s": ch.extra.get("time_min_s"),
                                        "warnings": list(res.warnings)}))
         return
     n = -(-ch.total_s // ch.segment_s)
     typer.echo(f"chain {ch.id}: {format_duration(ch.total_s)} in ~{n} segment(s) of {format_duration(ch.segment_s)} "
                f"on partition {ch.partition}, policy {ch.policy}")
+    if ch.extra.get("shapes"):
+        sh = ch.extra["shapes"]
+        typer.echo(f"elastic: each next segment asks for {', '.join(map(str, sh))} nodes, whichever finishes first; "
+                   f"--total counted at {sh[0]} nodes")
     typer.echo(f"segment 0 submitted as job {res.first.job_id}")
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")

@@ -14,7 +14,9 @@ Progress (the optional contract): every step appends "<time> <step> - <step seco
 rank's $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME>. TOY_SLOW_NODES="n2=2.0" makes steps on
 that Slurm node (SLURMD_NODENAME: test nodes share one hostname) that many times slower; TOY_SWITCHES=
 "n1+n2:n3+n4" with TOY_SPREAD_SLOW=1.3 slows a job whose nodes span more than one group; TOY_BUSY=1 spins
-the CPU through a step instead of sleeping (so a CPU-heavy neighbour slows it). Under srun with several
+the CPU through a step instead of sleeping (so a CPU-heavy neighbour slows it). Elastic segments: the
+global batch (TOY_GLOBAL_BATCH) is kept by accumulation = CHAINRUN_REF_GPUS / CHAINRUN_GPUS (nodes when no
+GPUs), each step taking that many times longer; every segment's batch arithmetic goes to batch.log. Under srun with several
 ranks only rank 0 (SLURM_PROCID) writes the checkpoint, steps.log and the done file.
 """
 
@@ -54,6 +56,17 @@ if os.environ.get("TOY_SWITCHES") and os.environ.get("SLURM_JOB_NODELIST"):
     _groups = [set(g.split("+")) for g in os.environ["TOY_SWITCHES"].split(":")]
     if sum(1 for g in _groups if g & set(_mine)) > 1:
         step_s *= float(os.environ.get("TOY_SPREAD_SLOW", "1.3"))
+# Elastic segments (docs/elastic.md): the global batch stays TOY_GLOBAL_BATCH at every shape. A device is
+# a GPU, or a node when the job has none (one rank per node); accumulation = reference devices / devices,
+# so one step is the same work at every shape and, on fewer devices, takes that many times as long.
+nodes = int(os.environ.get("CHAINRUN_NODES", "1") or 1)
+devices = int(os.environ.get("CHAINRUN_GPUS", "0") or 0) or nodes
+ref_devices = (int(os.environ.get("CHAINRUN_REF_GPUS", "0") or 0) or int(os.environ.get("CHAINRUN_REF_NODES", "0") or 0)
+               or devices)
+global_batch = int(os.environ.get("TOY_GLOBAL_BATCH", "64"))
+per_device = max(1, global_batch // ref_devices)
+accumulate = max(1, -(-ref_devices // devices))
+step_s *= accumulate
 busy = os.environ.get("TOY_BUSY") == "1"
 progress = os.environ.get("CHAINRUN_PROGRESS_FILE")
 progress = progress and open(f"{progress}.{rank}.{node}", "a")
@@ -90,6 +103,11 @@ def save(step: int) -> None:
 
 step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
 print(f"toy: segment {segment} resumes at step {step} on {socket.gethostname()}", flush=True)
+if rank == 0:  # what each segment's shape did to the batch: the global batch must never change
+    with (ckpt_dir / "batch.log").open("a") as f:
+        f.write(f"segment={segment} job={job} start_step={step} nodes={nodes} devices={devices} "
+                f"ref_devices={ref_devices} per_device={per_device} accumulate={accumulate} "
+                f"global_batch={per_device * devices * accumulate}\n")
 with (steps_log.open("a") if rank == 0 else open(os.devnull, "w")) as log:
     while True:
         if stop["why"]:
