@@ -97,13 +97,13 @@ def windows_for(*, remaining_s: float, successor_capacity_s: float, full_capacit
     ``successor_capacity_s``: what the successor trains if it starts training the moment it starts.
     ``full_capacity_s``: what a later full segment trains. ``handoff_s``: the hand-off minutes (a cut
     stops the predecessor and the successor trains that much later). ``restart_s`` and ``lead_s``:
-    the rest of a boundary's cost. A successor never waits so long that it would train less than
-    it would after a cut (``max_wait_s``: its capacity after a cut).
+    the rest of a boundary's cost. A successor never waits past its own capacity (its time limit
+    runs while it waits: it would reach its own signal before the hand-over point).
     """
     cap_cut = successor_capacity_s - handoff_s
     return wait_windows(handoff_s=handoff_s, remaining_s=remaining_s, capacity_s=cap_cut,
                         full_capacity_s=full_capacity_s, boundary_cost_s=boundary_cost(restart_s, handoff_s, lead_s),
-                        max_wait_s=max(0.0, cap_cut))
+                        max_wait_s=max(0.0, successor_capacity_s))
 
 
 def should_wait(wait_s: float, windows: list[Window]) -> bool:

@@ -51,10 +51,11 @@ def test_windows_for_48h_segments():
     # the work left fills the successor to within 20 minutes: a successor that starts 15-20 minutes
     # early and cuts needs one more segment for the 5 minutes lost; waiting costs less than that boundary
     assert hp.windows_for(remaining_s=full - 1200, **common) == [(0, 300), (901, 1200)]
-    # a successor never waits so long that it would train less than after a cut
+    # a short successor (200 s of training) that starts 150 s early: a cut would leave it nothing
+    # to train (the hand-off takes 300 s), waiting leaves it 50 s; it never waits past its capacity
     short = hp.windows_for(remaining_s=0.0, successor_capacity_s=200.0, full_capacity_s=full, handoff_s=300.0,
                            restart_s=0.0, lead_s=H)
-    assert short == [(0, 0)]
+    assert short == [(0, 200)]
 
 
 def test_rule_file_round_trip():
