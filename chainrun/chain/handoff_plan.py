@@ -130,21 +130,22 @@ def measured_handoff_s(c: Chain, segs: list[Segment]) -> float:
 
 
 def rule_numbers(c: Chain, segs: list[Segment], cur: Segment, nxt: Segment) -> dict:
-    """The rule's inputs for ``nxt`` taking over from ``cur``, in the watcher's units (seconds of
-    training; --total counts training, so a restart is inside it and the only "restart" the watcher
-    sees is the per-segment overhead beyond the signal lead)."""
+    """The rule's inputs for ``nxt`` taking over from ``cur``, in seconds of the successor's training
+    (--total counts training, so a restart is inside it and the only "restart" the watcher sees is
+    the per-segment overhead beyond the signal lead; with --shapes the work left is converted at the
+    successor's rate, and a wait is counted as if the predecessor trained at that rate too)."""
     from chainrun.chain import engine  # engine imports this module
 
     overhead = engine.segment_overhead(c, segs)
-    rate = getattr(engine, "segment_rate", None)  # --shapes: work at the reference shape
 
-    def work(s: Segment) -> float:
-        return engine.expected_training(c, s, overhead) * (rate(c, s, segs) if rate else 1.0)
+    def work(s: Segment) -> float:  # as Engine._plan counts it: --shapes count work at the reference shape
+        return engine.expected_training(c, s, overhead) * engine.segment_rate(c, s, segs)
 
     live = [s for s in segs if s.phase in (SUBMITTING, PENDING, RUNNING) and s is not nxt and s.idx <= cur.idx]
     handoff = measured_handoff_s(c, segs)
+    left = c.total_s - c.credited_s - sum(work(s) for s in live)
     return {
-        "remaining_s": c.total_s - c.credited_s - sum(work(s) for s in live),
+        "remaining_s": left / max(engine.segment_rate(c, nxt, segs), 1e-6),  # in the successor's training
         "successor_capacity_s": engine.expected_training(c, nxt, overhead),
         "full_capacity_s": max(1.0, c.segment_s - overhead),
         "handoff_s": handoff,
