@@ -141,3 +141,20 @@ def test_engine_writes_the_rule_before_it_submits_the_successor(tmp_path):
     segs = store.segments(c.id)
     assert segs[1].phase == PENDING and segs[1].extra["handoff_rule"]["for_job"] == s0.job_id
     store.close()
+
+
+def test_a_successor_killed_while_waiting_by_the_rule_never_trained():
+    """Its time limit runs while it waits; if it ends then (its limit, scancel, kill -9, a node
+    failure), its state file (phase=waiting mode=wait) makes it `unstarted`: no crash, no retry."""
+    from chainrun.chain.outcomes import classify
+    from tests.chain.test_outcomes import row
+    from tests.chain.test_policies import chain
+
+    waiting = {"phase": "waiting", "owner_gen": "0", "owner_job": "500", "mode": "wait", "handover_at": "1000"}
+    for state in ("TIMEOUT", "FAILED", "NODE_FAIL", "CANCELLED"):
+        seg = Segment(chain_id="c", idx=1, job_id="7", extra={"cancel_requested": state == "CANCELLED"})
+        r = classify(chain(), seg, row(state), waiting)
+        assert r.outcome == "unstarted" and r.credit_s == 0, (state, r)
+    out = classify(chain(), Segment(chain_id="c", idx=1, job_id="7"), row("COMPLETED"),
+                   {"outcome": "unstarted", "stopped_by": "USR2", "handoff_mode": "wait"})
+    assert out.outcome == "unstarted"
