@@ -46,7 +46,7 @@ STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0"))
 GLOBAL_BATCH = int(os.environ.get("GLOBAL_BATCH", "64"))
 PER_DEVICE_BATCH = int(os.environ.get("PER_DEVICE_BATCH", "16"))
 GPUS = int(os.environ.get("CHAINRUN_GPUS", "0") or 0)
-DEVICES = max(1, GPUS) * int(os.environ.get("SLURM_NNODES", "1"))
+DEVICES = max(1, GPUS)  # CHAINRUN_GPUS counts every node of the segment
 ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * DEVICES)))
 
 

@@ -40,12 +40,43 @@ MAX_STEPS = int(os.environ.get("MAX_STEPS", "20000"))
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "500"))
 STEP_SECONDS = float(os.environ.get("STEP_SECONDS", "0"))  # >0 slows a step down, to watch a demo
 
-# Elastic batch: keep the global batch constant whatever number of GPUs this segment got.
-# The wrapper exports CHAINRUN_GPUS (GPUs on this node for this job; 0 when unknown or on CPU).
+# Elastic segments (docs/templates.md, docs/elastic.md): a resumed segment may run on another shape
+# (fewer nodes) and must continue the same optimisation. So the GLOBAL batch and the learning-rate
+# schedule (in samples) never change; gradient accumulation makes up for fewer devices:
+#   accumulation = CHAINRUN_REF_GPUS / CHAINRUN_GPUS  (= CHAINRUN_REF_NODES / CHAINRUN_NODES: GPUs per node stay)
+# One process per GPU (or per node on CPU), started by srun; every step trains on the same samples at
+# every shape (sample i is a function of i, see micro_batch).
 GLOBAL_BATCH = int(os.environ.get("GLOBAL_BATCH", "64"))
-PER_DEVICE_BATCH = int(os.environ.get("PER_DEVICE_BATCH", "16"))
-DEVICES = max(1, int(os.environ.get("CHAINRUN_GPUS", "0") or 0)) * int(os.environ.get("SLURM_NNODES", "1"))
-ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * DEVICES)))  # the CHAINRUN_BATCH_SCALE
+WORLD = int(os.environ.get("SLURM_NTASKS", os.environ.get("WORLD_SIZE", "1")) or 1)  # processes of this segment
+RANK = int(os.environ.get("SLURM_PROCID", os.environ.get("RANK", "0")) or 0)
+NODES = int(os.environ.get("CHAINRUN_NODES", "1") or 1)
+REF_NODES = int(os.environ.get("CHAINRUN_REF_NODES", "0") or 0) or NODES
+REF_WORLD = max(1, REF_NODES * WORLD // NODES)  # the processes the reference shape has (same per node)
+PER_DEVICE_BATCH = int(os.environ.get("PER_DEVICE_BATCH", "0")) or max(1, GLOBAL_BATCH // REF_WORLD)
+ACCUMULATE = max(1, math.ceil(GLOBAL_BATCH / (PER_DEVICE_BATCH * WORLD)))  # REF_WORLD / WORLD by default
+BASE_LR = float(os.environ.get("LR", "1e-2"))
+WARMUP_SAMPLES = int(os.environ.get("WARMUP_SAMPLES", str(GLOBAL_BATCH * 10)))
+
+
+def lr_at(samples: int) -> float:
+    """The schedule in samples seen (not steps, not segments): linear warm-up, then cosine to MAX_STEPS."""
+    total = MAX_STEPS * GLOBAL_BATCH
+    if samples < WARMUP_SAMPLES:
+        return BASE_LR * (samples + GLOBAL_BATCH) / (WARMUP_SAMPLES + GLOBAL_BATCH)
+    return BASE_LR * 0.5 * (1 + math.cos(math.pi * min(1.0, (samples - WARMUP_SAMPLES) / max(1, total - WARMUP_SAMPLES))))
+
+
+def micro_batch(step: int, k: int, n: int, true_w, device):
+    """The k-th micro-batch of ``n`` samples of a step: samples step*GLOBAL_BATCH + k*n ... (each a
+    function of its index), so any shape's split of a step covers the same global batch."""
+    first = step * GLOBAL_BATCH + k * n
+    gen = torch.Generator()
+    xs = []
+    for i in range(first, first + n):
+        gen.manual_seed(1_000_003 + i)
+        xs.append(torch.randn(16, generator=gen))
+    x = torch.stack(xs).to(device)
+    return x, (x @ true_w).unsqueeze(1)
 
 
 # The progress contract (docs/checkpoint-contract.md#progress-optional), no chainrun import needed:
@@ -61,7 +92,9 @@ def progress(step: int, samples: int, compute_s: float | None, total: int) -> No
 
 
 def note(text: str) -> None:
-    """One line per event in the checkpoint folder: what each segment did, across the chain."""
+    """One line per event in the checkpoint folder: what each segment did, across the chain (rank 0)."""
+    if RANK:
+        return
     line = f"{time.time():.3f} segment {SEGMENT} {text}"
     print(line, flush=True)
     with open(CKPT_DIR / "progress.log", "a") as f:
@@ -69,6 +102,8 @@ def note(text: str) -> None:
 
 
 def save(model, opt, step: int) -> None:
+    if RANK:
+        return  # rank 0 keeps the checkpoint
     tmp = LATEST.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                 "rng": torch.get_rng_state()}, tmp)
@@ -79,9 +114,15 @@ def main() -> int:
     CKPT_DIR.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(int(os.environ.get("SLURM_CPUS_PER_TASK", "1")))
     torch.manual_seed(0)
+    if WORLD > 1:  # one process per device (srun): gradients are averaged over the processes
+        import torch.distributed as dist
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=RANK, world_size=WORLD)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=BASE_LR)
     true_w = torch.linspace(-1, 1, 16, device=device)
     step = 0
     if LATEST.exists():
@@ -93,33 +134,53 @@ def main() -> int:
         note(f"resumed from step {step}")
     else:
         note("starting from scratch")
-    note(f"{DEVICES} device(s): per-device batch {PER_DEVICE_BATCH} x {ACCUMULATE} accumulation steps "
-         f"-> global batch {PER_DEVICE_BATCH * DEVICES * ACCUMULATE}")
+    note(f"{NODES} node(s), {WORLD} process(es) ({REF_NODES} node(s), {REF_WORLD} at the reference shape): per-device "
+         f"batch {PER_DEVICE_BATCH} x {ACCUMULATE} accumulation steps -> global batch "
+         f"{PER_DEVICE_BATCH * WORLD * ACCUMULATE}")
+    loss = torch.zeros(())
     while step < MAX_STEPS:
-        if STOP["why"]:
+        if _stop_agreed():
             save(model, opt, step)
-            note(f"saved step {step} on {STOP['why']}; exiting")
+            note(f"saved step {step} on {STOP['why'] or 'a peer signal'}; exiting")
             return 0
         t0 = time.time()
+        lr = lr_at(step * GLOBAL_BATCH)
+        for group in opt.param_groups:
+            group["lr"] = lr
         opt.zero_grad()
-        for _ in range(ACCUMULATE):
-            x = torch.randn(PER_DEVICE_BATCH, 16, device=device)
-            y = (x @ true_w).unsqueeze(1)
-            loss = torch.nn.functional.mse_loss(model(x), y) / ACCUMULATE
+        for a in range(ACCUMULATE):  # this process's share of the global batch: micro-batch a*WORLD + rank
+            x, y = micro_batch(step, a * WORLD + RANK, PER_DEVICE_BATCH, true_w, device)
+            # the mean over the global batch: each micro-batch's mean weighs PER_DEVICE_BATCH / GLOBAL_BATCH
+            loss = torch.nn.functional.mse_loss(model(x), y) * PER_DEVICE_BATCH / GLOBAL_BATCH
             loss.backward()
+        if WORLD > 1:
+            for p in model.parameters():  # what DistributedDataParallel does, spelled out
+                dist.all_reduce(p.grad)
         opt.step()
         step += 1
         progress(step, step * GLOBAL_BATCH, time.time() - t0, MAX_STEPS)
         if step % SAVE_EVERY == 0:
             save(model, opt, step)
-            note(f"checkpoint at step {step}, loss {loss.item() * ACCUMULATE:.4f}")
+            note(f"checkpoint at step {step}, lr {lr:.3g}, loss {loss.item() * GLOBAL_BATCH / PER_DEVICE_BATCH:.4f}")
         if STEP_SECONDS:
             time.sleep(STEP_SECONDS)
     save(model, opt, step)
-    DONE_FILE.parent.mkdir(parents=True, exist_ok=True)
-    DONE_FILE.write_text(f"finished at step {step}\n")  # the chain completes; queued segments are cancelled
+    if RANK == 0:
+        DONE_FILE.parent.mkdir(parents=True, exist_ok=True)
+        DONE_FILE.write_text(f"finished at step {step}\n")  # the chain completes; queued segments are cancelled
     note(f"finished at step {step}")
     return 0
+
+
+def _stop_agreed() -> bool:
+    """Every process stops at the same step: one signalled process stops them all."""
+    if WORLD == 1:
+        return bool(STOP["why"])
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if STOP["why"] else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 if __name__ == "__main__":
