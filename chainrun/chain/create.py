@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
-from chainrun.chain.policies import DEFAULT_LEAD_S, get_policy
+from chainrun.chain.policies import default_lead_s, get_policy
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import submit_segment, wrapper_path
@@ -35,7 +35,7 @@ class SubmitRequest:
     workdir: str
     segment_s: int | None = None
     policy: str = "lead"
-    lead_s: int = DEFAULT_LEAD_S
+    lead_s: int | None = None  # None: the policy's default (policies.default_lead_s)
     signal: str = DEFAULT_SIGNAL
     name: str | None = None
     retries: int = 1
@@ -135,7 +135,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     chain = Chain(
         id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=script,
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
-        policy=req.policy, lead_s=req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
+        policy=req.policy, lead_s=default_lead_s(req.policy) if req.lead_s is None else req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
         sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
         partition=info.name, created=time.time(),
         extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True}),

@@ -19,6 +19,17 @@ from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 # hour of work moved into a later segment, not an hour of GPUs: the running segment hands off.
 DEFAULT_LEAD_S = 3600
 
+# The floor `predicted` keeps when the chain gives no `--lead`: the pick of the decide-on-past,
+# score-on-future procedure (chainrun/sim/tune.py, `bench/sim_chains.py --tune-score-from`; its
+# output docs/results/sim-tune-ls6.json shows the choice). Separate from DEFAULT_LEAD_S, the
+# `lead` policy's lead, so that tuning one does not move the other.
+PREDICTED_FLOOR_S = 3 * 3600
+
+
+def default_lead_s(policy: str) -> int:
+    """The chain's `--lead` when none is given: `predicted`'s floor, or the lead of the others."""
+    return PREDICTED_FLOOR_S if policy == "predicted" else DEFAULT_LEAD_S
+
 # What one extra segment boundary costs, in the same unit as an hour of interruption: its own
 # small queue gap plus the hand-off minutes. Starting an hour early moves an hour of work into
 # one more boundary every `segment` hours, so the newsvendor quantile of the predicted wait is

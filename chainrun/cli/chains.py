@@ -40,7 +40,7 @@ def submit(
     total: Annotated[str, typer.Option("--total", help=f"Total run time of the chain: {DURATION_HELP}.")],
     segment: Annotated[Optional[str], typer.Option("--segment", help="Length of one segment (default: the partition's MaxTime).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="When to submit the next segment: reactive, dependency, lead, predicted.")] = "lead",
-    lead: Annotated[str, typer.Option("--lead", help="Submit the next segment this long before the current one stops (lead); the least lead the model may choose (predicted).")] = "1h",
+    lead: Annotated[Optional[str], typer.Option("--lead", help="Submit the next segment this long before the current one stops (lead; default 1h); the least lead the model may choose (predicted; default 3h).")] = None,
     signal: Annotated[str, typer.Option("--signal", help="Signal sent before the limit, and how many seconds before: SIG@SECONDS.")] = "USR2@300",
     name: Annotated[Optional[str], typer.Option("--name", help="A name for the chain (default: the script's name).")] = None,
     retries: Annotated[int, typer.Option("--retries", help="How many consecutive crashed segments to retry before the chain fails.")] = 1,
@@ -65,7 +65,7 @@ def submit(
         raise UsageError("--remote-script is for remote clusters", hint="on the local cluster SCRIPT is used in place anyway")
     total_s = parse_duration(total, what="--total")
     segment_s = parse_duration(segment, what="--segment") if segment else None
-    lead_s = parse_duration(lead, what="--lead")
+    lead_s = parse_duration(lead, what="--lead") if lead else None  # None: the policy's default
     script_path = script.expanduser().resolve()
     text = _read_script(script)
     extra = list(ctx.args)
@@ -93,7 +93,7 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
 
     total_s = parse_duration(total, what="--total")
     segment_s = parse_duration(segment, what="--segment") if segment else None
-    lead_s = parse_duration(lead, what="--lead")
+    lead_s = parse_duration(lead, what="--lead") if lead else None  # None: the policy's default
     c = open_context(cluster)
     try:
         workdir = c.remote_workdir()

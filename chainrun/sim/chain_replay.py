@@ -235,8 +235,15 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
         row["by_load"] = {lv: _agg([r for r in rs if loads.get((r.t0, r.nodes)) == lv], cfg.seed) for lv in LOAD_LEVELS}
         pols[spec.name] = row
     return {"chains": {"work_h": w.work_s / 3600, "segment_h": w.segment_s / 3600, "restart_cost_min": w.restart_s / 60,
-                       "handoff_min": w.handoff_s / 60, "signal_lead_s": w.signal_lead_s, "lead_h": w.lead_s / 3600,
+                       "handoff_min": w.handoff_s / 60, "signal_lead_s": w.signal_lead_s, "lead_h": _h(w.lead_s, "lead"),
+                       "predicted_floor_h": _h(w.lead_s, "predicted"),
                        "tick_min": w.tick_s / 60, "policies": pols, "targets": targets(pols)}}
+
+
+def _h(lead_s, policy: str) -> float:
+    from chainrun.chain.policies import default_lead_s
+
+    return (default_lead_s(policy) if lead_s is None else lead_s) / 3600
 
 
 def targets(pols: dict) -> dict:

@@ -36,6 +36,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
+from chainrun.chain.policies import default_lead_s
 from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
 
@@ -49,7 +50,7 @@ class ChainWork:
     restart_s: float = 600.0
     handoff_s: float = 300.0
     signal_lead_s: float = 300.0  # chainrun's default --signal USR2@300
-    lead_s: float = 3600.0  # the chain's --lead (chainrun's default): Lead's lead, Predicted's floor
+    lead_s: float | None = None  # the chain's --lead (Lead's lead, Predicted's floor); None: the policy's default
     reactive_latency_s: float = 60.0  # the watcher notices an ended segment and submits
     tick_s: float = 600.0  # the watcher's finest step between asks
     poll_max_s: float = 6 * 3600.0
@@ -138,7 +139,8 @@ class _Chain:
         self.sim = base.fork()
         self.sim.run_until(t0)
         self.t0, self.nodes, self.spec, self.work, self.watcher = t0, nodes, spec, work, watcher
-        self.lead_s = work.lead_s if spec.lead_s is None else spec.lead_s
+        self.lead_s = spec.lead_s if spec.lead_s is not None else \
+            (default_lead_s(spec.policy) if work.lead_s is None else work.lead_s)  # as chainrun submit does
         self.next_jid = jid0
         self.segs: list[Seg] = []
         self.policy = watcher.policy(spec)

@@ -57,9 +57,9 @@ Q_NO_HANDOFF = 0.5
 def watcher_settings(segment_s: float) -> tuple[float, float]:
     """(quantile, lead floor in s) of chainrun's `predicted` watcher policy for this segment
     length: the replay acts like the shipped watcher, whatever they become."""
-    from chainrun.chain.policies import DEFAULT_LEAD_S, predict_quantile
+    from chainrun.chain.policies import default_lead_s, predict_quantile
 
-    return predict_quantile(segment_s), float(DEFAULT_LEAD_S)
+    return predict_quantile(segment_s), float(default_lead_s("predicted"))
 
 
 def default_rules(fixed_leads_s=(2 * 3600, 6 * 3600, 12 * 3600),

@@ -75,7 +75,7 @@ def test_the_shipped_class_is_what_is_measured(monkeypatch):
     assert seen, "the replay did not ask chainrun.chain.policies.Predicted"
     v = seen[-1]
     assert v.handover_at == v.current.end - v.chain.signal_lead_s  # as Engine._plan builds it
-    assert v.chain.lead_s == 3600 and v.chain.segment_s == 24 * 3600
+    assert v.chain.lead_s == policies.PREDICTED_FLOOR_S and v.chain.segment_s == 24 * 3600  # the shipped floor
     b = base.summary["chains"]["policies"]["predicted"]
     c = changed.summary["chains"]["policies"]["predicted"]
     assert (b["mean_overhead_h"], b["mean_segments"]) != (c["mean_overhead_h"], c["mean_segments"])
