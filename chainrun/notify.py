@@ -40,7 +40,7 @@ from chainrun.errors import UsageError
 log = logging.getLogger(__name__)
 
 EVENT_KINDS = {"created", "submitted", "started", "continue", "handoff", "done", "crash", "retry", "completed",
-               "failed", "cancelled", "warning", "adopted", "lost"}
+               "failed", "cancelled", "warning", "adopted", "lost", "shape"}  # shape: an elastic segment's node count changed
 DEFAULT_ON = ("completed", "failed", "gap")
 DEFAULT_GAP_S = 1800
 MARK_KEY = "notify.last_event"
@@ -284,8 +284,9 @@ class Notifier:
             if not self._mark_gap(f"{ch.id}:{last.idx}"):
                 continue
             waiting = [s for s in segs if s.idx > last.idx and s.phase in ("PENDING", "SUBMITTING")]
+            shape = (waiting[0].extra.get("shape") or {}).get("reason") if waiting else None  # elastic chains
             why = (f"segment {waiting[0].idx} (job {waiting[0].job_id}) is still queued"
-                   if waiting else "no successor is queued")
+                   + (f" (shape {shape})" if shape else "") if waiting else "no successor is queued")
             msgs.append(Message(ch.id, "gap", f"chainrun: {ch.id} interrupted for {dur(now - last.end)}",
                                 f"chainrun: chain {ch.id} has not trained for {dur(now - last.end)}: segment "
                                 f"{last.idx} ended ({last.outcome}) and {why}"))

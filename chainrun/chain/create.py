@@ -101,6 +101,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         if not defaults:
             raise UsageError("this cluster has no default partition", hint="pass one: chainrun submit ... -- --partition NAME")
         info = defaults[0]
+    shapes, efficiency = _elastic(req, user_args, script_opts, info.total_nodes)
     max_s = info.max_time_s
     segment = req.segment_s or (int(max_s) if max_s else None)
     if segment is None:
@@ -117,7 +118,6 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
             hint="use a smaller --signal time, e.g. USR2@60",
         )
 
-    shapes, efficiency = _elastic(req, user_args, script_opts, info.total_nodes)
     if req.time_min_s is not None:
         if req.time_min_s > segment:
             raise UsageError(f"--time-min {format_duration(req.time_min_s)} is longer than a segment "
