@@ -148,6 +148,8 @@ def _detail_rows(s: dict) -> list[tuple[str, str]]:
         rows.append((f"segment {r['segment']}", f"{r['steps_per_s']:.3g} steps/s"
                      + (f", {r['steps']:,.0f} steps" if r.get("steps") is not None else "")
                      + (f" on {','.join(r['nodes'])}" if r.get("nodes") else "")))
+    for sh in s.get("shapes") or []:  # elastic chains: which shape each segment took, and why
+        rows.append((f"segment {sh['segment']} shape", sh["reason"] or f"{sh['nodes']} nodes"))
     for e in pace.get("excluded") or []:
         rows.append(("excluded", f"{e['node']}: {e.get('why', '')}"))
     for ch in pace.get("changes") or []:

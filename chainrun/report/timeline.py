@@ -174,5 +174,8 @@ def summarize(view: ChainView, tl: Timeline | None = None) -> dict:
         "pace": dict(getattr(view, "pace", None) or {}),
         "throughput": [{"segment": r.idx, "steps_per_s": r.steps_per_s, "samples_per_s": r.samples_per_s,
                         "steps": r.steps, "nodes": list(r.nodes)} for r in tl.rates],
+        # elastic chains (--shapes): each segment's node count, why it was chosen, and the work it counted
+        "shapes": [{"segment": s.idx, "nodes": s.shape_nodes, "reason": s.shape_reason, "rate": s.rate,
+                    "work_s": s.work_s} for s in view.segment_views if getattr(s, "shape_nodes", None) is not None],
         "created": view.created, "finished": view.finished,
     }

@@ -100,6 +100,13 @@ def test_the_next_segment_takes_the_shape_that_finishes_first(tmp_path):
     v = view_chain(store.chain(c.id), store.segments(c.id), now=fake.now)
     assert [sv.shape_nodes for sv in v.segment_views] == [4, 2]
     assert "shape 2 nodes: start in ~0 min" in v.segment_views[1].note
+    # so does report (its --json and its table rows)
+    from chainrun.cli.report_cmd import _detail_rows
+    from chainrun.report.timeline import summarize
+
+    summ = summarize(v)
+    assert [(x["segment"], x["nodes"]) for x in summ["shapes"]] == [(0, 4), (1, 2)]
+    assert ("segment 1 shape", reason) in _detail_rows(summ)
     # no more test-only calls on quiet ticks
     fake.now += 10
     eng.tick()
