@@ -332,7 +332,8 @@ class Engine:
         from chainrun.chain.request import segment_args
         from chainrun.chain.segments import wrapper_path
 
-        probe = Segment(chain_id=c.id, idx=s.idx + 1, time_limit_s=c.segment_s)
+        probe = Segment(chain_id=c.id, idx=s.idx + 1, time_limit_s=c.segment_s,
+                        extra={"nodes": s.extra["nodes"]} if s.extra.get("nodes") else {})  # elastic: its shape
         args = segment_args(c, probe)
         try:
             plain = self.slurm.test_only(wrapper_path(c), args, script_args=[str(probe.idx)])

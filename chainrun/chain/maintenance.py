@@ -32,7 +32,8 @@ def fit_maintenance(c: Chain, seg: Segment, reservations: list[Reservation], now
         return
     shortest = c.signal_lead_s + MIN_TRAINING_S
     pinned = set(expand_nodes(option_value(c.sbatch_args, "--nodelist", "-w") or ""))
-    nodes = (option_value(c.sbatch_args, "--nodes", "-N") or "1").split("-")[0]
+    # an elastic segment (--shapes) asks for its own node count
+    nodes = str(seg.extra.get("nodes") or option_value(c.sbatch_args, "--nodes", "-N") or "1").split("-")[0]
     fit = fit_before(now, seg.time_limit_s, shortest, reservations, pinned_nodes=pinned,
                      job_nodes=int(nodes) if nodes.isdigit() else 1, partition=c.partition,
                      partition_nodes=int(c.extra.get("partition_nodes", 0)))
