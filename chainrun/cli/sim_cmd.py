@@ -31,6 +31,8 @@ def sim(
     inject_from: Annotated[Optional[str], typer.Option("--from", help="--chains: inject chains from this date (YYYY-MM-DD, trace time).")] = None,
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
     tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's target probability and floor on chains that end before this date, score every policy on chains injected from it.")] = None,
+    shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
+    efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
 ) -> None:
     from dataclasses import replace
 
@@ -38,10 +40,11 @@ def sim(
     from chainrun.sim import SimConfig, run_sim
     from chainrun.sim.traces import load_trace as read_trace
 
-    if chains or tune:
+    if chains or tune or shapes or efficiency:
         _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
                 json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
-                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune)
+                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune,
+                shapes=shapes, efficiency=efficiency)
         return
     every = parse_duration(chains_every or "4h", what="--chains-every")
     if every <= 0:
@@ -113,7 +116,7 @@ def _date(value: str | None, what: str) -> float | None:
 
 
 def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out, work, segment, restart_cost,
-            successor_limit, inject_from, inject_until, tune) -> None:
+            successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None) -> None:
     from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
@@ -131,11 +134,19 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         raise UsageError("--work and --segment must be positive")
     if w["segment_s"] <= w["restart_s"] + 300 + 60:
         raise UsageError("--segment must be longer than the restart cost plus the signal lead")
+    shp, effs = _shapes(shapes, efficiency, nodes)
     cfg = with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
                                  inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
                     successor_limit=successor_limit, **w)
     tr = load_trace(trace)
-    if tune:
+    if shp:
+        from chainrun.sim.elastic import run_elastic, tune_elastic
+
+        if tune:
+            data = tune_elastic(tr, cfg, _date(tune, "--tune-score-from"), shp, effs)
+        else:
+            data = run_elastic(tr, cfg, shp, effs)
+    elif tune:
         from chainrun.sim.tune import tune as run_tune
 
         out = run_tune(tr, cfg, _date(tune, "--tune-score-from"))
@@ -150,6 +161,20 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         typer.echo(envelope("sim", _finite(data)))
         return
     render_chains(data)
+
+
+def _shapes(shapes, efficiency, nodes):
+    """--shapes and --efficiency, checked before the trace is read: ((), ()) without --shapes."""
+    from chainrun.errors import UsageError
+
+    if shapes is None:
+        if efficiency is not None:
+            raise UsageError("--efficiency needs --shapes", hint="e.g. --shapes 4,2,1 --efficiency 1,0.8")
+        return (), ()
+    from chainrun.chain.shapes import parse_shapes
+    from chainrun.sim.elastic import parse_efficiencies
+
+    return parse_shapes(shapes, max_nodes=nodes), parse_efficiencies(efficiency or "1")
 
 
 def render_chains(data: dict) -> None:
@@ -186,9 +211,26 @@ def render_chains(data: dict) -> None:
                       f"{_h(tr.get('mean_interruption_h'))} / {_pct(tr.get('zero_interruption_share'))} / "
                       f"{_h(tr.get('mean_cut_h'))}")
         con.print(t)
+        if c.get("elastic"):
+            _render_elastic(con, c)
     con.print("overhead: (work done - chain submitted) - work, mean per chain (from start: from the first segment's "
               "start); low/medium/heavy: by reactive's mean gap per boundary <=2h / <=12h / more; stuck: more than "
               "60 segments (not in the means).")
+
+
+def _render_elastic(con, c: dict) -> None:
+    e = c["elastic"]
+    con.print(f"elastic: chains of {e['reference_nodes']} nodes ({e['gpus_per_node']} GPUs each), shapes "
+              f"{','.join(map(str, e['shapes']))}, shape margin {e['margin_s'] / 60:g} min; work at the reference "
+              "shape, other shapes at nodes/reference x efficiency")
+    for name, p in c["policies"].items():
+        vs = p.get("vs_predicted")
+        if not vs:
+            continue
+        cells = [f"{lv} {_pct(v['reduction'])} ({v['n']})" if v else f"{lv} -" for lv, v in vs.items()]
+        con.print(f"  {name} (efficiency {p['efficiency']:g}): less overhead than predicted: {', '.join(cells)}; "
+                  f"chains that changed shape {_pct(p.get('chains_elastic_share'))}, slowdown "
+                  f"{_h(p.get('mean_slowdown_h'))}")
 
 
 def _num(v) -> str:

@@ -11,6 +11,12 @@ and a history that is the masked simulated past plus the chain's own earlier seg
 the simulated time. There is no idle-partition shortcut: every ask with a model runs the model.
 
 Mirage's ``avg`` is not a shipped policy; ``AvgLead`` implements it on the same interface.
+
+Elastic shapes: ``shape_waits`` is ``Engine._shape_waits`` in the replay: the watcher's
+``_shape_waits`` (one ``predict_many`` for every shape of the chain, the median wait of each) on
+the same simulated queue and masked past, and ``sbatch --test-only``'s answer per shape
+(``test_only_start``: what Slurm's planner knows, every job to its limit, no future arrivals);
+with both, the later, as the engine does.
 """
 
 from __future__ import annotations
@@ -104,6 +110,36 @@ class _Cached:
         return p
 
 
+class _Many:
+    """``predict_many`` for a stand-in predictor that has only ``predict``."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def predict_many(self, requests, snapshot=None, history=None):
+        return [self.model.predict(r, snapshot, history) for r in requests]
+
+
+PROBE_JID = -5  # a job id no one else uses (the oracle's probe is -2)
+
+
+def test_only_start(sim, nodes: int, limit_s: float, horizon_s: float) -> float:
+    """When ``sbatch --test-only`` would say a job of ``nodes`` nodes starts if submitted now:
+    Slurm plans with what it knows, so on a fork of the simulated partition every running and
+    pending job runs to its time limit, nothing more arrives, and jobs held by a dependency are
+    skipped (the backfill planner skips them too); nan if not within ``horizon_s``."""
+    import heapq
+
+    f = sim.fork()
+    f.ai = len(f.arrivals)
+    f.running = [(end, jid, n) for end, jid, n, _ in f.limits]
+    heapq.heapify(f.running)
+    f.pending = [p[:5] + (p[4],) + p[6:] for p in f.pending]  # (key, seq, jid, nodes, limit, runtime=limit, ...)
+    f.held = {}
+    f.submit(PROBE_JID, nodes, limit_s, limit_s)
+    return f.run_until_started(PROBE_JID, f.now + horizon_s)
+
+
 class SimWatcher:
     def __init__(self, knowledge, *, gpus_per_node: int = 3) -> None:
         self.k = knowledge
@@ -122,6 +158,8 @@ class SimWatcher:
         self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
         self.cost = {"predictions": 0, "predict_s": 0.0}
         self._cache: dict = {}
+        self.test_only = True  # shape_waits: also Slurm's --test-only answer, as the engine asks it
+        self.test_only_horizon_s = 14 * 86400.0
 
     def policy(self, spec):
         if spec.policy == "avg":
@@ -138,6 +176,45 @@ class SimWatcher:
         view = PolicyView(now=now, chain=chain, current=seg, handover_at=handover,
                           predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes, target))
         return policy.decide(view)
+
+    def shape_waits(self, sim, now: float, cur, segs, shapes: tuple[int, ...], *, lead_s: float,
+                    work) -> dict[int, float]:
+        """The watcher's median wait per node count (``_shape_waits``: one ``predict_many``), asked
+        at ``now`` on the simulated queue with the chain's live segment ``cur`` (``cur.nodes``
+        nodes) and the masked past; {} where the model fails (the rule then keeps the reference).
+        Cached on the simulated state like ``estimate``."""
+        from chainrun.chain.prediction import _shape_waits
+        from chainrun.errors import ChainrunError
+
+        t0 = time.monotonic()
+        running = cur.start == cur.start and cur.start <= now
+        key = ("shapes", tuple(shapes), now, sim.seq, sim.free, sim.ai, len(sim.pending), cur.nodes,
+               tuple((s.submit, s.start, s.exit) for s in segs if s.submit < now))
+        if key in self._cache:
+            self.cost["cache_hits"] = self.cost.get("cache_hits", 0) + 1
+            return self._cache[key]
+        if len(self._cache) > 20000:
+            self._cache.clear()
+        seg = engine_segment(cur, running)
+        model = self.k.predictor(now)
+        if not hasattr(model, "predict_many"):  # the stand-in used where no model could be fit
+            model = _Many(model)
+        try:
+            with _sim_time(now):
+                out = _shape_waits(model, self.history(now, segs, cur.nodes), engine_chain(work, lead_s, "predicted"),
+                                   seg, self.queue_rows(sim, now, seg, cur, cur.nodes), list(shapes))
+        except (ChainrunError, ValueError):  # as in estimate: counted; the rule keeps the reference
+            self.fallbacks += 1
+            out = {}
+        if self.test_only:
+            for n in shapes:  # the engine asks sbatch --test-only per shape; with the model too, the later
+                start = test_only_start(sim, n, work.segment_s, self.test_only_horizon_s)
+                if start == start:
+                    out[n] = max(out.get(n, 0.0), start - now)
+        self._cache[key] = out
+        self.cost["predictions"] += 1
+        self.cost["predict_s"] += time.monotonic() - t0
+        return out
 
     # ---- the watcher's estimate, on the simulated queue and the masked past -------------------
     def estimate(self, sim, now: float, chain: Chain, seg: Segment, cur, segs, nodes: int,

@@ -222,6 +222,7 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
                 "mean_first_wait_h": sum(r.first_wait_s for r in rs) / n / 3600,
                 "mean_restart_h": sum(r.restart_s for r in rs) / n / 3600,
                 "mean_handoff_h": sum(r.handoff_s for r in rs) / n / 3600,
+                "mean_slowdown_h": sum(r.slow_s for r in rs) / n / 3600,
                 "mean_segments": sum(r.segments for r in rs) / n,
                 "gpu_h_twice": sum(r.twice_node_s / 3600 * gpn for r in rs),
                 "gpu_h_twice_share": sum(r.twice_node_s / 3600 * gpn for r in rs) / work_gpu_h,
@@ -233,7 +234,12 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
                 },
             })
         row["by_load"] = {lv: _agg([r for r in rs if loads.get((r.t0, r.nodes)) == lv], cfg.seed) for lv in LOAD_LEVELS}
+        if spec.shapes:
+            row.update(elastic_row(spec, rs))
         pols[spec.name] = row
+    for spec in specs:
+        if spec.shapes and pols.get("predicted", {}).get("n"):
+            pols[spec.name]["vs_predicted"] = vs_predicted(pols[spec.name], pols["predicted"])
     return {"chains": {"work_h": w.work_s / 3600, "segment_h": w.segment_s / 3600, "restart_cost_min": w.restart_s / 60,
                        "handoff_min": w.handoff_s / 60, "signal_lead_s": w.signal_lead_s, "lead_h": _h(w.lead_s, "lead"),
                        "predicted_floor_h": _h(w.lead_s, "predicted"),
@@ -264,6 +270,35 @@ def targets(pols: dict) -> dict:
                    "worse_than_reactive_min": (pl["mean_overhead_h"] - rl["mean_overhead_h"]) * 60}
     out["gpu_h_twice_share_ok"] = p.get("gpu_h_twice_share", 1) <= 0.01
     out["predicted_stuck"] = p.get("stuck", 0)  # stuck chains are not in the means: > 0 is a miss
+    return out
+
+
+def elastic_row(spec, runs: list[ChainRun]) -> dict:
+    """What an elastic policy did: its shapes and efficiency, segments per node count, and the
+    share of chains that ran any segment on another shape than the reference."""
+    used: dict = {}
+    for r in runs:
+        for k in r.shapes:
+            used[str(k)] = used.get(str(k), 0) + 1
+    ref = spec.shapes[0]
+    return {"shapes": list(spec.shapes), "efficiency": spec.efficiency, "margin_s": spec.margin_s,
+            "segments_by_nodes": dict(sorted(used.items(), key=lambda kv: -int(kv[0]))),
+            "chains_elastic_share": sum(any(k != ref for k in r.shapes) for r in runs) / len(runs) if runs else None}
+
+
+def vs_predicted(el: dict, pred: dict) -> dict:
+    """Issue #14's targets per load level: at heavy load >= 30 % less completion overhead than
+    fixed-shape ``predicted``; at no level more than 5 % above it."""
+    out: dict = {}
+    for lv in LOAD_LEVELS:
+        e, p = el["by_load"][lv], pred["by_load"][lv]
+        if not e["n"] or not p["n"] or p["mean_overhead_h"] is None:
+            out[lv] = None
+            continue
+        red = (p["mean_overhead_h"] - e["mean_overhead_h"]) / p["mean_overhead_h"] if p["mean_overhead_h"] > 0 else None
+        out[lv] = {"n": e["n"], "reduction": red, "within_5pct": e["mean_overhead_h"] <= 1.05 * p["mean_overhead_h"]}
+        if lv == "heavy":
+            out[lv]["reduction_30pct"] = red is not None and red >= 0.30
     return out
 
 

@@ -20,9 +20,20 @@ never queue behind each other) and every segment is run until the work is done:
   successor trains from then on. What the cut took is simply still to do: it lands in later
   segments, with their own queue waits and restarts. With the adaptive variant the successor may
   wait instead (chainrun.chain.handoff_plan: the watcher's wait windows, from handoff_rule).
+- **Elastic shapes** (``PolicySpec.shapes``, policy ``predicted_elastic``): work is counted at the
+  reference shape (the first, the chain's injected node count); a segment of ``n`` nodes does
+  ``shape_rate(n)`` reference-seconds of work per second of training (linear in nodes times the
+  spec's efficiency, which is both the simulated truth and what the rule is told). As in
+  ``Engine._submit_next``: the submit moment is the shipped policy's (its estimate is for the live
+  segment's shape), and the shape is chosen when the segment is submitted, by
+  ``chainrun.chain.shapes.choose_shape`` on the work left if the live segment stopped now and the
+  model's median wait for every shape asked at once (``SimWatcher.shape_waits``, the watcher's
+  ``_shape_waits``: one ``predict_many``), a segment's training ``segment - signal lead`` and a
+  boundary's cost the signal lead (``segment_overhead`` of a chain with no measured segments).
 - Completion overhead = (time the work is done - chain submission) - work, and it splits exactly
   into queue gaps (the first wait plus every boundary where the successor started after the
-  hand-over point), restarts and hand-off minutes.
+  hand-over point), restarts and hand-off minutes (and, for elastic chains, the slowdown: training
+  time on a smaller shape beyond the reference work it did).
 
 The policies are the shipped classes (``chainrun.chain.policies``), asked through an adapter that
 builds the ``PolicyView`` the watcher builds (adapter.py). The oracle is greedy per boundary: for
@@ -36,6 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
+from chainrun.chain.shapes import DEFAULT_MARGIN_S, choose_shape, shape_rate
 from chainrun.chain.policies import default_lead_s
 from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
@@ -75,6 +87,9 @@ class PolicySpec:
     lead_s: float | None = None  # this chain's --lead (None: ChainWork.lead_s)
     adaptive: bool = False  # hand-off: wait instead of cutting when that is cheaper
     target: float | None = None  # predicted: the target probability (None: the shipped predict_quantile)
+    shapes: tuple[int, ...] | None = None  # elastic: node counts, the first the reference (= injected nodes)
+    efficiency: float = 1.0  # elastic: every other shape's rate relative to linear in nodes
+    margin_s: float = DEFAULT_MARGIN_S  # elastic: what another shape must save to be chosen (choose_shape)
 
 
 def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
@@ -83,6 +98,17 @@ def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.
     specs += [PolicySpec(f"fixed_{int(s // 3600)}h", "lead", lead_s=float(s)) for s in fixed_leads_s]
     specs += [PolicySpec("avg", "avg"), PolicySpec("predicted", "predicted"),
               PolicySpec("predicted_adaptive", "predicted", adaptive=True), PolicySpec("oracle", "oracle")]
+    return specs
+
+
+def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float = DEFAULT_MARGIN_S) -> list[PolicySpec]:
+    """The elastic comparison (chains of ``shapes[0]`` nodes): reactive (it defines the load
+    levels), fixed-shape ``predicted`` and ``predicted_elastic`` at each efficiency (the first
+    unsuffixed, then e.g. ``predicted_elastic_eff80``)."""
+    specs = [PolicySpec("reactive", "reactive"), PolicySpec("predicted", "predicted")]
+    for i, e in enumerate(efficiencies):
+        name = "predicted_elastic" if i == 0 else f"predicted_elastic_eff{int(round(e * 100))}"
+        specs.append(PolicySpec(name, "predicted", shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s))
     return specs
 
 
@@ -96,6 +122,8 @@ class Seg:
     train_start: float = NAN  # when its payload got the chain
     stop: float = NAN  # when its training stopped (signal, hand-off or done)
     exit: float = NAN  # when its job ended
+    nodes: int = 0
+    rate: float = 1.0  # reference-seconds of work per second of training (elastic shapes)
 
 
 @dataclass
@@ -114,6 +142,8 @@ class ChainRun:
     twice_node_s: float = 0.0  # node-seconds held by two segments of the chain at once
     boundaries: list = field(default_factory=list)  # [(gap_s signed: start - hand-over point, cut_s)]
     stuck: bool = False  # needed more than max_segments (short segments cutting each other)
+    shapes: list = field(default_factory=list)  # node count of every segment that started
+    slow_s: float = 0.0  # elastic: training time beyond the work (segments slower than the reference)
 
     @property
     def done(self) -> bool:
@@ -147,13 +177,18 @@ class _Chain:
         self.out = ChainRun(spec.name, t0, nodes, work.work_s)
         self.chain = engine_chain(work, self.lead_s, spec.policy)  # the watcher's chain record
         self.tolerance = total_tolerance(self.chain)
+        self.shapes = tuple(spec.shapes) if spec.shapes else None
+        if self.shapes and self.shapes[0] != nodes:
+            raise ValueError(f"{spec.name}: reference shape {self.shapes[0]} != the chain's {nodes} nodes")
+        self.eff = {n: spec.efficiency for n in (self.shapes or ())[1:]}
+        self.choices: list = []  # elastic: (time, ShapeChoice) of every submitted segment
 
-    def limit_for(self, left_s: float) -> float:
+    def limit_for(self, left_s: float, rate: float = 1.0) -> float:
         """As Engine._submit_next: the work left (at least a minute) plus the signal lead, in whole
         minutes, at most a segment; plus the restart, which is the replay's (the watcher's --total
-        counts it as training)."""
+        counts it as training). ``rate``: the segment's shape's (the work left takes 1/rate as long)."""
         w = self.work
-        wanted = max(left_s, MIN_SEGMENT_S) + w.restart_s + w.signal_lead_s
+        wanted = max(left_s / rate, MIN_SEGMENT_S) + w.restart_s + w.signal_lead_s
         return min(w.segment_s, to_slurm_minutes(int(wanted)) * 60)
 
     def expected(self, s: Seg) -> float:
@@ -161,44 +196,68 @@ class _Chain:
         (``expected_training``, less its restart)."""
         from chainrun.sim.adapter import engine_segment
 
-        return max(0.0, expected_training(self.chain, engine_segment(s, False)) - self.work.restart_s)
+        return s.rate * max(0.0, expected_training(self.chain, engine_segment(s, False)) - self.work.restart_s)
 
-    def left_if_cut(self, cur: Seg, done_s: float) -> float:
+    def left_if_cut(self, cur: Seg, done_s: float, next_rate: float = 1.0) -> float:
         """Engine._plan's size for a successor submitted while ``cur`` is live: the work left as if
         ``cur`` stopped now (``trained_so_far``: from its job's start, as the engine counts it;
         before it starts, nothing). In the replay's units: its restart is lost work (limit_for adds
         it), and so are the hand-off minutes the successor waits while ``cur`` saves, which the
-        watcher credits to ``cur`` as training (its payload runs until it has saved): added here."""
+        watcher credits to ``cur`` as training (its payload runs until it has saved): added here, as
+        the work the successor (of rate ``next_rate``) could do in that time."""
         from chainrun.sim.adapter import engine_segment
 
         running = cur.start == cur.start and cur.start <= self.sim.now
         trained = trained_so_far(engine_segment(cur, running), self.sim.now)
         handoff = self.work.handoff_s if running else 0.0  # a pending segment is not cut
-        return self.work.work_s - done_s - max(0.0, trained - self.work.restart_s) + handoff
+        return self.work.work_s - done_s - cur.rate * max(0.0, trained - self.work.restart_s) + handoff * next_rate
 
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
                oracle: bool = False) -> Seg:
         """``left_s``: the work left after ``cur`` trains to its hand-over point (the old rule); with
         ``cur`` live, the shipped rule sizes for ``left_if_cut`` instead."""
-        if cur is not None and oracle and cur.start == cur.start:
+        oracle_sized = cur is not None and oracle and cur.start == cur.start
+        if oracle_sized:
             # the oracle (a bound, not a shipped rule): what its short cut leaves, hand-off included
             left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s) \
                 + self.work.handoff_s
-        elif cur is not None and self.work.successor_limit != "handover":
-            left_s = self.left_if_cut(cur, done_s)
-        s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s))
+        take_over = cur is not None and not oracle_sized and self.work.successor_limit != "handover"
+        nodes, rate = self.nodes, 1.0
+        if self.shapes:  # elastic: the shape rule on the work left (as if cur stopped now, like the engine)
+            choice = self.choose(self.left_if_cut(cur, done_s, 0.0) if take_over else left_s, cur)
+            self.choices.append((self.sim.now, choice))
+            nodes, rate = choice.nodes, shape_rate(choice.nodes, self.nodes, efficiency=self.eff)
+        if take_over:
+            left_s = self.left_if_cut(cur, done_s, rate)
+        s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s, rate), nodes=nodes, rate=rate)
         self.next_jid += 1
         runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
         if dep is not None:
-            self.sim.submit_after(s.jid, dep.jid, self.nodes, s.limit, runtime)
+            self.sim.submit_after(s.jid, dep.jid, nodes, s.limit, runtime)
         else:
-            self.sim.submit(s.jid, self.nodes, s.limit, runtime)
+            self.sim.submit(s.jid, nodes, s.limit, runtime)
         self.segs.append(s)
         return s
 
+    def choose(self, left_s: float, cur: Seg | None):
+        """``Engine._choose_shape`` in the replay: ``choose_shape`` on the model's median wait for
+        every shape (asked with the live segment ``cur`` in the queue; for the first segment, the
+        request as it would be queued now), the watcher's segment capacity and boundary cost."""
+        from chainrun.chain.engine import segment_overhead
+
+        w = self.work
+        if cur is None:
+            cur = Seg(-3, 0, self.sim.now, w.segment_s, start=self.sim.now, nodes=self.nodes)
+        waits = self.watcher.shape_waits(self.sim, self.sim.now, cur, self.segs, self.shapes,
+                                         lead_s=self.lead_s, work=w)
+        overhead = segment_overhead(self.chain, [])
+        return choose_shape(max(left_s, 0.0), self.shapes, waits, segment_s=max(60.0, w.segment_s - overhead),
+                            boundary_s=overhead, efficiency=self.eff, margin_s=self.spec.margin_s)
+
     def ask(self, cur: Seg, running: bool):
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
-                                lead_s=self.lead_s, nodes=self.nodes, work=self.work, target=self.spec.target)
+                                lead_s=self.lead_s, nodes=cur.nodes or self.nodes, work=self.work,
+                                target=self.spec.target)
 
     def run(self) -> ChainRun:
         from chainrun.chain.handoff_plan import should_wait, windows_for  # the watcher's own rule
@@ -216,14 +275,16 @@ class _Chain:
         if b != b:
             return run
         cur.start = cur.train_start = b
+        run.shapes.append(cur.nodes)
         run.first_start = b
         run.first_wait_s = run.queue_s = b - self.t0
         while True:
             run.restart_s += w.restart_s
             h = cur.start + cur.limit - w.signal_lead_s  # hand-over point
-            left_after = w.work_s - done_s - max(0.0, h - cur.train_start - w.restart_s)
+            left_after = w.work_s - done_s - cur.rate * max(0.0, h - cur.train_start - w.restart_s)
             if left_after < self.tolerance:  # the last segment: the work is done before its hand-over point
-                run.finish = cur.train_start + w.restart_s + (w.work_s - done_s)
+                run.finish = cur.train_start + w.restart_s + (w.work_s - done_s) / cur.rate
+                run.slow_s += (w.work_s - done_s) * (1.0 / cur.rate - 1.0)
                 run.segments = len([s for s in self.segs if s.start == s.start])
                 return run
             if len(self.segs) >= w.max_segments:
@@ -238,6 +299,7 @@ class _Chain:
             if bn != bn:
                 return run
             nxt.start = bn
+            run.shapes.append(nxt.nodes)
             if bn < h:  # started before the hand-over point: hand-off (or wait for it)
                 wait = h - bn
                 cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
@@ -246,7 +308,7 @@ class _Chain:
                         handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
                     cur.stop = cur.exit = h
                     nxt.train_start = h
-                    run.twice_node_s += wait * self.nodes
+                    run.twice_node_s += wait * nxt.nodes
                     run.boundaries.append((bn - h, 0.0))
                 else:
                     cur.stop = bn
@@ -254,17 +316,19 @@ class _Chain:
                     self.sim.cut(cur.jid, cur.exit)
                     nxt.train_start = cur.exit
                     run.handoff_s += cur.exit - bn
-                    run.twice_node_s += (cur.exit - bn) * self.nodes
+                    run.twice_node_s += (cur.exit - bn) * nxt.nodes
                     run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
             else:
                 cur.stop = cur.exit = h
                 nxt.train_start = bn
                 run.queue_s += bn - h
                 run.boundaries.append((bn - h, 0.0))
-            done_s += max(0.0, cur.stop - cur.train_start - w.restart_s)
+            trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
             # a segment cut before its restart was over lost only the time it had (fair share can
             # start a successor minutes after its predecessor): the overhead still splits exactly
             run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
+            done_s += cur.rate * trained
+            run.slow_s += (1.0 - cur.rate) * trained
             cur, nxt = nxt, None
 
     def poll(self, cur: Seg, h: float, left_after: float) -> Seg:

@@ -1,0 +1,147 @@
+"""Elastic shapes in the whole-chain replay (issue #14): run, write the JSON, render docs/elastic.md.
+
+    .venv/bin/python bench/sim_elastic.py             # run; docs/results/sim-chains-ls6-elastic.json + the doc
+    .venv/bin/python bench/sim_elastic.py --render    # only re-render docs/elastic.md from the JSON
+    .venv/bin/python bench/sim_elastic.py --check     # exit 1 if the doc's block is not the JSON's rendering
+
+The run is `chainrun sim --chains --shapes 4,2,1 --efficiency 1,0.8 --tune-score-from 2023-02-01 --json`
+on the shipped LS6 slice (in a subprocess: what is written is what the CLI prints): chains of 4
+nodes (12 A100s; 4 nodes is the trace's most common multi-node job size, 26 % of its node-hours),
+the shape margin chosen on chains that end before February 2023, every policy scored on chains
+injected from it. Only the block between ``<!-- elastic-replay:begin -->`` and
+``<!-- elastic-replay:end -->`` of docs/elastic.md is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "docs" / "results" / "sim-chains-ls6-elastic.json"
+DOC = REPO / "docs" / "elastic.md"
+BEGIN, END = "<!-- elastic-replay:begin -->", "<!-- elastic-replay:end -->"
+ARGS = ["--chains", "--shapes", "4,2,1", "--efficiency", "1,0.8", "--tune-score-from", "2023-02-01",
+        "--chains-every", "6h"]
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+
+def run(trace: str, extra: list[str]) -> dict:
+    cmd = ["chainrun", "sim", "--trace", trace, *ARGS, *extra, "--json"]
+    t = time.monotonic()
+    p = subprocess.run([str(Path(sys.executable).with_name("chainrun")), *cmd[1:]], capture_output=True, text=True,
+                       cwd=REPO)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        raise SystemExit(p.returncode)
+    env = json.loads(p.stdout)
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun")),
+            "seed": env["data"]["meta"]["seed"], "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
+            "chainrun": env["chainrun"], "data": env["data"]}
+
+
+# ---- rendering (tests/sim/test_elastic_doc.py checks the doc against it) -------------------------
+def h(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v * 60:.0f} min" if abs(v) < 1 else f"{v:.2f} h"
+
+
+def pct(v, d: int = 0) -> str:
+    return "-" if v is None else f"{v * 100:.{d}f} %"
+
+
+def ci(c) -> str:
+    return "-" if not c or c[0] is None else f"{h(c[0])} .. {h(c[1])}"
+
+
+def render(doc: dict) -> str:
+    d = doc["data"]
+    c, m, e = d["chains"], d["meta"], d["chains"]["elastic"]
+    pols = c["policies"]
+    lines = [f"`{doc['command']}` (commit {doc['commit'][:7]}{', local changes' if doc.get('dirty') else ''}, "
+             f"seed {doc['seed']}, {doc['wall_s']:.0f} s wall on 2 cores; `docs/results/{OUT.name}`)", "",
+             f"Chains of **{e['reference_nodes']} nodes** ({e['reference_nodes'] * e['gpus_per_node']} GPUs; work "
+             f"counted at that shape), shapes {', '.join(map(str, e['shapes']))}; {c['work_h']:g} h of work in "
+             f"{c['segment_h']:g} h segments, restart {c['restart_cost_min']:g} min, hand-off {c['handoff_min']:g} min; "
+             f"{m['nodes']} nodes, priority {m['priority']}. A segment on n nodes does n/{e['reference_nodes']} x "
+             "efficiency of the reference work per hour; the efficiency is both what the simulated segment does "
+             "and what the rule is told (1.0 = linear)."]
+    t = d.get("elastic_tune")
+    if t:
+        lines += ["", f"Shape margin chosen on {t['injections']} chains that end before the scored window: "
+                      f"**{t['picked_margin_s'] / 60:g} min** (lowest mean overhead at efficiency "
+                      f"{e['efficiencies'][0]:g}):", "",
+                  "| candidate (choice window) | n | overhead | low | medium | heavy | chains that changed shape |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for name, r in t["candidates"].items():
+            bl = r["by_load"]
+            lines.append(f"| {name} | {r['n']} | {h(r['mean_overhead_h'])} | "
+                         + " | ".join(f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']})" for k in ("low", "medium", "heavy"))
+                         + f" | {pct(r.get('chains_elastic_share'))} |")
+        lines += ["", f"Scored window ({m['injections']} chains injected from the split on, one every "
+                      f"{m['chains_every_h']:g} h of trace):"]
+    lines += ["", "| policy | efficiency | n | overhead (90 % CI) | low (90 % CI) | medium (90 % CI) | heavy (90 % CI) | "
+                  "slowdown | segments | segments by nodes |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, p in pols.items():
+        bl = p["by_load"]
+        eff = f"{p['efficiency']:g}" if "efficiency" in p else "-"
+        by = ", ".join(f"{k}: {v}" for k, v in (p.get("segments_by_nodes") or {}).items()) or "-"
+        lines.append(f"| {name} | {eff} | {p['n']} | {h(p['mean_overhead_h'])} ({ci(p.get('ci90_h'))}) | "
+                     + " | ".join(f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']}; {ci(bl[k]['ci90_h'])})"
+                                  for k in ("low", "medium", "heavy"))
+                     + f" | {h(p.get('mean_slowdown_h'))} | {(p.get('mean_segments') or 0):.2f} | {by} |")
+    lines += ["", "Issue #14's targets (vs fixed-shape `predicted` at the same reference shape; reduction = "
+                  "(predicted - elastic) / predicted): heavy load >= 30 % less, no level more than 5 % above:", "",
+              "| policy | low | medium | heavy | heavy >= 30 % less | never > 5 % above |", "|---|---:|---:|---:|---|---|"]
+    for name, p in pols.items():
+        vs = p.get("vs_predicted")
+        if vs is None:
+            continue
+        cells = [f"{pct(vs[k]['reduction'])} ({vs[k]['n']})" if vs[k] else "- (0)" for k in ("low", "medium", "heavy")]
+        heavy = vs["heavy"]
+        met30 = "n/a (no heavy chain)" if not heavy else ("yes" if heavy["reduction_30pct"] else "**no**")
+        within = all(v["within_5pct"] for v in vs.values() if v)
+        lines.append(f"| {name} | {' | '.join(cells)} | {met30} | {'yes' if within else '**no**'} |")
+    return "\n".join(lines)
+
+
+def rendered_doc(text: str, doc: dict) -> str:
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[:a] + "\n" + render(doc) + "\n" + text[b:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", default="ls6-a100-dev")
+    ap.add_argument("--render", action="store_true", help="only re-render the doc from the JSON")
+    ap.add_argument("--check", action="store_true", help="exit 1 if the doc is out of date")
+    ap.add_argument("extra", nargs="*", help="more `chainrun sim` options, after --")
+    args = ap.parse_args()
+    if not (args.render or args.check):
+        doc = run(args.trace, args.extra)
+        OUT.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {OUT} ({doc['wall_s']} s)")
+    doc = json.loads(OUT.read_text())
+    if not DOC.exists():  # the shipped side's page; until it exists, a title and the markers
+        if args.check:
+            return 1
+        DOC.write_text(f"# Elastic segments\n\n{BEGIN}\n{END}\n")
+    text = DOC.read_text()
+    new = rendered_doc(text, doc)
+    if args.check:
+        return 0 if new == text else 1
+    if new != text:
+        DOC.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
