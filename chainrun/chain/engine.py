@@ -386,7 +386,7 @@ class Engine:
             # sized to take over: if it starts early it cuts the live segment, so it must carry the work
             # left as if that stopped now (sized for the hand-over point, early successors spiral)
             self._note_training_start(c, cur, now, force=True)
-            left_if_cut = c.total_s - c.credited_s - trained_so_far(cur, now) * segment_rate(c, cur, segs)
+            left_if_cut = c.total_s - work_done(c, segs, now)  # cur is the one live segment here
             self._submit_next(c, segs, left_if_cut, dependency=decision.dependency, note=decision.reason,
                               estimate=decision.estimate)
             report.submitted += 1

@@ -100,6 +100,15 @@ def test_the_next_segment_takes_the_shape_that_finishes_first(tmp_path):
     v = view_chain(store.chain(c.id), store.segments(c.id), now=fake.now)
     assert [sv.shape_nodes for sv in v.segment_views] == [4, 2]
     assert "shape 2 nodes: start in ~0 min" in v.segment_views[1].note
+    from rich.console import Console
+
+    from chainrun.cli import tables
+
+    lines = tables.detail_lines(v, 120)
+    assert any("shape=4N" in ln for ln in lines) and any("shape=2N" in ln for ln in lines)
+    con = Console(width=220, record=True)
+    con.print(tables.chain_detail(v))
+    assert "shape" in con.export_text()
     # so does report (its --json and its table rows)
     from chainrun.cli.report_cmd import _detail_rows
     from chainrun.report.timeline import summarize
@@ -206,3 +215,28 @@ def test_work_done_is_credited_plus_running_at_rate():
     assert work_done(c, [ended, run], 1200) == pytest.approx(500 + 200 * 0.5)
     c.extra = {}  # one shape: training is work
     assert work_done(c, [ended, run], 1200) == pytest.approx(700)
+
+
+@pytest.mark.parametrize("ref, nodes, gpn, want", [
+    (4, 2, 2, {"CHAINRUN_NODES": "2", "CHAINRUN_GPUS": "4", "CHAINRUN_REF_NODES": "4", "CHAINRUN_REF_GPUS": "8",
+               "CHAINRUN_GPUS_PER_NODE": "2"}),
+    (None, 2, 0, {"CHAINRUN_NODES": "2", "CHAINRUN_GPUS": "0", "CHAINRUN_REF_NODES": "2", "CHAINRUN_REF_GPUS": "0"}),
+])
+def test_the_wrapper_exports_the_segment_and_reference_shapes(tmp_path, ref, nodes, gpn, want):
+    import os
+    import subprocess
+
+    from chainrun.chain.contract import render_wrapper
+
+    payload = tmp_path / "payload.sh"
+    payload.write_text(f"#!/bin/bash\nenv | grep ^CHAINRUN_ > {tmp_path}/env.txt\n")
+    payload.chmod(0o755)
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(render_wrapper(chain_id="c1", run_dir=str(tmp_path / "run"), checkpoint_dir=str(tmp_path / "ck"),
+                                      payload=str(payload), signal="USR2", script_text="", ref_nodes=ref))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CHAINRUN_"))}
+    env.update({"SLURM_JOB_NUM_NODES": str(nodes), **({"SLURM_GPUS_ON_NODE": str(gpn)} if gpn else {})})
+    p = subprocess.run(["bash", str(wrapper), "0"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines())
+    assert {k: got.get(k) for k in want} == want
