@@ -240,3 +240,42 @@ def test_the_wrapper_exports_the_segment_and_reference_shapes(tmp_path, ref, nod
     assert p.returncode == 0, p.stdout + p.stderr
     got = dict(line.split("=", 1) for line in (tmp_path / "env.txt").read_text().splitlines())
     assert {k: got.get(k) for k in want} == want
+
+
+def test_the_model_is_asked_once_for_every_shape_and_its_median_used(tmp_path):
+    from chainrun.chain.prediction import _shape_waits
+    from chainrun.predict.model import Prediction
+    from chainrun.slurm.parsers import QueueRow
+
+    class Model:  # the queue-delay model's interface: one predict_many call for all shapes
+        def __init__(self):
+            self.calls = []
+
+        def predict_many(self, reqs, snapshot, history):
+            self.calls.append(reqs)
+            return [Prediction(10.0 * r.nodes, 100.0 * r.nodes, 1000.0 * r.nodes, "m") for r in reqs]
+
+    fake, store, eng, c = world(tmp_path)
+    (s0,) = store.segments(c.id)
+    mine = QueueRow(job_id=s0.job_id, user="ann", state="RUNNING", reason="None", submit=1.0, start=2.0, end=None,
+                    time_limit_s=600.0, elapsed_s=1.0, partition="short", qos="normal", nodes=4, cpus=8, gpus=8,
+                    dependency="", comment="", name="cr.el-0001.0")
+    model = Model()
+    waits = _shape_waits(model, None, c, s0, [mine], [4, 2])
+    assert waits == {4: 400.0, 2: 200.0}  # the median
+    (reqs,) = model.calls
+    assert [(r.nodes, r.gpus, r.cpus, r.user) for r in reqs] == [(4, 8, 8, "ann"), (2, 4, 4, "ann")]
+
+    # through the engine: the model's waits beside Slurm's test-only answers, the later one counts
+    def predictor(chain, seg, rows):
+        return None
+
+    predictor.shape_waits = lambda chain, seg, rows, shapes: {4: 3000.0, 2: 5.0}
+    eng.predictor = predictor
+    fake.delay = {4: 60, 2: 30}
+    run_segment(fake, s0, 300)
+    eng.tick()
+    s1 = store.segments(c.id)[1]
+    opts = {o["nodes"]: o for o in s1.extra["shape"]["options"]}
+    assert (opts[4]["wait_s"], opts[4]["wait_source"]) == (3000.0, "model+test-only")
+    assert opts[2]["wait_s"] == pytest.approx(30, abs=2) and s1.extra["nodes"] == 2
