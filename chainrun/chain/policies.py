@@ -21,14 +21,16 @@ DEFAULT_LEAD_S = 3600
 
 # The floor `predicted` keeps when the chain gives no `--lead`: the pick of the decide-on-past,
 # score-on-future procedure (chainrun/sim/tune.py, `bench/sim_chains.py --tune-score-from`; its
-# output docs/results/sim-tune-ls6.json shows the choice). Separate from DEFAULT_LEAD_S, the
-# `lead` policy's lead, so that tuning one does not move the other.
-PREDICTED_FLOOR_S = 3 * 3600
+# output docs/results/sim-tune-ls6.json shows the choice: 1 h with fair share in the replay, 3 h
+# before). Separate from DEFAULT_LEAD_S, the `lead` policy's lead, so that tuning one does not
+# move the other (they happen to be equal now).
+PREDICTED_FLOOR_S = 3600
 
 
 def default_lead_s(policy: str) -> int:
     """The chain's `--lead` when none is given: `predicted`'s floor, or the lead of the others."""
     return PREDICTED_FLOOR_S if policy == "predicted" else DEFAULT_LEAD_S
+
 
 # What one extra segment boundary costs, in the same unit as an hour of interruption: its own
 # small queue gap plus the hand-off minutes. Starting an hour early moves an hour of work into
@@ -39,16 +41,17 @@ TRANSITION_COST_S = 3600
 # The highest target probability `predicted` acts on. The newsvendor quantile above gives 0.98 for
 # 48 h segments, but the model's q0.98 wait is often longer than the segment itself, so the rule
 # submitted at each segment's start and the chain ran into short segments. The decide-on-past,
-# score-on-future procedure (chainrun/sim/tune.py, docs/evaluation.md) picked 0.90 on the
-# whole-chain replay of the LS6 trace with the shipped successor sizing.
-MAX_TARGET = 0.90
+# score-on-future procedure (chainrun/sim/tune.py, docs/evaluation.md) picked 0.95 on the
+# whole-chain replay of the LS6 trace with fair share and the shipped successor sizing (0.90 with
+# age-only priority).
+MAX_TARGET = 0.95
 
 
 def predict_quantile(segment_s: float) -> float:
     """The quantile of the predicted wait the `predicted` policy acts on, for a segment length.
 
     The newsvendor quantile 1 / (1 + TRANSITION_COST_S / segment), never below the median and never
-    above MAX_TARGET (0.90, chosen by the tuning procedure): 48 h and 24 h segments give 0.90, 6 h
+    above MAX_TARGET (0.95, chosen by the tuning procedure): 48 h and 24 h segments give 0.95, 6 h
     0.86. See docs/evaluation.md.
     """
     q = 1.0 / (1.0 + TRANSITION_COST_S / max(float(segment_s), 1.0))
@@ -134,7 +137,7 @@ class Lead:
 
 class Predicted:
     """Submit when the chance that a job submitted now starts before the hand-over point has
-    fallen to the target probability (``predict_quantile``: 0.90 for 48 h segments).
+    fallen to the target probability (``predict_quantile``: 0.95 for 48 h segments).
 
     Early in a segment that chance is ~1 and submitting would only start the successor too
     early; it falls as the hand-over point nears, and the last moment it is still at the

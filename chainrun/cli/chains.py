@@ -40,7 +40,7 @@ def submit(
     total: Annotated[str, typer.Option("--total", help=f"Total run time of the chain: {DURATION_HELP}.")],
     segment: Annotated[Optional[str], typer.Option("--segment", help="Length of one segment (default: the partition's MaxTime).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="When to submit the next segment: reactive, dependency, lead, predicted.")] = "lead",
-    lead: Annotated[Optional[str], typer.Option("--lead", help="Submit the next segment this long before the current one stops (lead; default 1h); the least lead the model may choose (predicted; default 3h).")] = None,
+    lead: Annotated[Optional[str], typer.Option("--lead", help="Submit the next segment this long before the current one stops (lead; default 1h); the least lead the model may choose (predicted; default 1h, its own constant).")] = None,
     signal: Annotated[str, typer.Option("--signal", help="Signal sent before the limit, and how many seconds before: SIG@SECONDS.")] = "USR2@300",
     name: Annotated[Optional[str], typer.Option("--name", help="A name for the chain (default: the script's name).")] = None,
     retries: Annotated[int, typer.Option("--retries", help="How many consecutive crashed segments to retry before the chain fails.")] = 1,

@@ -18,9 +18,14 @@ def test_each_policy_has_its_default_lead():
     assert default_lead_s("lead") == DEFAULT_LEAD_S and default_lead_s("reactive") == DEFAULT_LEAD_S
 
 
-def test_the_shipped_floor_is_what_the_committed_procedure_picked():
-    picked = json.loads(RESULTS.read_text())["data"]["tune"]["choose"]["picked"]
+def test_the_shipped_floor_and_target_are_what_the_committed_procedure_picked():
+    from chainrun.chain.policies import predict_quantile
+
+    doc = json.loads(RESULTS.read_text())
+    picked = doc["data"]["tune"]["choose"]["picked"]
+    segment_s = doc["data"]["tune"]["score"]["chains"]["segment_h"] * 3600
     assert picked["floor_s"] == PREDICTED_FLOOR_S
+    assert picked["target"] is None or predict_quantile(segment_s) == pytest.approx(picked["target"])
 
 
 @pytest.mark.slurm
