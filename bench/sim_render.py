@@ -54,6 +54,15 @@ def chains_table(block: dict) -> list[str]:
             f"{h(p.get('mean_handoff_h'))} | {p.get('mean_segments') or 0:.2f} | {pct(p.get('gpu_h_twice_share'), 2)} | "
             f"{' | '.join(lv)} | {p.get('stuck', 0)} | {h(tr.get('mean_interruption_h'))} / "
             f"{pct(tr.get('zero_interruption_share'), 0)} / {h(tr.get('mean_cut_h'))} |")
+    lines += ["", "By load level (reactive's mean gap per boundary for the same injection: <= 2 h, 2-12 h, > 12 h): "
+                  "mean completion overhead, 90 % bootstrap interval, n:", "",
+              "| policy | low | medium | heavy |", "|---|---:|---:|---:|"]
+    for name, p in c["policies"].items():
+        cells = []
+        for k in ("low", "medium", "heavy"):
+            b = p["by_load"][k]
+            cells.append("-" if not b["n"] else f"{h(b['mean_overhead_h'])} ({ci(b.get('ci90_h'))}), n = {b['n']}")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     t = c.get("targets") or {}
     lines += ["", "Targets for `predicted` (left share = (predicted - oracle) / (reactive - oracle), goal <= 0.10 where "
                   "reactive - oracle >= 30 min; never > 5 min worse than reactive; GPU-h twice <= 1 %):", "",
@@ -74,12 +83,30 @@ def chains_table(block: dict) -> list[str]:
     return lines
 
 
+def _priority(d: dict) -> str:
+    m = (d.get("tune") or {}).get("score", {}).get("meta") or d.get("meta") or {}
+    return m.get("priority", "age")
+
+
+def fidelity_table(name: str, doc: dict) -> str:
+    lines = [f"`{doc['command']}` (commit {doc['commit'][:7]}{', local changes' if doc.get('dirty') else ''}, "
+             f"{doc['wall_s']:.0f} s; `docs/results/{name}.json`)", "",
+             "| nodes | priority | Spearman | without dependency holds | median sim/real | within x2 | jobs |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in doc["data"]["rows"]:
+        lines.append(f"| {r['nodes']} | {r['priority']} | {r['spearman']:.2f} | {r['spearman_without_holds']:.2f} "
+                     f"({r['jobs_without_holds']}) | {r['median_ratio']:.2f} | {pct(r['within_2x'], 0)} | {r['jobs']} |")
+    return "\n".join(lines)
+
+
 def render(name: str, doc: dict) -> str:
     d = doc["data"]
+    if "rows" in d:
+        return fidelity_table(name, doc)
     f = d["fidelity"]
     head = [f"`{doc['command']}` (commit {doc['commit'][:7]}{', local changes' if doc.get('dirty') else ''}, seed "
             f"{doc['seed']}, {doc['wall_s']:.0f} s wall on 2 cores; `docs/results/{name}.json`)", "",
-            f"Fidelity ({f['nodes']} nodes): Spearman {f['spearman']:.2f} over {f['jobs']} jobs, "
+            f"Fidelity ({f['nodes']} nodes, priority {_priority(d)}): Spearman {f['spearman']:.2f} over {f['jobs']} jobs, "
             f"{f['spearman_without_holds']:.2f} without the {f['jobs'] - f['jobs_without_holds']} jobs replayed as "
             f"dependency holds; median sim/real wait {f['median_ratio']:.2f}, within x2 {pct(f['within_2x'], 0)}.", ""]
     if "tune" in d:
