@@ -44,7 +44,7 @@ def main() -> int:
             rows.append({"priority": pr, **f})
             print(n, pr, round(f["spearman"], 3), round(f["spearman_without_holds"], 3), flush=True)
     doc = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun/sim")),
-           "seed": 0, "command": "bench/sim_fidelity.py " + " ".join(sys.argv[1:]),
+           "seed": 0, "command": " ".join([".venv/bin/python bench/sim_fidelity.py", *sys.argv[1:]]),
            "wall_s": round(time.monotonic() - t0, 1), "data": {"trace": args.trace, "rows": rows}}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {args.out}")
