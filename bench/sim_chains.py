@@ -43,9 +43,10 @@ def main() -> int:
         cmd += ["--tune-score-from", args.tune_score_from]
     exe = [sys.executable, "-c", "import sys; from chainrun.cli.main import run; sys.argv[0] = 'chainrun'; sys.exit(run())"]
     env = dict(os.environ)
+    commit = git("rev-parse", "HEAD")  # before the run: others may commit while it runs
     with tempfile.TemporaryDirectory() as tmp:
         if args.from_head:  # the committed code only, not the shared tree's uncommitted edits
-            archive = subprocess.run(["git", "archive", "HEAD", "chainrun"], cwd=REPO, capture_output=True, check=True)
+            archive = subprocess.run(["git", "archive", commit, "chainrun"], cwd=REPO, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
             env["PYTHONPATH"] = tmp
         t = time.monotonic()
@@ -57,7 +58,7 @@ def main() -> int:
         return p.returncode
     env = json.loads(p.stdout)
     dirty = False if args.from_head else bool(git("status", "--porcelain", "--", "chainrun"))
-    doc = {"commit": git("rev-parse", "HEAD"), "dirty": dirty, "from_head": args.from_head,
+    doc = {"commit": commit, "dirty": dirty, "from_head": args.from_head,
            "seed": 0, "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
            "chainrun": env["chainrun"], "data": env["data"]}
     out.parent.mkdir(parents=True, exist_ok=True)
