@@ -47,6 +47,18 @@ def run(trace: str, extra: list[str]) -> dict:
             "chainrun": env["chainrun"], "data": env["data"]}
 
 
+def trace_sizes(trace: str) -> dict:
+    """Why the reference shape: jobs and share of node-hours per node count in the trace."""
+    from chainrun.sim.traces import load_trace
+
+    t = load_trace(trace)
+    nh = t["nodes"] * (t["end"] - t["start"]).clip(lower=0) / 3600
+    by = t.assign(nh=nh).groupby("nodes").agg(jobs=("nodes", "size"), node_h=("nh", "sum"))
+    total = float(by["node_h"].sum())
+    return {str(int(n)): {"jobs": int(r.jobs), "node_h_share": round(float(r.node_h) / total, 4)}
+            for n, r in by.iterrows() if r.jobs >= 50}
+
+
 # ---- rendering (tests/sim/test_elastic_doc.py checks the doc against it) -------------------------
 def h(v) -> str:
     if v is None:
@@ -74,18 +86,27 @@ def render(doc: dict) -> str:
              f"{m['nodes']} nodes, priority {m['priority']}. A segment on n nodes does n/{e['reference_nodes']} x "
              "efficiency of the reference work per hour; the efficiency is both what the simulated segment does "
              "and what the rule is told (1.0 = linear)."]
+    sizes = doc.get("trace_sizes")
+    if sizes:
+        lines += ["", f"Why {e['reference_nodes']} nodes: job sizes in the trace (node counts with 50 jobs or more): "
+                  + ", ".join(f"{n} nodes {v['jobs']} jobs ({pct(v['node_h_share'])} of node-hours)"
+                              for n, v in sizes.items())
+                  + "; " + _why(sizes, e["reference_nodes"])]
     t = d.get("elastic_tune")
     if t:
         lines += ["", f"Shape margin chosen on {t['injections']} chains that end before the scored window: "
                       f"**{t['picked_margin_s'] / 60:g} min** (lowest mean overhead at efficiency "
                       f"{e['efficiencies'][0]:g}):", "",
-                  "| candidate (choice window) | n | overhead | low | medium | heavy | chains that changed shape |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| candidate (choice window) | n | overhead | low | medium | heavy | chains that changed shape | "
+                  "vs predicted: low / medium / heavy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        base = t["candidates"].get("predicted") or {}
         for name, r in t["candidates"].items():
             bl = r["by_load"]
+            vs = " / ".join(_rel(bl[k]["mean_overhead_h"], (base.get("by_load") or {}).get(k, {}).get("mean_overhead_h"))
+                            for k in ("low", "medium", "heavy")) if r.get("chains_elastic_share") is not None else "-"
             lines.append(f"| {name} | {r['n']} | {h(r['mean_overhead_h'])} | "
                          + " | ".join(f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']})" for k in ("low", "medium", "heavy"))
-                         + f" | {pct(r.get('chains_elastic_share'))} |")
+                         + f" | {pct(r.get('chains_elastic_share'))} | {vs} |")
         lines += ["", f"Scored window ({m['injections']} chains injected from the split on, one every "
                       f"{m['chains_every_h']:g} h of trace):"]
     lines += ["", "| policy | efficiency | n | overhead (90 % CI) | low (90 % CI) | medium (90 % CI) | heavy (90 % CI) | "
@@ -110,7 +131,29 @@ def render(doc: dict) -> str:
         met30 = "n/a (no heavy chain)" if not heavy else ("yes" if heavy["reduction_30pct"] else "**no**")
         within = all(v["within_5pct"] for v in vs.values() if v)
         lines.append(f"| {name} | {' | '.join(cells)} | {met30} | {'yes' if within else '**no**'} |")
+    el = pols.get("predicted_elastic") or {}
+    if el.get("n"):
+        lines += ["", f"`predicted_elastic` ran a segment on another shape in {pct(el.get('chains_elastic_share'))} of "
+                      f"the scored chains. The rule (chainrun/chain/shapes.py) compares finishing *all* the remaining "
+                      "work at each shape, so a 2-node segment must save more queue time than the extra compute it "
+                      f"costs (at efficiency 1, as long as the work left); with {e['reference_nodes']}-node chains "
+                      "of 168 h that happens only near a chain's end or when the reference waits for days."]
     return "\n".join(lines)
+
+
+def _rel(x, base) -> str:
+    """x relative to base: +5 % = 5 % more overhead than base."""
+    if x is None or not base:
+        return "-"
+    return f"{(x - base) / base * 100:+.0f} %"
+
+
+def _why(sizes: dict, ref: int) -> str:
+    wide = [n for n in sizes if int(n) > 1]
+    most = max(wide, key=lambda n: sizes[n]["jobs"]) if wide else None
+    if most is not None and int(most) == ref:
+        return "the most common multi-node size, so a chain of it queues like the trace's own wide jobs."
+    return f"the most common multi-node size is {most}."
 
 
 def rendered_doc(text: str, doc: dict) -> str:
@@ -127,6 +170,7 @@ def main() -> int:
     args = ap.parse_args()
     if not (args.render or args.check):
         doc = run(args.trace, args.extra)
+        doc["trace_sizes"] = trace_sizes(args.trace)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {OUT} ({doc['wall_s']} s)")
     doc = json.loads(OUT.read_text())
