@@ -35,6 +35,7 @@ def git(*args: str) -> str:
 
 def run(trace: str, extra: list[str]) -> dict:
     cmd = ["chainrun", "sim", "--trace", trace, *ARGS, *extra, "--json"]
+    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--", "chainrun"))  # what runs
     t = time.monotonic()
     p = subprocess.run([str(Path(sys.executable).with_name("chainrun")), *cmd[1:]], capture_output=True, text=True,
                        cwd=REPO)
@@ -42,7 +43,7 @@ def run(trace: str, extra: list[str]) -> dict:
         sys.stderr.write(p.stderr)
         raise SystemExit(p.returncode)
     env = json.loads(p.stdout)
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun")),
+    return {"commit": commit, "dirty": dirty,
             "seed": env["data"]["meta"]["seed"], "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
             "chainrun": env["chainrun"], "data": env["data"]}
 
