@@ -122,8 +122,12 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
 def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
              refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto", lightgbm_params: dict | None = None,
              anchor: bool | None = None, rf_params: dict | None = None, kind: str | None = None,
-             other_kind: bool = True, forest_params: dict | None = None) -> dict:
-    """Replay the refresh through [train_until, test_until); see the module doc."""
+             other_kind: bool = True, forest_params: dict | None = None, keep_rows: bool = False) -> dict:
+    """Replay the refresh through [train_until, test_until); see the module doc.
+
+    ``keep_rows``: also return the per-job answers of the scored set (``rows``: features,
+    log10 waits, started or not, quantiles and P(wait <= H) per model, training base rates)
+    for diagnostics such as bench/predict_deadline.py."""
     import numpy as np
 
     from chainrun.predict.model import KIND, KINDS
@@ -257,7 +261,17 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
 
     train_idx = training_rows(p, since=warm, until=train_until)
     cens = p["censored"].to_numpy(bool)
-    return {
+    extra = {}
+    if keep_rows:
+        ok = ~np.isnan(preds["with_rule"]["lightgbm"][:, 0])
+        idx = sets["with_rule"][ok]
+        extra["rows"] = {"index": idx, "X": X_set["with_rule"][ok], "y": y_set["with_rule"][ok],
+                         "observed": obs_set["with_rule"][ok], "submit": sub[idx],
+                         "user": p["user"].astype(str).to_numpy()[idx],
+                         "preds": {n: preds["with_rule"][n][ok] for n in names},
+                         "probs": {n: {h: probs["with_rule"][n][h][ok] for h in HORIZONS} for n in names},
+                         "base_rate": {h: base["with_rule"][h][ok] for h in HORIZONS}}
+    return {**extra,
         "models": report["with_rule"]["models"],
         "deadline_baselines": report["with_rule"]["deadline_baselines"],
         "without_dependency_rule": report["without_rule"],

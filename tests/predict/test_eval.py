@@ -50,6 +50,23 @@ def test_probability_matrix_matches_the_prediction_object():
         assert prob_within_matrix(row, h)[0] == pytest.approx(p.prob_within(h), abs=1e-9)
 
 
+def test_deadline_answer_at_one_half_is_the_median_rule():
+    """P(wait <= H) >= 0.5 exactly when q50 <= H: the deadline accuracy at 0.5 depends on the
+    median alone (docs/model.md, "Why deadline accuracy stops near 0.8"); the curve's shape
+    between levels moves the Brier score, not the accuracy."""
+    from chainrun.predict.evaluate import prob_within_matrix
+    from chainrun.predict.model import QUANTILES
+
+    rng = np.random.default_rng(1)
+    v = np.sort(rng.uniform(0, 6, (5000, len(QUANTILES))), axis=1)
+    v[:500, 0] = 0.0  # waits at the 1 s floor, as for many real jobs
+    v[:100, 1] = 0.0
+    j50 = QUANTILES.index(0.5)
+    for h in (600.0, 3600.0, 21600.0):
+        p = prob_within_matrix(v, h)
+        assert np.array_equal(p >= 0.5, v[:, j50] <= np.log10(h))
+
+
 def test_quantile_forest_uses_leaf_waits():
     from chainrun.predict.evaluate import QuantileForest
 
