@@ -114,7 +114,7 @@ def render(name: str, doc: dict) -> str:
         return fidelity_table(name, doc)
     f = d["fidelity"]
     head = [f"`{doc['command']}` (commit {doc['commit'][:7]}{', local changes' if doc.get('dirty') else ''}, seed "
-            f"{doc['seed']}, {doc['wall_s']:.0f} s wall on 2 cores; `docs/results/{name}.json`)", "",
+            f"{doc['seed']}, {doc['wall_s']:.0f} s wall on the shared 2-core box; `docs/results/{name}.json`)", "",
             f"Fidelity ({f['nodes']} nodes, priority {_priority(d)}): Spearman {f['spearman']:.2f} over {f['jobs']} jobs, "
             f"{f['spearman_without_holds']:.2f} without the {f['jobs'] - f['jobs_without_holds']} jobs replayed as "
             f"dependency holds; median sim/real wait {f['median_ratio']:.2f}, within x2 {pct(f['within_2x'], 0)}.", ""]
