@@ -209,12 +209,12 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
         out["eligible"] = out["submit"]
     else:
         out["eligible"] = out["eligible"].fillna(out["submit"])
-    out["timelimit_s"] = _by_unique(col("timelimit"), _lenient(acct_limit_s)).astype(float)
-    out["nodes"] = _by_unique(col("nodes", "1"), partial(acct_count, default=1)).astype(int)
-    out["cpus"] = _by_unique(col("cpus", "0"), partial(acct_count, default=0)).astype(int)
+    out["timelimit_s"] = _by_unique(col("timelimit"), _lenient(acct_limit_s), dtype=float)
+    out["nodes"] = _by_unique(col("nodes", "1"), partial(acct_count, default=1), dtype=int)
+    out["cpus"] = _by_unique(col("cpus", "0"), partial(acct_count, default=0), dtype=int)
     if "alloc_tres" in cols or "req_tres" in cols:  # a pending job has no AllocTRES yet
         pair = col("alloc_tres").str.cat(col("req_tres"), sep=_US)
-        out["gpus"] = _by_unique(pair, lambda v: acct_gpus(*v.split(_US, 1))).astype(int)
+        out["gpus"] = _by_unique(pair, lambda v: acct_gpus(*v.split(_US, 1)), dtype=int)
     else:  # traces without TRES (LS6): whole nodes
         out["gpus"] = out["nodes"] * int(gpus_per_node)
     out["exit_code"] = col("exit_code", "0:0").replace("", "0:0")
@@ -233,7 +233,7 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
 def _times(s: "pd.Series") -> "pd.Series":
     """Epoch seconds by the Slurm layer's rule (acct_time); zone-less ISO text keeps the trace's
     wall clock (read as UTC). A million epoch strings: about a second per column."""
-    return _by_unique(s, _lenient(partial(acct_time, naive_utc=True))).astype(float)
+    return _by_unique(s, _lenient(partial(acct_time, naive_utc=True)), dtype=float)
 
 
 def _lenient(rule):
@@ -248,15 +248,20 @@ def _lenient(rule):
     return f
 
 
-def _by_unique(s: "pd.Series", f) -> "pd.Series":
-    """Apply ``f`` once per distinct value: a million rows hold a few thousand distinct ones."""
+def _by_unique(s: "pd.Series", f, dtype=object) -> "pd.Series":
+    """Apply ``f`` once per distinct value: a million rows hold a few thousand distinct ones
+    (times: up to a million, about a second a column; iterate a plain list, not the pandas array)."""
     import numpy as np
     import pandas as pd
 
     codes, uniques = pd.factorize(s, use_na_sentinel=False)
-    table = np.empty(len(uniques), dtype=object)
-    table[:] = [f(str(u)) for u in uniques]
-    return pd.Series(table[codes], index=s.index, dtype=object)
+    values = [f(str(u)) for u in uniques.tolist()]
+    if dtype is object:
+        table = np.empty(len(values), dtype=object)
+        table[:] = values
+    else:
+        table = np.asarray(values, dtype=dtype)
+    return pd.Series(table[codes], index=s.index, dtype=dtype)
 
 
 def _infer_state(df: "pd.DataFrame") -> "pd.Series":

@@ -48,11 +48,11 @@ def parse_slurm_timestamp(text: str | None, *, naive_utc: bool = False) -> float
     if text is None:
         return None
     t = text.strip()
-    if t.lower() in _SENTINELS:
-        return None
-    if t.isdigit():
+    if t.isdigit():  # first: the common case (a million rows a refresh), never a sentinel
         v = float(t)
         return v if v > 0 else None
+    if t.lower() in _SENTINELS:
+        return None
     try:
         d = datetime.fromisoformat(t)
     except ValueError:
