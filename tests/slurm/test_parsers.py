@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chainrun.slurm import parsers
@@ -184,3 +184,40 @@ def test_sacct_value_rules():
     assert parsers.acct_time("2023-11-14T22:13:20", naive_utc=True) == 1.7e9
     assert parsers.acct_gpus("", "gres/gpu=2") == 2 and parsers.acct_gpus("gres/gpu=4", "gres/gpu=2") == 4
     assert parsers.is_step("12.batch") and not parsers.is_step("12")
+
+
+_value = st.one_of(st.sampled_from(["", "Unknown", "None", "0", "UNLIMITED", "Partition_Limit", "4294967294", "N/A",
+                                    "1-00:00:00", "02:03", "2023-01-02T03:04:05+02:00", "2023-01-02T03:04:05", "gres/gpu=2", "gres/gpu:a100=4",
+                                    "-1", "1.5", "²"]),
+                   st.integers(0, 2_000_000_000).map(str), st.text(alphabet="0123456789:-TNUa/=,", max_size=12))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_value, _value, _value, _value, _value, _value), min_size=1, max_size=6))
+def test_row_and_column_readers_agree_on_any_values(rows):
+    """Hostile values, field by field: where the row parser reads a value, the columnar reader
+    reads the same; where the row parser refuses it (SlurmParseError), the columnar one says unknown."""
+    import math
+
+    from chainrun.traces import parse_trace_text
+
+    head = "JobIDRaw|User|Submit|Start|End|TimelimitRaw|NNodes|NCPUS|AllocTRES|ReqTRES|JobName"
+    lines = [head] + [f"{i + 1}|u|1700000000|{a}|{b}|{c}|{d}|{e}|{f}|{a}|n" for i, (a, b, c, d, e, f) in enumerate(rows)]
+    text = "\n".join(lines) + "\n"
+    df = parse_trace_text(text).set_index("job_id")
+    for ln in lines[1:]:
+        one = head + "\n" + ln + "\n"
+        j = ln.split("|")[0]
+        try:
+            (r,) = parsers.parse_sacct(one)
+        except SlurmParseError:
+            continue
+        d = df.loc[j]
+        raw = ln.split("|")
+        for a, b, iso in ((r.start, d.start, not raw[3].strip().isdigit()), (r.end, d.end, not raw[4].strip().isdigit()),
+                          (r.time_limit_s, d.timelimit_s, False)):
+            if a is not None and iso:  # zone-less ISO: local time for the watcher, wall clock for traces, by design
+                assert not math.isnan(b)
+                continue
+            assert (a is None and math.isnan(b)) or a == b
+        assert (r.nodes, r.cpus, r.gpus) == (d.nodes, d.cpus, d.gpus)
