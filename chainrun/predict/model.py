@@ -437,11 +437,16 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
         early = observed.copy()
     prm = {**PARAMS, **(params or {})}
     n_rounds = int(prm.pop("rounds", rounds))
+    # recency weighting (bench/predict_recency.py; off unless asked): a row's weight halves
+    # every ``half_life_days`` before the newest training row
+    half_life = prm.pop("half_life_days", None)
+    weight = 0.5 ** ((np.max(t[early]) - t) / (float(half_life) * 86400.0)) if half_life and early.any() else None
 
     def fit(rows, n):
         import lightgbm as lgb
 
-        ds = lgb.Dataset(X[rows], r[rows], feature_name=list(FEATURES), free_raw_data=False, params={"verbose": -1})
+        ds = lgb.Dataset(X[rows], r[rows], weight=None if weight is None else weight[rows], feature_name=list(FEATURES),
+                         free_raw_data=False, params={"verbose": -1})
         return {qq: lgb.train({**prm, "alpha": qq, "min_data_in_leaf": min(prm["min_data_in_leaf"], max(5, len(rows) // 20))},
                               ds, num_boost_round=n) for qq in QUANTILES}
 
