@@ -191,20 +191,6 @@ def expand_hostlist(text: str) -> list[str]:
     return out
 
 
-_TEST_ONLY_RE = re.compile(r"to start at (\S+)")
-
-
-def parse_test_only(text: str) -> float | None:
-    """``sbatch: Job 12 to start at 2026-11-23T14:20:00 using 1 processors on nodes n2 in partition short``."""
-    m = _TEST_ONLY_RE.search(text or "")
-    if not m:
-        return None
-    try:
-        return parse_slurm_timestamp(m.group(1))
-    except ValueError:
-        return None
-
-
 def parse_squeue(text: str) -> list[QueueRow]:
     rows = []
     for r in parse_table(text, last_may_contain_sep=True):
@@ -429,7 +415,7 @@ _TEST_ONLY_RE = re.compile(r"Job (\d+) to start at (\S+) using (\d+) processors 
 
 def parse_test_only(stderr: str) -> float | None:
     """Expected start (epoch) from ``sbatch --test-only``'s stderr; None if it printed none."""
-    m = _TEST_ONLY_RE.search(stderr)
+    m = _TEST_ONLY_RE.search(stderr or "")
     if not m:
         return None
     try:
