@@ -37,7 +37,7 @@ def test_submit_stores_the_policy_default_unless_lead_is_given(slurm_cluster, ch
     chains = {}
     for key, args in {"pred": ["--policy", "predicted"], "pred10m": ["--policy", "predicted", "--lead", "10m"],
                       "lead": ["--policy", "lead"]}.items():
-        p = run_cli("submit", str(script), "--total", "2m", *args, "--json", "--", "--hold",
+        p = run_cli("submit", str(script), "--total", "2m", "--signal", "USR2@30", *args, "--json", "--", "--hold",
                     home=chainrun_home, cwd=tmp_path)
         assert p.returncode == 0, p.stderr
         chains[key] = json.loads(p.stdout)["data"]["chain"]
