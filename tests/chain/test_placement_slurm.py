@@ -121,25 +121,36 @@ def _shared(base: Path) -> dict:
 
 
 def _spread(base: Path) -> dict:
-    """Segment 0 finds one node free under each switch (n2 and n4 held for 30 s) and spans two; the toy
-    trainer steps 1.4x slower across switches (TOY_SWITCHES: the test cluster's topology.conf); segment 1
+    """Segment 0 finds one node free under each switch (n2 and n4 held until it trains) and spans two; the
+    toy trainer steps 1.4x slower across switches (TOY_SWITCHES: the test cluster's topology.conf); segment 1
     fits under one switch; the rule then asks --switches=1@T for segment 2 on."""
-    hold = [subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={n}", "--exclusive", "-t", "1",
-                            "--job-name=spread-hold", "-o", "/dev/null", "--wrap", "sleep 30"],
+    hold = [subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={n}", "--exclusive", "-t", "2",
+                            "--job-name=spread-hold", "-o", "/dev/null", "--wrap", "sleep 120"],
                            capture_output=True, text=True).stdout.strip() for n in ("n2", "n4")]
     script = base / "srun_toy.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
                       f"exec srun python3 {TOY_PY}\n")
     home, work = base / "home", base / "w"
     work.mkdir()
-    p = h.cli("submit", str(script), "--name", "spread", "--json", "--total", "100s", "--segment", "75s",
-              "--policy", "reactive", "--signal", "USR2@30", "--",
-              "--export=ALL,TOY_SWITCHES=n1+n2:n3+n4,TOY_SPREAD_SLOW=1.4",
+    p = h.cli("submit", str(script), "--name", "spread", "--json", "--total", "75s", "--segment", "1m",
+              "--policy", "reactive", "--signal", "USR2@20", "--",
+              "--export=ALL,TOY_SWITCHES=n1+n2:n3+n4,TOY_SPREAD_SLOW=1.4,TOY_STEP_SECONDS=0.25",
               home=home, cwd=work)
     assert p.returncode == 0, p.stderr
-    res = _run(home, json.loads(p.stdout)["data"]["chain"])
-    res["hold"] = hold
-    return res
+    chain = json.loads(p.stdout)["data"]["chain"]
+    watcher = subprocess.Popen(h.watch_argv(3), env={**os.environ, **FAST_PROGRESS, "CHAINRUN_HOME": str(home)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    state = Path(_detail(home, chain)["run_dir"]) / "control" / "seg-0.state"
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and "phase=training" not in (state.read_text() if state.exists() else ""):
+            time.sleep(0.5)
+    finally:  # free both switches' second node once segment 0 trains: segment 1 fits under one switch
+        subprocess.run(["scancel", *[j for j in hold if j.isdigit()]], capture_output=True)
+    log, _ = watcher.communicate(timeout=900)
+    return {"home": home, "chain": chain, "rc": watcher.returncode, "log": log, "detail": _detail(home, chain),
+            "adapt": h.events(home, "adapt"), "plain": h.cli("status", chain, "--plain", home=home).stdout,
+            "hold": hold}
 
 
 SCENARIOS = {"twonode": _two_node, "onenode": _one_node, "garbage": _garbage}
@@ -235,7 +246,7 @@ def test_segments_spanning_switches_record_it_and_the_slower_spread_asks_for_one
     res = _ok(runs["spread"])
     assert all(j.isdigit() for j in res["hold"]), res["hold"]
     segs = _segs(res)
-    assert len(segs) >= 3, segs
+    assert len(segs) >= 3, [(s["idx"], s["nodes"], s["switches"], s["request"]) for s in segs]
     assert segs[0]["switches"] == 2 and sorted(segs[0]["nodes"]) == ["n1", "n3"], segs[0]
     assert segs[1]["switches"] == 1, segs[1]
     asked = [e for e in res["adapt"] if "--switches=1@" in e]

@@ -12,9 +12,9 @@ from tests.chain.test_placement import _chain, _seg
 
 # captured from the test cluster with scripts/start-cluster.sh's topology.conf (Slurm 22.05)
 TOPOLOGY = """\
-SwitchName=s0 Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=s[1-2]
 SwitchName=s1 Level=0 LinkSpeed=1 Nodes=n[1-2]
 SwitchName=s2 Level=0 LinkSpeed=1 Nodes=n[3-4]
+SwitchName=s0 Level=1 LinkSpeed=1 Nodes=n[1-4] Switches=s1,s2
 """
 
 
