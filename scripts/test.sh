@@ -6,7 +6,9 @@
 # (about 1.6 GB in .venv) for the trainer-template tests.
 # Core only (no torch, template tests left out; CI never does this):
 #   scripts/test.sh --core        or        CHAINRUN_TEST_CORE=1 scripts/test.sh
-# Other arguments go to pytest, e.g.: scripts/test.sh -k parsers
+# Other arguments go to pytest, e.g.: scripts/test.sh -k parsers (then one pytest run, main cluster).
+# Without arguments the suite runs in two lanes at once, each on its own real test cluster (see below);
+# CHAINRUN_TEST_LANES=1 runs it as one lane.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -27,4 +29,37 @@ export SLURM_CONF=${SLURM_CONF:-/tmp/chainrun-slurm/etc/slurm.conf}
 if [[ -x scripts/start-sshd.sh ]] || [[ -f scripts/start-sshd.sh ]]; then
   bash scripts/start-sshd.sh >/dev/null 2>&1 || echo "[test] sshd did not start; SSH tests will report it" >&2
 fi
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "${pytest_extra[@]}" "$@"
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider "${pytest_extra[@]}")
+# With arguments (a developer picking tests): one pytest run on the main cluster, as asked.
+if (($#)) || [[ ${CHAINRUN_TEST_LANES:-2} == 1 ]]; then
+  exec "${PYTEST[@]}" "$@"
+fi
+
+# The whole suite: two lanes at once, each on its own real cluster. Most of the suite's time is
+# real chains waiting for real Slurm (sleeps, not CPU), so two clusters halve the wall time without
+# one lane's jobs queueing behind the other's. Lane B (the modules below) runs on a second cluster
+# under /tmp/chainrun-slurm-b (own slurmctld, slurmd x4, slurmdbd and MariaDB on other ports);
+# lane A, everything else, on the main cluster, which the SSH tests' remote shell also reaches.
+LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
+        tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py)
+lane_b=(); ignore_b=()
+for f in "${LANE_B[@]}"; do
+  [[ -e $f ]] || continue
+  [[ $core == 1 && $f == tests/ux/test_slurm_ux.py ]] && continue
+  lane_b+=("$f"); ignore_b+=("--ignore=$f")
+done
+B_DIR=${CHAINRUN_SLURM_B_DIR:-/tmp/chainrun-slurm-b}
+CHAINRUN_SLURM_PORT_BASE=8817 CHAINRUN_SLURM_DB_PORT=3309 CHAINRUN_SLURM_ETC_LINK=0 \
+  bash scripts/start-cluster.sh "$B_DIR" >/dev/null
+b_log=$(mktemp /tmp/chainrun-lane-b.XXXXXX.log)
+echo "[test] lane B (${#lane_b[@]} modules) on the second cluster $B_DIR; its output follows lane A's" >&2
+SLURM_CONF=$B_DIR/etc/slurm.conf "${PYTEST[@]}" "${lane_b[@]}" >"$b_log" 2>&1 &
+b_pid=$!
+trap 'kill "$b_pid" 2>/dev/null' EXIT
+rc_a=0; "${PYTEST[@]}" "${ignore_b[@]}" || rc_a=$?
+rc_b=0; wait "$b_pid" || rc_b=$?
+trap - EXIT
+echo; echo "================ lane B: ${lane_b[*]} (cluster $B_DIR) ================"
+cat "$b_log"; rm -f "$b_log"
+echo "[test] lane A exit $rc_a, lane B exit $rc_b" >&2
+((rc_a == 0 && rc_b == 0))
