@@ -147,3 +147,30 @@ def test_a_fork_has_its_own_usage():
     sim.run_until(day + 10)
     assert f.usage.done[1] > 0 and 1 not in sim.usage.done
     assert sim.usage.done[0] == f.usage.done[0] > 0
+
+
+def test_fair_share_config_from_the_shipped_ls6_weights():
+    import pandas as pd
+    import pytest
+
+    from chainrun.errors import UsageError
+    from chainrun.sim.fairshare import _duration_s, fair_share_for, priority_terms
+
+    assert _duration_s("2-0") == 2 * 86400 and _duration_s("1:00:00") == 3600 and _duration_s("5") == 300
+    table = pd.DataFrame({"user": ["b", "a", "b"], "submit": [10.0, 20.0, 30.0]})
+    fs = fair_share_for(table)
+    # LS6: fair share 4000 and job size 100 against age 7000 over 7 days, half-life 2 days
+    assert fs.weight_s == pytest.approx(4000 / 7000 * 7 * 86400)
+    assert fs.size_weight_s == pytest.approx(100 / 7000 * 7 * 86400)
+    assert fs.half_life_s == 2 * 86400 and fs.max_age_s == 7 * 86400
+    assert fs.users == [1, 0, 1] and fs.n_users == 2 and list(fs.since) == [10.0, 20.0]
+
+    class W:
+        jobs = [(10.0, 0, 1, 60.0, 60.0, -1)]
+
+    W.table = table
+    assert priority_terms("age", W, 123.0) == (0.0, None)
+    assert priority_terms("multifactor", W, 123.0) == (123.0, None)
+    assert priority_terms("fairshare", W, 123.0)[1].n_users == 2
+    with pytest.raises(UsageError):
+        priority_terms("lottery", W, 0.0)
