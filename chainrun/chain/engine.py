@@ -260,6 +260,8 @@ class Engine:
             events += placement.after_segment(c, segs, s)
             events += placement.interference(c, s, lambda: self._exclusive_cost(c, s))
             events += spread.after_segment(c, segs, s)
+            if any(kind == "adapt" for _, kind, _ in events):
+                events += self._update_queued(c, segs)
         self.store.save(c, [s], events)
         if result.outcome == DONE:
             self._finish(c, segs, COMPLETED, f"training finished in segment {s.idx}")
@@ -313,6 +315,21 @@ class Engine:
                                                             shared=placement.sharing_windows(s))
         else:
             old["read_at"] = self.clock()
+
+    def _update_queued(self, c: Chain, segs: list[Segment]) -> list[tuple[int, str, str]]:
+        """A request change reaches a successor already queued (submitted early): `scontrol update`."""
+        events = []
+        for o in segs:
+            if o.phase != PENDING or not o.job_id or not (fields := placement.queued_update(c, o)):
+                continue
+            try:
+                self.slurm.update_pending(o.job_id, fields)
+            except SlurmError as e:  # it may have just started, or the site may refuse: the next one asks anew
+                events.append((o.idx, "placement", f"queued segment {o.idx} (job {o.job_id}) keeps its request: {e}"))
+                continue
+            events.append((o.idx, "adapt", placement.note_queued_update(o, fields)))
+            self.store.save(c, [o])
+        return events
 
     def _record_switches(self, s: Segment) -> None:
         """How many leaf switches a running segment spans (chain/spread.py); topology read once."""

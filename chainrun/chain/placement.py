@@ -288,3 +288,37 @@ def excluded_view(chain) -> list[dict]:
 
 __all__ = ["compare", "segment_verdicts", "one_node_verdicts", "decide_exclusions", "after_segment", "unexclude",
            "excluded_view", "MIN_STEPS", "SLOW_RATIO", "Z_MIN", "PERSIST", "GROSS_RATIO", "GROSS_Z"]
+
+
+# ------------------------------------------------------------------ a successor already queued
+def queued_update(chain, seg) -> dict[str, str]:
+    """``scontrol update`` fields that make a queued segment ask what a segment planned now would:
+    its excluded nodes and ``--switches``. Slurm lets a user change these on a pending job; an
+    ``--exclusive`` cannot be added to one, so that waits for the next submission. Empty: no change."""
+    import shlex
+
+    from chainrun.chain.contract import option_value
+    from chainrun.chain.request import segment_args
+
+    old = shlex.split(seg.extra.get("request") or "")
+    new = segment_args(chain, seg)
+    fields = {}
+    for field_name, names in (("ExcNodeList", ("--exclude", "-x")), ("Switches", ("--switches",))):
+        value = option_value(new, *names)
+        if value and value != option_value(old, *names):
+            fields[field_name] = value
+    return fields
+
+
+def note_queued_update(seg, fields: dict[str, str]) -> str:
+    """Record the change in the segment's shown request; the event's words."""
+    import shlex
+
+    args = shlex.split(seg.extra.get("request") or "")
+    for field_name, opt in (("ExcNodeList", "--exclude"), ("Switches", "--switches")):
+        if field_name in fields:
+            args = [a for a in args if not a.startswith(opt + "=") and not (opt == "--exclude" and a.startswith("-x"))]
+            args.insert(0, f"{opt}={fields[field_name]}")
+    seg.extra["request"] = " ".join(args)
+    said = ", ".join(f"{'--exclude' if k == 'ExcNodeList' else '--switches'}={v}" for k, v in fields.items())
+    return f"queued segment {seg.idx} (job {seg.job_id}) updated in place: {said} (scontrol update)"

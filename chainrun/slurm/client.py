@@ -197,6 +197,11 @@ class SlurmClient:
             return Topology()
         return parse_topology(res.stdout)
 
+    def update_pending(self, job_id: str, fields: dict[str, str]) -> None:
+        """``scontrol update JobId=ID Key=Value ...`` on a job of ours (e.g. ExcNodeList, Switches)."""
+        argv = ["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())]
+        self._call(argv, what="scontrol update")
+
     def node_count(self) -> int:
         """Nodes of the cluster (``scontrol show node``: one record a node)."""
         res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")
