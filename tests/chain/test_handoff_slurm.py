@@ -10,7 +10,9 @@ segment. The scenarios run side by side (one thread each, own chainrun home and 
 3. an unconfirmed submission (sbatch fails, no job) re-planned under a new index while its
    predecessor trains;
 4. a payload that crashes while checkpointing after the signal, every time: the chain stops;
-5. a predecessor whose heartbeat stops while its payload keeps training.
+5. a predecessor whose heartbeat stops while its payload keeps training;
+6. the adaptive hand-off: a successor that starts within the watcher's wait windows of its
+   predecessor's hand-over point waits for it instead of cutting it.
 """
 
 from __future__ import annotations
@@ -143,8 +145,24 @@ def _silent_heartbeat(base: Path) -> dict:
     return out
 
 
+def _adaptive_wait(base: Path) -> dict:
+    """3-minute segments (long partition) training 120 s each, 150 s of work, --lead 80s: segment 1
+    is submitted ~80 s before segment 0's hand-over point (well before Slurm's signal, which may
+    come 30 s early) and starts at once. Nothing is measured yet, so the hand-off takes the signal
+    lead (60 s) and the watcher's rule waits for any start within 90 s of the hand-over point (a
+    cut would need a third segment for the lost minute)."""
+    home, since = base / "home", time.time()
+    chain = h.submit(home, base / "w", "adaptive", "--total", "150s", "--segment", "3m", "--policy", "lead",
+                     "--lead", "80s", "--signal", "USR2@60", "--",
+                     "--partition=long", "--export=ALL,TOY_TOTAL_STEPS=300")
+    out = _finish(home, chain, _watch(home), since)
+    ctl = _control(home, chain)
+    out["control"] = {p.name: p.read_text() for p in ctl.iterdir() if p.is_file() and not p.name.endswith(".tail")}
+    return out
+
+
 SCENARIOS = {"ignores": _ignoring_trainer, "killwait": _killed_while_waiting, "replan": _unconfirmed_replanned,
-             "ckptcrash": _checkpoint_crash, "heartbeat": _silent_heartbeat}
+             "ckptcrash": _checkpoint_crash, "heartbeat": _silent_heartbeat, "adaptive": _adaptive_wait}
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +250,21 @@ def test_silent_heartbeat_does_not_let_a_successor_in(runs):
     _completed(res)
     _trained_alone(res)
     _one_job_per_segment(res)
+
+
+def test_successor_within_the_rule_waits_and_its_predecessor_is_not_cut(runs):
+    res = _ok(runs["adaptive"])
+    _completed(res)
+    _trained_alone(res)  # zero overlap, from the trainer's own per-job record
+    _one_job_per_segment(res)
+    ctl = {k: dict(ln.split("=", 1) for ln in v.splitlines() if "=" in ln) for k, v in res["control"].items()}
+    s0, s1 = res["detail"]["segments_detail"][:2]
+    assert s1["start"] < s0["end"], ("segment 1 started only after segment 0 ended: the cluster was too busy "
+                                     "to test the early start", s0, s1)
+    rule = ctl["handoff-rule.1"]
+    assert rule["for_job"] == s0["job_id"] and rule["signal_lead"] == "60", rule
+    # segment 1 waited by the rule: no hand-off request; segment 0 stopped at its own signal
+    assert "handoff.0" not in ctl, ctl.get("handoff.0")
+    assert ctl["seg-1.outcome"]["handoff_mode"] == "wait", ctl["seg-1.outcome"]
+    assert int(ctl["seg-1.outcome"]["handoff_wait"]) >= 5, ctl["seg-1.outcome"]
+    assert s0["outcome"] == "continue" and ctl["seg-0.outcome"]["outcome"] == "continue", (s0, ctl["seg-0.outcome"])
