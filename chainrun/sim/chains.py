@@ -105,10 +105,13 @@ def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float 
     """The elastic comparison (chains of ``shapes[0]`` nodes): reactive (it defines the load
     levels), fixed-shape ``predicted`` and ``predicted_elastic`` at each efficiency (the first
     unsuffixed, then e.g. ``predicted_elastic_eff80``)."""
-    specs = [PolicySpec("reactive", "reactive"), PolicySpec("predicted", "predicted")]
+    from dataclasses import replace
+
+    shipped = next(s for s in default_specs() if s.name == "predicted")  # what `--policy predicted` does
+    specs = [PolicySpec("reactive", "reactive"), shipped]
     for i, e in enumerate(efficiencies):
         name = "predicted_elastic" if i == 0 else f"predicted_elastic_eff{int(round(e * 100))}"
-        specs.append(PolicySpec(name, "predicted", shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s))
+        specs.append(replace(shipped, name=name, shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s))
     return specs
 
 
@@ -303,8 +306,9 @@ class _Chain:
             if bn < h:  # started before the hand-over point: hand-off (or wait for it)
                 wait = h - bn
                 cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
+                # (the rule reads the work left in the successor's training seconds: its shape's rate)
                 if self.spec.adaptive and should_wait(wait, windows_for(
-                        remaining_s=left_after, successor_capacity_s=cap, full_capacity_s=cap_full,
+                        remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=cap_full,
                         handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
                     cur.stop = cur.exit = h
                     nxt.train_start = h
