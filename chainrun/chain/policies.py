@@ -47,6 +47,27 @@ TRANSITION_COST_S = 3600
 MAX_TARGET = 0.95
 
 
+# The guard against the hand-off spiral: a successor is never queued before its predecessor has
+# trained (1 - MAX_LEAD_SHARE) of a full segment, or all of itself if it is shorter. Without it,
+# when the model's wait at the target is longer than the segment (q0.95 of a 48 h request often
+# is), `predicted` submitted at the segment's start, the successor started minutes later and cut
+# it, and its successor again. A short segment (a chain's last pieces) gets no early successor at
+# all: otherwise each cut leaves a shorter one to cut again. With it every segment trains at least
+# min(itself, (1 - share) x a full segment), so a chain needs a bounded number of them. 1.0 = no
+# cap (the rule before the guard). Chosen by the decide-on-past procedure (chainrun/sim/tune.py,
+# docs/results/sim-tune-ls6.json).
+MAX_LEAD_SHARE = 0.5
+
+
+def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) -> float:
+    """How long before its hand-over point a segment expected to train ``training_s`` (from its
+    start) may get its successor submitted at the earliest, when a full segment trains ``full_s``:
+    what is left once it has trained (1 - share) x ``full_s``; 0 if it is shorter; inf for share >= 1."""
+    if share >= 1.0:
+        return float("inf")
+    return max(0.0, float(training_s) - (1.0 - share) * float(full_s))
+
+
 def predict_quantile(segment_s: float) -> float:
     """The quantile of the predicted wait the `predicted` policy acts on, for a segment length.
 
@@ -146,13 +167,32 @@ class Predicted:
     target is high. The chain's ``--lead`` is a floor: the model can only make the submission
     earlier, never later, because a model is least reliable exactly where it predicts "no
     wait". Without a model this is the fixed lead.
+
+    The guard (``lead_cap_s``, MAX_LEAD_SHARE): never before the segment has trained (1 - share)
+    of a full segment (all of itself if shorter), whatever the model or the floor says, so no
+    model answer can start a spiral of cut segments. Before that moment the model is not asked.
     """
 
     name = "predicted"
 
+    def __init__(self, max_lead_share: float | None = None) -> None:
+        self.max_lead_share = MAX_LEAD_SHARE if max_lead_share is None else float(max_lead_share)
+
+    def earliest(self, view: PolicyView) -> float | None:
+        """The first moment this rule may submit (the guard), or None when it does not apply."""
+        cur = view.current
+        if view.handover_at is None or cur.start is None or self.max_lead_share >= 1.0:
+            return None
+        full = view.chain.segment_s - view.chain.signal_lead_s
+        return view.handover_at - lead_cap_s(view.handover_at - cur.start, full, self.max_lead_share)
+
     def decide(self, view: PolicyView) -> Decision:
         if view.current.phase != RUNNING or view.handover_at is None:
             return Decision(False)
+        first = self.earliest(view)
+        if first is not None and view.now < first:
+            return Decision(False, f"guard: not before {view.handover_at - first:.0f}s before the hand-over "
+                                   f"point (share {self.max_lead_share:.2f})")
         est = view.predict_wait() if view.predict_wait else None
         left = view.handover_at - view.now
         if est is None:

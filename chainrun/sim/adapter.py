@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from chainrun.chain.policies import Decision, PolicyView, WaitEstimate, get_policy
+from chainrun.chain.policies import Decision, PolicyView, Predicted, WaitEstimate, get_policy
 from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 
 CHAIN_USER = "chainrun-chain"
@@ -166,7 +166,15 @@ class SimWatcher:
             return AvgLead(self.k)
         if spec.policy == "oracle":
             return None
+        if spec.policy == "predicted" and getattr(spec, "lead_share", None) is not None:
+            return Predicted(max_lead_share=spec.lead_share)  # a tuning candidate's guard
         return get_policy(spec.policy)
+
+    @staticmethod
+    def view(cur, handover: float, lead_s: float, work) -> PolicyView:
+        """A view of the running segment ``cur`` without a model (for the guard's first moment)."""
+        return PolicyView(now=cur.start, chain=engine_chain(work, lead_s, "predicted"),
+                          current=engine_segment(cur, True), handover_at=handover)
 
     def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work,
             target: float | None = None) -> Decision:

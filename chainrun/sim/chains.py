@@ -87,6 +87,7 @@ class PolicySpec:
     lead_s: float | None = None  # this chain's --lead (None: ChainWork.lead_s)
     adaptive: bool = False  # hand-off: wait instead of cutting when that is cheaper
     target: float | None = None  # predicted: the target probability (None: the shipped predict_quantile)
+    lead_share: float | None = None  # predicted: the guard's MAX_LEAD_SHARE (None: the shipped constant)
     shapes: tuple[int, ...] | None = None  # elastic: node counts, the first the reference (= injected nodes)
     efficiency: float = 1.0  # elastic: every other shape's rate relative to linear in nodes
     margin_s: float = DEFAULT_MARGIN_S  # elastic: what another shape must save to be chosen (choose_shape)
@@ -96,8 +97,10 @@ def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.
     specs = [PolicySpec("reactive", "reactive"), PolicySpec("dependency", "dependency"),
              PolicySpec("lead_1h", "lead", lead_s=3600.0)]
     specs += [PolicySpec(f"fixed_{int(s // 3600)}h", "lead", lead_s=float(s)) for s in fixed_leads_s]
-    specs += [PolicySpec("avg", "avg"), PolicySpec("predicted", "predicted"),
-              PolicySpec("predicted_adaptive", "predicted", adaptive=True), PolicySpec("oracle", "oracle")]
+    # `predicted` is what `chainrun submit --policy predicted` does: the watcher always writes the
+    # adaptive hand-off rule; `predicted_cut` is the same rule with every early start cutting
+    specs += [PolicySpec("avg", "avg"), PolicySpec("predicted", "predicted", adaptive=True),
+              PolicySpec("predicted_cut", "predicted"), PolicySpec("oracle", "oracle")]
     return specs
 
 
@@ -339,6 +342,10 @@ class _Chain:
         """Ask the policy on the watcher's tick grid while ``cur`` runs; submit when it says so,
         or once ``cur`` has ended (every policy's fallback: the whole of reactive)."""
         t = max(self.sim.now, cur.start)
+        if hasattr(self.policy, "earliest"):  # predicted's guard: no ask submits before it (exact skip)
+            first = self.policy.earliest(self.watcher.view(cur, h, self.lead_s, self.work))
+            if first is not None:
+                t = max(t, first)
         while t < h:
             self.sim.run_until(t)
             d = self.ask(cur, running=True)

@@ -3,9 +3,14 @@
 1. Split the trace at ``score_from``. **Choose** on chains injected after the warm-up whose whole
    life (work x 1.5 + 2 days) ends before ``score_from``: the choice sees no scored chain, no
    scored queue and no model fit on scored data (the replay's models are refit on the masked past).
-2. On those chains run every candidate of the grid: the target probability of the `predicted`
-   rule (the level of the wait distribution it acts on; the shipped value comes from
-   ``predict_quantile``) x the floor (the chain's ``--lead``), all through the shipped class.
+2. On those chains run every candidate of the grid, all through the shipped class with the
+   adaptive hand-off (what `chainrun submit --policy predicted` does): the guard's share
+   (``MAX_LEAD_SHARE``: how much of a segment's training a successor may be submitted before its
+   hand-over point; 1.0 = no cap) x the target probability (the level of the wait distribution it
+   acts on; None = the shipped ``predict_quantile``) x the floor (the chain's ``--lead``). The
+   default grid tunes the share with the target and floor fixed at the previous pick (q0.95 / 1 h,
+   chosen by this procedure on the same choice window): the full 4 x 5 x 2 grid is too slow for
+   the shared 2-core box. Pass ``targets``/``floors`` for the full grid.
 3. Among the candidates that keep GPU-hours held twice <= 1 % of the work (the issue's budget;
    all of them if none does), pick the one with the fewest stuck chains, then the lowest mean
    completion overhead.
@@ -20,17 +25,20 @@ from dataclasses import replace
 from chainrun.sim.chain_replay import ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, default_specs
 
-TARGETS = (0.6, 0.8, 0.9, 0.95, None)  # None: the shipped predict_quantile(segment)
-FLOORS_S = (3600.0, 3 * 3600.0)
+SHARES = (0.25, 0.5, 0.75, 1.0)  # the guard's MAX_LEAD_SHARE; 1.0: no cap (the rule before the guard)
+TARGETS = (0.95,)  # the previous pick (commit fbb1053); the full grid was (0.6, 0.8, 0.9, 0.95, None)
+FLOORS_S = (3600.0,)  # the previous pick; the full grid was (1 h, 3 h)
 GPU_TWICE_BUDGET = 0.01
 
 
-def candidates(targets=TARGETS, floors=FLOORS_S) -> list[PolicySpec]:
+def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES) -> list[PolicySpec]:
     out = []
     for q in targets:
         for f in floors:
-            tq = "shipped" if q is None else f"q{int(round(q * 100))}"
-            out.append(PolicySpec(f"predicted_{tq}_floor{int(f // 60)}m", "predicted", lead_s=f, target=q))
+            for sh in shares:
+                tq = "shipped" if q is None else f"q{int(round(q * 100))}"
+                out.append(PolicySpec(f"predicted_{tq}_floor{int(f // 60)}m_share{int(round(sh * 100))}", "predicted",
+                                      lead_s=f, target=q, lead_share=sh, adaptive=True))
     return out
 
 
@@ -63,7 +71,9 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
                                            for k in ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments",
                                                      "stuck", "by_load")}
                                   for s in specs},
-                   "picked": {"name": best.name, "target": best.target, "floor_s": best.lead_s},
+                   "picked": {"name": best.name, "target": best.target, "floor_s": best.lead_s,
+                              "lead_share": best.lead_share},
+                   "grid": {"targets": list(TARGETS), "floors_s": list(FLOORS_S), "shares": list(SHARES)},
                    "meta": chosen.meta},
         "score": {**scored.summary, "meta": scored.meta},
     }

@@ -98,3 +98,51 @@ def test_predict_quantile_follows_segment_length():
     assert predict_quantile(6 * 3600) == pytest.approx(0.857, abs=0.001)  # below the cap: the newsvendor quantile
     assert predict_quantile(120) == 0.5  # short segments: early is as costly as late
     assert predict_quantile(10**9) == 0.95
+
+
+def running_view(now, *, start=0.0, end=10_000.0, estimate=None, lead_s=600):
+    c = chain(policy="predicted", lead_s=lead_s, segment_s=10_000)  # a full segment trains 9700 s
+    cur = Segment(chain_id="c", idx=0, phase=RUNNING, job_id="7", start=start, end=end)
+    return PolicyView(now=now, chain=c, current=cur, handover_at=end - c.signal_lead_s,
+                      predict_wait=(lambda: estimate) if estimate is not None else None)
+
+
+def test_predicted_guard_no_submit_at_a_segments_start_when_the_model_says_longer_than_the_segment():
+    """The spiral: a model whose wait at the target is longer than the whole segment made the rule
+    submit at the segment's start; the guard waits until only MAX_LEAD_SHARE of its training is left."""
+    from chainrun.chain.policies import Predicted, lead_cap_s
+
+    asked = []
+    never = WaitEstimate(seconds=1e9, model="pessimist", target=0.95, prob_within=lambda h: 0.0)
+
+    def estimate():
+        asked.append(1)
+        return never
+
+    p = Predicted(max_lead_share=0.5)
+    training = 9_700.0  # start 0 to the hand-over point 9700: a full segment
+    first = 9_700.0 - lead_cap_s(training, training, 0.5)
+    assert first == pytest.approx(4_850.0)
+    v = running_view(0.0)
+    v = PolicyView(now=0.0, chain=v.chain, current=v.current, handover_at=v.handover_at, predict_wait=estimate)
+    d = p.decide(v)
+    assert not d.submit and "guard" in d.reason and not asked  # the model is not even asked
+    late = PolicyView(now=first, chain=v.chain, current=v.current, handover_at=v.handover_at, predict_wait=estimate)
+    assert p.decide(late).submit and asked
+    assert not p.decide(running_view(first - 1, estimate=never)).submit
+    # the guard holds for the floor too: a floor longer than the segment no longer submits at its start
+    assert not p.decide(running_view(100.0, estimate=never, lead_s=20_000)).submit
+    # a segment shorter than (1 - share) of a full one (a chain's last piece) gets no early successor
+    short = running_view(9_600.0, start=5_000.0, estimate=never)
+    assert lead_cap_s(4_700.0, 9_700.0, 0.5) == 0.0 and not p.decide(short).submit
+
+
+def test_predicted_guard_share_one_is_no_cap_and_the_shipped_share_is_used():
+    from chainrun.chain.policies import MAX_LEAD_SHARE, Predicted, lead_cap_s
+
+    never = WaitEstimate(seconds=1e9, model="pessimist", target=0.95, prob_within=lambda h: 0.0)
+    assert Predicted(max_lead_share=1.0).decide(running_view(0.0, estimate=never)).submit  # the old rule
+    assert lead_cap_s(10.0, 10.0, 1.0) == float("inf")
+    assert get_policy("predicted").max_lead_share == MAX_LEAD_SHARE < 1.0
+    # without a start time (never seen running) there is nothing to measure the share on: no guard
+    assert get_policy("predicted").decide(view(0.0, estimate=never)).submit

@@ -53,7 +53,7 @@ def test_oracle_is_a_bound_and_reactive_pays_the_queue(result):
         assert p["mean_overhead_h"] >= pols["oracle"]["mean_overhead_h"] - 0.2, name
     # the JSON keys of the issue
     assert set(result.summary["chains"]) >= {"work_h", "segment_h", "restart_cost_min", "policies"}
-    for name in ("reactive", "avg", "predicted", "oracle", "dependency", "predicted_adaptive"):
+    for name in ("reactive", "avg", "predicted", "oracle", "dependency", "predicted_cut"):
         assert set(pols[name]) >= {"n", "mean_overhead_h", "mean_segments", "gpu_h_twice_share", "by_load"}
         assert set(pols[name]["by_load"]) == {"low", "medium", "heavy"}
 
@@ -148,7 +148,7 @@ def test_builtin_trace_name():
 def test_tune_picks_within_the_budget_fewest_stuck_then_lowest_overhead():
     from chainrun.sim.tune import candidates, pick
 
-    specs = candidates(targets=(0.8, 0.9), floors=(3600.0,))
+    specs = candidates(targets=(0.8, 0.9), floors=(3600.0,), shares=(1.0,))
     a, b = specs
     rows = {a.name: {"n": 10, "mean_overhead_h": 5.0, "gpu_h_twice_share": 0.002, "stuck": 0},
             b.name: {"n": 10, "mean_overhead_h": 4.0, "gpu_h_twice_share": 0.002, "stuck": 0}}
@@ -217,3 +217,48 @@ def test_the_replay_sizes_a_successor_with_the_engines_helpers(monkeypatch):
     assert calls and all(p == "RUNNING" for p, _ in calls)
     with pytest.raises(ValueError):
         run_chains(busy(), cfg(specs=specs, max_chains=1, work=ChainWork(successor_limit="nope")))
+
+
+def test_the_replays_predicted_is_what_submit_ships():
+    """`predicted` is the shipped rule with the adaptive hand-off the watcher always writes, and
+    the guard's shipped share; `predicted_cut` the same rule cutting at every early start."""
+    from chainrun.chain.policies import Predicted
+    from chainrun.sim.adapter import SimWatcher
+    from chainrun.sim.chains import default_specs
+    from chainrun.sim.tune import candidates
+
+    specs = {s.name: s for s in default_specs()}
+    assert specs["predicted"].adaptive and specs["predicted"].lead_share is None
+    assert not specs["predicted_cut"].adaptive and specs["predicted_cut"].policy == "predicted"
+    assert all(c.adaptive for c in candidates())  # the procedure tunes what ships
+    w = SimWatcher.__new__(SimWatcher)
+    assert w.policy(specs["predicted"]).max_lead_share == Predicted().max_lead_share
+    assert w.policy(PolicySpec("x", "predicted", lead_share=0.25)).max_lead_share == 0.25
+
+
+def test_the_guard_stops_the_spiral_of_a_model_that_always_says_longer_than_the_segment():
+    """A model whose wait at the target is always longer than the segment: without the guard
+    (share 1.0) `predicted` submits at every segment's start and on an idle partition each
+    successor cuts its predecessor minutes in; with the guard every segment trains at least
+    (1 - share) of itself, so the chain needs few segments."""
+    from chainrun.predict import Prediction
+
+    class Pessimist:
+        def __init__(self, history, until):
+            pass
+
+        def predict(self, req, snapshot, history):
+            return Prediction(100 * H, 200 * H, 400 * H, "pessimist")
+
+    idle = frame(steady(30, every_s=12 * H, run_s=H))  # two nodes, almost always free
+    specs = [PolicySpec("no_guard", "predicted", lead_share=1.0), PolicySpec("guard", "predicted", lead_share=0.5)]
+    work = ChainWork(work_s=30 * H, segment_s=12 * H, max_segments=20)
+    res = run_chains(idle, cfg(specs=specs, max_chains=1, work=work, predictor=Pessimist))
+    runs = {r.policy: r for r in res.runs}
+    assert runs["no_guard"].stuck or runs["no_guard"].segments > 8
+    g = runs["guard"]
+    assert g.done and not g.stuck
+    # each segment trains >= half of a full 12 h one (all of itself if shorter) before its
+    # successor exists: 30 h in a handful (a 5-min reactive tail: the hand-off wait, see evaluation.md)
+    assert g.segments <= 8 < runs["no_guard"].segments
+    assert all(cut <= 0.5 * 12 * H + 60 for _, cut in g.boundaries)
