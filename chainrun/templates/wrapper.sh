@@ -28,6 +28,7 @@ CHAINRUN_SIGNAL=@@SIGNAL@@
 CHAINRUN_RUN_DIR=@@RUN_DIR@@
 CHAINRUN_PAYLOAD=@@PAYLOAD@@
 CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-@@HANDOFF_TIMEOUT@@}
+CHAINRUN_HANDOFF_GRACE=${CHAINRUN_HANDOFF_GRACE:-60}  # an owner waited for by the rule may outlive its end this long
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 # the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
@@ -134,7 +135,7 @@ claim() {  # exclusive create: exactly one job can own generation $1
 # watcher's rule says that costs less (chainrun/chain/handoff_plan.py). The rule file holds the
 # waits (whole seconds from now to the owner's hand-over point) for which to wait; bash only
 # compares numbers. No rule file, one made for another owner, or no known end: cut, as before.
-rule_wait() {  # $1: owner generation, $2: owner job. Prints the hand-over point if the rule says wait
+rule_wait() {  # $1: owner generation, $2: owner job. Prints "<hand-over point> <end>" if the rule says wait
   local rule=$CTL/handoff-rule.$CHAINRUN_SEGMENT st end lead w k v lo hi
   [[ -r $rule && -n $2 ]] || return 1
   [[ $(sed -n 's/^for_job=//p' "$rule" | head -n 1) == "$2" ]] || return 1
@@ -147,7 +148,7 @@ rule_wait() {  # $1: owner generation, $2: owner job. Prints the hand-over point
   while IFS='=' read -r k v; do
     [[ $k == wait ]] || continue
     read -r lo hi <<< "$v"
-    [[ $lo =~ ^[0-9]+$ && $hi =~ ^[0-9]+$ ]] && ((w >= lo && w <= hi)) && { echo $((end - lead)); return 0; }
+    [[ $lo =~ ^[0-9]+$ && $hi =~ ^[0-9]+$ ]] && ((w >= lo && w <= hi)) && { echo "$((end - lead)) $end"; return 0; }
   done < "$rule"
   return 1
 }
@@ -160,8 +161,10 @@ while [[ -z $stop_wait ]]; do
   if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
     oj=$(owner_job "$g")
     deadline=$((t0 + CHAINRUN_HANDOFF_TIMEOUT))  # no hand-off by then: the owner is cancelled
+    handoff_mode=""
     if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
       # the owner stops at its own signal; the wait runs on this job's time limit
+      read -r at owner_end <<< "$at"
       handoff_mode=wait
       ((at + CHAINRUN_HANDOFF_TIMEOUT > deadline)) && deadline=$((at + CHAINRUN_HANDOFF_TIMEOUT))
       put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=wait" "handover_at=$at"
@@ -179,6 +182,13 @@ while [[ -z $stop_wait ]]; do
       if (($(now) - checked >= 10)); then
         checked=$(now)
         if job_ended "$oj"; then say "Slurm reports job $oj ended"; break; fi
+        if [[ $handoff_mode == wait && ! -e $CTL/handoff.$g ]] && (($(now) > owner_end + CHAINRUN_HANDOFF_GRACE)); then
+          # still running well past the end it recorded (its limit was extended?): ask, as without the rule
+          say "job $oj still runs after its end: requesting hand-off"
+          put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+          put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=cut"
+          handoff_mode=cut deadline=$(($(now) + CHAINRUN_HANDOFF_TIMEOUT))
+        fi
         if ((!cancelled && $(now) > deadline)) && [[ $oj != local-* && -n $oj ]]; then
           say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s: cancelling it and waiting for its end"
           scancel "$oj" 2>/dev/null; cancelled=1

@@ -346,3 +346,24 @@ def test_successor_waiting_by_the_rule_that_gets_its_own_signal_never_trains(cha
     chain.jobs["950"].send_signal(signal.SIGUSR2)
     chain.finish("950")
     assert chain.outcome(0)["outcome"] == "continue" and not chain.training("951")
+
+
+def test_owner_running_past_its_recorded_end_is_asked_to_hand_off(chain):
+    """Its limit was extended (or its end misread): once it outlives the end it recorded by the
+    grace, the waiting successor asks for the hand-off as it would have without the rule; the
+    15-minute cancel counts from that request, never from a hand-over point the owner never had."""
+    end = int(time.time()) + 4
+    _rule(chain, 1, "1000", [(0, 600)], lead=2)
+    chain.start(0, "1000", SLURM_JOB_END_TIME=str(end))  # Slurm never signals it here
+    chain.wait_for(lambda: chain.training("1000"), what="job 1000 to train")
+    chain.start(1, "1001", CHAINRUN_HANDOFF_GRACE="1")
+    chain.wait_for(lambda: chain.state(1).get("mode") == "wait", what="job 1001 to wait by the rule")
+    chain.wait_for(lambda: chain.jobs["1000"].poll() is not None, timeout=30, what="job 1000 to hand off")
+    asked = (chain.run_dir / "control/seg-0.outcome").stat().st_mtime
+    chain.finish("1000")
+    chain.wait_for(lambda: chain.training("1001"), what="job 1001 to take over")
+    assert asked >= end + 1 and chain.outcome(0)["outcome"] == "handoff"
+    chain.jobs["1001"].send_signal(signal.SIGUSR2)
+    chain.finish("1001")
+    assert chain.outcome(1)["handoff_mode"] == "cut"
+    chain.assert_never_two_at_once()
