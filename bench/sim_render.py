@@ -122,7 +122,8 @@ def render(name: str, doc: dict) -> str:
         t = d["tune"]
         pk = t["choose"]["picked"]
         head += [f"Chosen on {t['choose']['injections']} chains that end before the scored window: **{pk['name']}** "
-                 f"(target {pk['target'] if pk['target'] is not None else 'shipped'}, floor {pk['floor_s'] / 3600:g} h). "
+                 f"(target {pk['target'] if pk['target'] is not None else 'shipped'}, floor {pk['floor_s'] / 3600:g} h"
+                 + (f", guard share {pk['lead_share']:g}" if pk.get("lead_share") is not None else "") + "). "
                  "Candidates on the choice window:", "",
                  "| candidate | n | overhead | GPU-h twice | segments | stuck |", "|---|---:|---:|---:|---:|---:|"]
         for cname, r in t["choose"]["candidates"].items():

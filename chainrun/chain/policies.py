@@ -54,9 +54,11 @@ MAX_TARGET = 0.95
 # it, and its successor again. A short segment (a chain's last pieces) gets no early successor at
 # all: otherwise each cut leaves a shorter one to cut again. With it every segment trains at least
 # min(itself, (1 - share) x a full segment), so a chain needs a bounded number of them. 1.0 = no
-# cap (the rule before the guard). Chosen by the decide-on-past procedure (chainrun/sim/tune.py,
-# docs/results/sim-tune-ls6.json).
-MAX_LEAD_SHARE = 0.5
+# cap (the rule before the guard). The value is the decide-on-past procedure's pick
+# (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json): on the choice window (Nov-Jan, no chain
+# stuck for any share) no cap had the lowest overhead, so the guard ships off; 0.5 stopped all 4
+# February spirals (sim-tune-ls6-guard50.json) but was not the pick and is not shipped on that basis.
+MAX_LEAD_SHARE = 1.0
 
 
 def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) -> float:

@@ -143,6 +143,6 @@ def test_predicted_guard_share_one_is_no_cap_and_the_shipped_share_is_used():
     never = WaitEstimate(seconds=1e9, model="pessimist", target=0.95, prob_within=lambda h: 0.0)
     assert Predicted(max_lead_share=1.0).decide(running_view(0.0, estimate=never)).submit  # the old rule
     assert lead_cap_s(10.0, 10.0, 1.0) == float("inf")
-    assert get_policy("predicted").max_lead_share == MAX_LEAD_SHARE < 1.0
+    assert get_policy("predicted").max_lead_share == MAX_LEAD_SHARE
     # without a start time (never seen running) there is nothing to measure the share on: no guard
     assert get_policy("predicted").decide(view(0.0, estimate=never)).submit
