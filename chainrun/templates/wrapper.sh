@@ -137,6 +137,7 @@ claim() {  # exclusive create: exactly one job can own generation $1
 # compares numbers. No rule file, one made for another owner, or no known end: cut, as before.
 rule_wait() {  # $1: owner generation, $2: owner job. Prints "<hand-over point> <end>" if the rule says wait
   local rule=$CTL/handoff-rule.$CHAINRUN_SEGMENT st end lead w k v lo hi
+  [[ ${CHAINRUN_ADAPTIVE_HANDOFF:-1} != 0 ]] || return 1  # the job's environment can turn it off
   [[ -r $rule && -n $2 ]] || return 1
   [[ $(sed -n 's/^for_job=//p' "$rule" | head -n 1) == "$2" ]] || return 1
   lead=$(sed -n 's/^signal_lead=//p' "$rule" | head -n 1)

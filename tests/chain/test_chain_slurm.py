@@ -42,8 +42,10 @@ SCENARIOS = {
     "lead": Scenario("lead", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--",
                               "--nodelist=n1", "--exclusive"], {}),
     # lead with a node of its own (n3, not exclusive): submitted ~10 s into a segment, long before the
-    # signal can come (40-70 s in), the successor starts early and must hand off
-    "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "60s", "--", "--nodelist=n3"], {}),
+    # signal can come (40-70 s in), the successor starts early and must hand off (the adaptive hand-off
+    # would wait with such short segments: turned off in the job's environment)
+    "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "60s", "--", "--nodelist=n3",
+                                    "--export=ALL,CHAINRUN_ADAPTIVE_HANDOFF=0"], {}),
     # every segment crashes; successors are pre-queued so the failure must cancel one
     "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
                                 "--nodelist=n4", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),

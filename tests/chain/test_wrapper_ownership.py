@@ -268,15 +268,15 @@ def test_successor_within_the_rule_waits_and_the_owner_is_not_cut(chain):
     chain.assert_never_two_at_once()
 
 
-@pytest.mark.parametrize("case", ["beyond", "other-owner"])
+@pytest.mark.parametrize("case", ["beyond", "other-owner", "turned-off"])
 def test_successor_outside_the_rule_cuts_as_before(chain, case):
     end = int(time.time()) + 60
     # beyond: the hand-over point is ~58 s away, the rule waits at most 3 s; other-owner: a rule made
-    # for another predecessor job does not apply
-    _rule(chain, 1, "800" if case == "beyond" else "999", [(0, 3)] if case == "beyond" else [(0, 600)], lead=2)
+    # for another predecessor job does not apply; turned-off: CHAINRUN_ADAPTIVE_HANDOFF=0 in the job
+    _rule(chain, 1, "999" if case == "other-owner" else "800", [(0, 3)] if case == "beyond" else [(0, 600)], lead=2)
     chain.start(0, "800", SLURM_JOB_END_TIME=str(end))
     chain.wait_for(lambda: chain.training("800"), what="job 800 to train")
-    chain.start(1, "801")
+    chain.start(1, "801", **({"CHAINRUN_ADAPTIVE_HANDOFF": "0"} if case == "turned-off" else {}))
     chain.wait_for(lambda: chain.jobs["800"].poll() is not None, what="job 800 to hand off")
     chain.finish("800")
     chain.wait_for(lambda: chain.training("801"), what="job 801 to take over")

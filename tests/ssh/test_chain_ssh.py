@@ -60,9 +60,11 @@ SCENARIOS = {
     "lead": Scenario("lo", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--", "--nodelist=n3",
                             "--exclusive", f"--export=ALL,{TOY}"]),
     # 3-minute segments (partition long) and a lead longer than that: the successor is queued as soon as
-    # segment 0 starts and has minutes to find a free CPU on the shared nodes, then must hand off
+    # segment 0 starts and has minutes to find a free CPU on the shared nodes, then must hand off (the
+    # adaptive hand-off may wait with such short segments: turned off in the job's environment)
     "handoff": Scenario("lo", ["--total", "4m", "--segment", "3m", "--policy", "lead", "--lead", "150s", "--",
-                               "--partition=long", "--exclude=n1,n2", f"--export=ALL,{TOY}"]),
+                               "--partition=long", "--exclude=n1,n2",
+                               f"--export=ALL,{TOY},CHAINRUN_ADAPTIVE_HANDOFF=0"]),
     # the queue-delay model of cluster lo, trained from its sacct over SSH, decides when to submit
     "predicted": Scenario("lo", ["--total", "3m", "--policy", "predicted", "--lead", "40s", "--", N4,
                                  f"--export=ALL,{TOY}"]),
