@@ -5,8 +5,8 @@
    scored queue and no model fit on scored data (the replay's models are refit on the masked past).
 2. On those chains run every candidate of the grid, all through the shipped class with the
    adaptive hand-off (what `chainrun submit --policy predicted` does): the guard's share
-   (``MAX_LEAD_SHARE``: how much of a segment's training a successor may be submitted before its
-   hand-over point; 1.0 = no cap) x the target probability (the level of the wait distribution it
+   (``MAX_LEAD_SHARE``: a successor is not submitted before its predecessor has trained (1 - share)
+   of a full segment; 1.0 = no cap) x the target probability (the level of the wait distribution it
    acts on; None = the shipped ``predict_quantile``) x the floor (the chain's ``--lead``). The
    default grid tunes the share with the target and floor fixed at the previous pick (q0.95 / 1 h,
    chosen by this procedure on the same choice window): the full 4 x 5 x 2 grid is too slow for

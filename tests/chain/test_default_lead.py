@@ -28,6 +28,13 @@ def test_the_shipped_floor_and_target_are_what_the_committed_procedure_picked():
     assert picked["target"] is None or predict_quantile(segment_s) == pytest.approx(picked["target"])
 
 
+def test_the_shipped_guard_share_is_what_the_committed_procedure_picked():
+    from chainrun.chain.policies import MAX_LEAD_SHARE
+
+    picked = json.loads(RESULTS.read_text())["data"]["tune"]["choose"]["picked"]
+    assert picked["lead_share"] == pytest.approx(MAX_LEAD_SHARE)
+
+
 @pytest.mark.slurm
 def test_submit_stores_the_policy_default_unless_lead_is_given(slurm_cluster, chainrun_home, tmp_path):
     from chainrun.context import open_context
