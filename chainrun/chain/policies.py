@@ -54,11 +54,11 @@ MAX_TARGET = 0.95
 # it, and its successor again. A short segment (a chain's last pieces) gets no early successor at
 # all: otherwise each cut leaves a shorter one to cut again. With it every segment trains at least
 # min(itself, (1 - share) x a full segment), so a chain needs a bounded number of them. 1.0 = no
-# cap (the rule before the guard). The value is the decide-on-past procedure's pick
-# (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json): on the choice window (Nov-Jan, no chain
-# stuck for any share) no cap had the lowest overhead, so the guard ships off; 0.5 stopped all 4
-# February spirals (sim-tune-ls6-guard50.json) but was not the pick and is not shipped on that basis.
-MAX_LEAD_SHARE = 1.0
+# cap (the rule before the guard). The value is the decide-on-past procedure's pick among the
+# bounded shares (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json): on the choice window
+# (Nov-Jan) 0.75 had the lowest overhead of 0.25/0.5/0.75; no cap is not a candidate for a safety
+# bound (the spiral was seen on that window with the age-only replay). See docs/evaluation.md.
+MAX_LEAD_SHARE = 0.75
 
 
 def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) -> float:
