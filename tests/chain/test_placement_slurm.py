@@ -124,9 +124,16 @@ def _spread(base: Path) -> dict:
     """Segment 0 finds one node free under each switch (n2 and n4 held until it trains) and spans two; the
     toy trainer steps 1.4x slower across switches (TOY_SWITCHES: the test cluster's topology.conf); segment 1
     fits under one switch; the rule then asks --switches=1@T for segment 2 on."""
-    hold = [subprocess.run(["sbatch", "--parsable", "-p", "short", f"--nodelist={n}", "--exclusive", "-t", "2",
-                            "--job-name=spread-hold", "-o", "/dev/null", "--wrap", "sleep 120"],
+    hold = [subprocess.run(["sbatch", "--parsable", "-p", "long", f"--nodelist={n}", "--exclusive", "-t", "10",
+                            "--job-name=spread-hold", "-o", "/dev/null", "--wrap", "sleep 600"],
                            capture_output=True, text=True).stdout.strip() for n in ("n2", "n4")]
+    # both held before segment 0 is submitted (the other scenarios' last jobs may still hold a node)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        q = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(hold)], capture_output=True, text=True)
+        if q.stdout.count("RUNNING") == 2:
+            break
+        time.sleep(1)
     script = base / "srun_toy.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
                       f"exec srun python3 {TOY_PY}\n")
@@ -141,7 +148,7 @@ def _spread(base: Path) -> dict:
     watcher = subprocess.Popen(h.watch_argv(3), env={**os.environ, **FAST_PROGRESS, "CHAINRUN_HOME": str(home)},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     state = Path(_detail(home, chain)["run_dir"]) / "control" / "seg-0.state"
-    deadline = time.time() + 300
+    deadline = time.time() + 400
     try:
         while time.time() < deadline and "phase=training" not in (state.read_text() if state.exists() else ""):
             time.sleep(0.5)
@@ -162,7 +169,10 @@ QUIET = {"shared": _shared}  # a CPU-heavy neighbour: only when its (slow-marked
 @pytest.fixture(scope="module")
 def runs(slurm_cluster, tmp_path_factory, request):
     quiet = [QUIET] if any(it.name.startswith("test_cpu_heavy_neighbour") for it in request.session.items) else []
-    return h.run_side_by_side([SCENARIOS, LATER, *quiet], tmp_path_factory, "CHAINRUN_PLACEMENT_SCENARIOS")
+    try:
+        return h.run_side_by_side([SCENARIOS, LATER, *quiet], tmp_path_factory, "CHAINRUN_PLACEMENT_SCENARIOS")
+    finally:  # the spread scenario's holds, whatever happened to it
+        subprocess.run(["scancel", "--name=spread-hold"], capture_output=True)
 
 
 def _ok(res: dict) -> dict:
