@@ -46,10 +46,16 @@ def _run(home: Path, chain: str) -> dict:
             "adapt": h.events(home, "adapt"), "plain": h.cli("status", chain, "--plain", home=home).stdout}
 
 
-def _two_node(base: Path) -> dict:
+def _srun_toy(base: Path) -> Path:
+    """A 2-node batch script running the toy trainer on one rank per node under srun."""
     script = base / "srun_toy.sh"
     script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
                       f"exec srun python3 {TOY_PY}\n")
+    return script
+
+
+def _two_node(base: Path) -> dict:
+    script = _srun_toy(base)
     home, work = base / "home", base / "w"
     work.mkdir()
     p = h.cli("submit", str(script), "--name", "twonode", "--json", "--total", "100s", "--policy", "reactive",
@@ -134,9 +140,7 @@ def _spread(base: Path) -> dict:
         if q.stdout.count("RUNNING") == 2:
             break
         time.sleep(1)
-    script = base / "srun_toy.sh"
-    script.write_text(f"#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --mem=100M\n"
-                      f"exec srun python3 {TOY_PY}\n")
+    script = _srun_toy(base)
     home, work = base / "home", base / "w"
     work.mkdir()
     p = h.cli("submit", str(script), "--name", "spread", "--json", "--total", "75s", "--segment", "1m",
