@@ -94,12 +94,13 @@ class PolicySpec:
 
 
 def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
+    # The watcher writes the adaptive hand-off rule for every successor it queues early, whatever the
+    # policy (chainrun.chain.handoff_plan.write_rule), so every early-submitting row replays it; only
+    # `predicted_cut` keeps every early start cutting, for comparison.
     specs = [PolicySpec("reactive", "reactive"), PolicySpec("dependency", "dependency"),
-             PolicySpec("lead_1h", "lead", lead_s=3600.0)]
-    specs += [PolicySpec(f"fixed_{int(s // 3600)}h", "lead", lead_s=float(s)) for s in fixed_leads_s]
-    # `predicted` is what `chainrun submit --policy predicted` does: the watcher always writes the
-    # adaptive hand-off rule; `predicted_cut` is the same rule with every early start cutting
-    specs += [PolicySpec("avg", "avg"), PolicySpec("predicted", "predicted", adaptive=True),
+             PolicySpec("lead_1h", "lead", lead_s=3600.0, adaptive=True)]
+    specs += [PolicySpec(f"fixed_{int(s // 3600)}h", "lead", lead_s=float(s), adaptive=True) for s in fixed_leads_s]
+    specs += [PolicySpec("avg", "avg", adaptive=True), PolicySpec("predicted", "predicted", adaptive=True),
               PolicySpec("predicted_cut", "predicted"), PolicySpec("oracle", "oracle")]
     return specs
 
