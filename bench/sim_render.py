@@ -121,14 +121,24 @@ def render(name: str, doc: dict) -> str:
     if "tune" in d:
         t = d["tune"]
         pk = t["choose"]["picked"]
+        target = "shipped" if pk["target"] is None else f"{pk['target']:.4g}"
+        cost = f", boundary cost {pk['transition_cost_s'] / 3600:g} h" if pk.get("transition_cost_s") else ""
+        objective = t["choose"]["grid"].get("objective", "fewest stuck, then the lowest mean overhead")
         head += [f"Chosen on {t['choose']['injections']} chains that end before the scored window: **{pk['name']}** "
-                 f"(target {pk['target'] if pk['target'] is not None else 'shipped'}, floor {pk['floor_s'] / 3600:g} h"
+                 f"(target {target}{cost}, floor {pk['floor_s'] / 3600:g} h"
                  + (f", guard share {pk['lead_share']:g}" if pk.get("lead_share") is not None else "") + "). "
-                 "Candidates on the choice window:", "",
-                 "| candidate | n | overhead | GPU-h twice | segments | stuck |", "|---|---:|---:|---:|---:|---:|"]
-        for cname, r in t["choose"]["candidates"].items():
-            head.append(f"| {cname} | {r['n']} | {h(r['mean_overhead_h'])} | {pct(r.get('gpu_h_twice_share'), 2)} | "
-                        f"{(r.get('mean_segments') or 0):.2f} | {r.get('stuck', 0)} |")
+                 f"Pick: {objective}. Candidates on the choice window (gap left: the largest share of "
+                 "reactive - oracle left open over those levels):", "",
+                 "| candidate | n | overhead | low | medium | heavy | gap left | GPU-h twice | segments | stuck |",
+                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        rows = dict(t["choose"]["candidates"], **t["choose"].get("references", {}))
+        for cname, r in rows.items():
+            lv = r.get("by_load") or {}
+            cells = [f"{h(lv[k]['mean_overhead_h'])} ({lv[k]['n']})" if lv.get(k, {}).get("n") else "-"
+                     for k in ("low", "medium", "heavy")]
+            left = "-" if r.get("gap_left") is None else f"{r['gap_left']:.2f}"
+            head.append(f"| {cname} | {r['n']} | {h(r['mean_overhead_h'])} | {' | '.join(cells)} | {left} | "
+                        f"{pct(r.get('gpu_h_twice_share'), 2)} | {(r.get('mean_segments') or 0):.2f} | {r.get('stuck', 0)} |")
         head += ["", "Scored window (chains injected from the split on):", ""]
         return "\n".join(head + chains_table(t["score"]))
     return "\n".join(head + chains_table(d))

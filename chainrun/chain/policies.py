@@ -33,18 +33,19 @@ def default_lead_s(policy: str) -> int:
 
 
 # What one extra segment boundary costs, in the same unit as an hour of interruption: its own
-# small queue gap plus the hand-off minutes. Starting an hour early moves an hour of work into
-# one more boundary every `segment` hours, so the newsvendor quantile of the predicted wait is
+# restart, the hand-off minutes and the small queue gap it may bring. Starting an hour early moves
+# an hour of work into one more boundary every `segment` hours, so the newsvendor quantile of the
+# predicted wait is
 #   q* = cost late / (cost late + cost early) = 1 / (1 + TRANSITION_COST_S / segment_s).
+# The value is the decide-on-past, score-on-future procedure's pick (chainrun/sim/tune.py, its grid
+# COSTS_S; docs/results/sim-tune-ls6.json; docs/evaluation.md), with the guard's share below.
 TRANSITION_COST_S = 3600
 
-# The highest target probability `predicted` acts on. The newsvendor quantile above gives 0.98 for
-# 48 h segments, but the model's q0.98 wait is often longer than the segment itself, so the rule
-# submitted at each segment's start and the chain ran into short segments. The decide-on-past,
-# score-on-future procedure (chainrun/sim/tune.py, docs/evaluation.md) picked 0.95 on the
-# whole-chain replay of the LS6 trace with fair share and the shipped successor sizing (0.90 with
-# age-only priority).
-MAX_TARGET = 0.95
+# The highest target probability `predicted` acts on: 0.98, the highest level the queue-delay
+# model learns (chainrun.predict.model.QUANTILES); beyond it the answer is an extrapolated tail.
+# It was a tuned 0.95 before the guard (MAX_LEAD_SHARE) bounded what a long predicted wait can do;
+# the tunable is now TRANSITION_COST_S.
+MAX_TARGET = 0.98
 
 
 # The guard against the hand-off spiral: a successor is never queued before its predecessor has
@@ -70,14 +71,16 @@ def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) 
     return max(0.0, float(training_s) - (1.0 - share) * float(full_s))
 
 
-def predict_quantile(segment_s: float) -> float:
+def predict_quantile(segment_s: float, transition_cost_s: float | None = None) -> float:
     """The quantile of the predicted wait the `predicted` policy acts on, for a segment length.
 
-    The newsvendor quantile 1 / (1 + TRANSITION_COST_S / segment), never below the median and never
-    above MAX_TARGET (0.95, chosen by the tuning procedure): 48 h and 24 h segments give 0.95, 6 h
-    0.86. See docs/evaluation.md.
+    The newsvendor quantile 1 / (1 + cost / segment) with cost ``transition_cost_s`` (default
+    TRANSITION_COST_S, chosen by the tuning procedure), never below the median and never above
+    MAX_TARGET (0.98, the highest level the model learns). With the 1 h cost: 48 h segments 0.9796,
+    24 h 0.96, 6 h 0.857. See docs/evaluation.md.
     """
-    q = 1.0 / (1.0 + TRANSITION_COST_S / max(float(segment_s), 1.0))
+    cost = TRANSITION_COST_S if transition_cost_s is None else float(transition_cost_s)
+    q = 1.0 / (1.0 + cost / max(float(segment_s), 1.0))
     return min(MAX_TARGET, max(0.5, q))
 
 
@@ -160,7 +163,7 @@ class Lead:
 
 class Predicted:
     """Submit when the chance that a job submitted now starts before the hand-over point has
-    fallen to the target probability (``predict_quantile``: 0.95 for 48 h segments).
+    fallen to the target probability (``predict_quantile``: 0.98 for 48 h segments).
 
     Early in a segment that chance is ~1 and submitting would only start the successor too
     early; it falls as the hand-over point nears, and the last moment it is still at the

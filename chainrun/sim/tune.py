@@ -4,16 +4,19 @@
    life (work x 1.5 + 2 days) ends before ``score_from``: the choice sees no scored chain, no
    scored queue and no model fit on scored data (the replay's models are refit on the masked past).
 2. On those chains run every candidate of the grid, all through the shipped class with the
-   adaptive hand-off (what `chainrun submit --policy predicted` does): the guard's share
-   (``MAX_LEAD_SHARE``: a successor is not submitted before its predecessor has trained (1 - share)
-   of a full segment; 1.0 = no cap) x the target probability (the level of the wait distribution it
-   acts on; None = the shipped ``predict_quantile``) x the floor (the chain's ``--lead``). The
-   default grid tunes the share with the target and floor fixed at the previous pick (q0.95 / 1 h,
-   chosen by this procedure on the same choice window): the full 4 x 5 x 2 grid is too slow for
-   the shared 2-core box. Pass ``targets``/``floors`` for the full grid.
+   adaptive hand-off (what `chainrun submit --policy predicted` does), beside reactive and the
+   oracle (they define the goal below): the guard's share (``MAX_LEAD_SHARE``: a successor is not
+   submitted before its predecessor has trained (1 - share) of a full segment; 1.0 = no cap) x the
+   cost of one extra boundary (``TRANSITION_COST_S``: it sets the target probability through the
+   newsvendor quantile ``predict_quantile``, capped at the model's highest learned level 0.98) x
+   the floor (the chain's ``--lead``, fixed at the previous pick, 1 h). Explicit ``targets``
+   replace the costs (the grid before commit 43afe57 tuned the target directly).
 3. Among the candidates with a bounded worst case (a guard share below 1.0: see ``pick``) that
    keep GPU-hours held twice <= 1 % of the work (the issue's budget; all of them if none does),
-   pick the one with the fewest stuck chains, then the lowest mean completion overhead.
+   pick the one with the fewest stuck chains, then the smallest **worst share of the reactive -
+   oracle gap left open** over the load levels with at least ``MIN_LEVEL_N`` chains and a gap of
+   30 min or more (the whole-chain issue's goal, which is per load level: a rule that is good on
+   average but leaves the quiet chains behind misses it), then the lowest mean completion overhead.
 4. **Score** on chains injected from ``score_from`` on: every baseline, the shipped rule and the
    picked one, through the same whole-chain replay. Only these numbers are quoted.
 """
@@ -22,30 +25,57 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from chainrun.sim.chain_replay import ChainsConfig, run_chains
+from chainrun.chain.policies import predict_quantile
+from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, default_specs
 
-SHARES = (0.25, 0.5, 0.75, 1.0)  # the guard's MAX_LEAD_SHARE; 1.0: no cap (the rule before the guard)
-TARGETS = (0.95,)  # the previous pick (commit fbb1053); the full grid was (0.6, 0.8, 0.9, 0.95, None)
+SHARES = (0.25, 0.4, 0.5, 0.6, 0.75, 1.0)  # the guard's MAX_LEAD_SHARE; 1.0: no cap (the rule before the guard)
+COSTS_S = (3600.0, 5400.0, 7200.0, 10800.0, 21600.0)  # TRANSITION_COST_S: 48 h segments -> q 0.98 .. 0.89
+TARGETS = None  # explicit target probabilities instead of costs (None: the costs)
 FLOORS_S = (3600.0,)  # the previous pick; the full grid was (1 h, 3 h)
 GPU_TWICE_BUDGET = 0.01
+MIN_LEVEL_N = 5  # a load level with fewer choice chains says too little to steer the pick
+MIN_GAP_H = 0.5  # the goal applies where reactive - oracle is at least 30 min
 
 
-def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES) -> list[PolicySpec]:
+def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES, *, costs=COSTS_S,
+               segment_s: float = 48 * 3600.0) -> list[PolicySpec]:
+    """Every grid point as a spec. With ``targets`` None, one per boundary cost, its target the
+    shipped ``predict_quantile(segment_s, cost)``; the cost is in the name (``cost60m``)."""
+    levels = [(f"q{int(round(q * 100))}", q) for q in targets] if targets is not None else \
+        [(f"cost{int(c // 60)}m", predict_quantile(segment_s, c)) for c in costs]
     out = []
-    for q in targets:
+    for tq, q in levels:
         for f in floors:
             for sh in shares:
-                tq = "shipped" if q is None else f"q{int(round(q * 100))}"
                 out.append(PolicySpec(f"predicted_{tq}_floor{int(f // 60)}m_share{int(round(sh * 100))}", "predicted",
                                       lead_s=f, target=q, lead_share=sh, adaptive=True))
     return out
 
 
+def gap_left(row: dict, reactive: dict | None, oracle: dict | None) -> float | None:
+    """The largest share of reactive - oracle that ``row`` leaves open, over the load levels with
+    at least MIN_LEVEL_N chains and a gap of MIN_GAP_H or more; None when no level qualifies."""
+    if not reactive or not oracle:
+        return None
+    worst = None
+    for lv in LOAD_LEVELS:
+        c, r, o = row["by_load"][lv], reactive["by_load"][lv], oracle["by_load"][lv]
+        if min(c["n"], r["n"], o["n"]) < MIN_LEVEL_N:
+            continue
+        gap = r["mean_overhead_h"] - o["mean_overhead_h"]
+        if gap < MIN_GAP_H:
+            continue
+        share = (c["mean_overhead_h"] - o["mean_overhead_h"]) / gap
+        worst = share if worst is None else max(worst, share)
+    return worst
+
+
 def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
     """Within the GPU-h twice budget (all candidates if none keeps it): the fewest stuck chains
     (their overhead is not in the mean, so a mean over fewer chains is not comparable), then the
-    lowest mean completion overhead."""
+    smallest worst gap left per load level (``gap_left``; needs reactive and oracle rows in
+    ``summary_policies``), then the lowest mean completion overhead."""
     rows = [(s, summary_policies[s.name]) for s in specs if summary_policies[s.name].get("n")]
     # A guard is a safety bound, not a knob for the mean: a candidate without one (share 1.0) has no
     # bound on how many segments a chain can need, and the spiral it allows was seen on this choice
@@ -53,32 +83,49 @@ def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
     # run and reported for comparison, but picked only when no bounded candidate is left.
     rows = [(s, r) for s, r in rows if s.lead_share is not None and s.lead_share < 1.0] or rows
     ok = [(s, r) for s, r in rows if r.get("gpu_h_twice_share", 1.0) <= GPU_TWICE_BUDGET] or rows
-    return min(ok, key=lambda sr: (sr[1].get("stuck", 0), sr[1]["mean_overhead_h"]))[0]
+    react, orac = summary_policies.get("reactive"), summary_policies.get("oracle")
+
+    def key(sr):
+        left = gap_left(sr[1], react, orac) if "by_load" in sr[1] else None
+        return (sr[1].get("stuck", 0), 0.0 if left is None else left, sr[1]["mean_overhead_h"])
+
+    return min(ok, key=key)[0]
 
 
 def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | None = None) -> dict:
     life = cfg.work.work_s * 1.5 + 2 * 86400.0
-    specs = candidates()
-    choose_cfg = replace(cfg, specs=specs, inject_from=None, inject_until=score_from - life)
+    specs = candidates(segment_s=cfg.work.segment_s)
+    refs = [s for s in default_specs() if s.name in ("reactive", "oracle")]
+    choose_cfg = replace(cfg, specs=specs + refs, inject_from=None, inject_until=score_from - life)
     chosen = run_chains(trace, choose_cfg)
-    best = pick(chosen.summary["chains"]["policies"], specs)
+    pols = chosen.summary["chains"]["policies"]
+    best = pick(pols, specs)
     picked = replace(best, name="predicted_tuned")
     score_specs = default_specs() + [picked]
     score_cfg = replace(cfg, specs=score_specs, inject_from=score_from, inject_until=None,
                         chains_every_s=score_every_s or cfg.chains_every_s)
     scored = run_chains(trace, score_cfg)
+    cost_of = {s.name: c for s, c in zip(specs, [c for c in COSTS_S for _ in FLOORS_S for _ in SHARES])} \
+        if TARGETS is None else {}
+    keep = ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments", "stuck", "by_load")
     return {
         "procedure": "choose on chains that end before score_from, score on chains injected after it "
                      "(chainrun.sim.tune)",
         "score_from": score_from,
         "choose": {"injections": chosen.meta["injections"], "inject_until": score_from - life,
-                   "candidates": {s.name: {k: chosen.summary["chains"]["policies"][s.name].get(k)
-                                           for k in ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments",
-                                                     "stuck", "by_load")}
+                   "candidates": {s.name: {**{k: pols[s.name].get(k) for k in keep},
+                                           "gap_left": gap_left(pols[s.name], pols.get("reactive"), pols.get("oracle"))}
                                   for s in specs},
+                   "references": {s.name: {k: pols[s.name].get(k) for k in keep} for s in refs},
                    "picked": {"name": best.name, "target": best.target, "floor_s": best.lead_s,
-                              "lead_share": best.lead_share},
-                   "grid": {"targets": list(TARGETS), "floors_s": list(FLOORS_S), "shares": list(SHARES)},
+                              "lead_share": best.lead_share, "transition_cost_s": cost_of.get(best.name)},
+                   "grid": {"targets": None if TARGETS is None else list(TARGETS),
+                            "transition_costs_s": list(COSTS_S) if TARGETS is None else None,
+                            "floors_s": list(FLOORS_S), "shares": list(SHARES),
+                            "objective": "fewest stuck, then the smallest worst gap left per load level "
+                                         f"(levels with >= {MIN_LEVEL_N} chains and reactive - oracle >= "
+                                         f"{MIN_GAP_H} h), then the lowest mean overhead; bounded shares, "
+                                         f"GPU-h twice <= {GPU_TWICE_BUDGET:.0%}"},
                    "meta": chosen.meta},
         "score": {**scored.summary, "meta": scored.meta},
     }

@@ -89,15 +89,18 @@ def test_unknown_policy():
 
 
 def test_predict_quantile_follows_segment_length():
-    from chainrun.chain.policies import predict_quantile
+    from chainrun.chain.policies import MAX_TARGET, TRANSITION_COST_S, predict_quantile
 
-    # capped at 0.95: the target the decide-on-past, score-on-future procedure picked on the
-    # whole-chain replay (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json; was 0.98 / 0.96 / 0.99)
-    assert predict_quantile(48 * 3600) == pytest.approx(0.95, abs=0.001)
-    assert predict_quantile(24 * 3600) == pytest.approx(0.95, abs=0.001)
-    assert predict_quantile(6 * 3600) == pytest.approx(0.857, abs=0.001)  # below the cap: the newsvendor quantile
+    # the newsvendor quantile 1 / (1 + boundary cost / segment), capped at the model's highest learned
+    # level; the cost is the decide-on-past, score-on-future procedure's pick (chainrun/sim/tune.py)
+    assert MAX_TARGET == 0.98
+    assert predict_quantile(48 * 3600, 3600) == pytest.approx(0.9796, abs=0.0001)
+    assert predict_quantile(48 * 3600, 7200) == pytest.approx(0.96, abs=0.001)
+    assert predict_quantile(6 * 3600, 3600) == pytest.approx(0.857, abs=0.001)
+    assert predict_quantile(48 * 3600, 1800) == MAX_TARGET  # a cheaper boundary: at the cap
+    assert predict_quantile(48 * 3600) == predict_quantile(48 * 3600, TRANSITION_COST_S)
     assert predict_quantile(120) == 0.5  # short segments: early is as costly as late
-    assert predict_quantile(10**9) == 0.95
+    assert predict_quantile(10**9) == MAX_TARGET
 
 
 def running_view(now, *, start=0.0, end=10_000.0, estimate=None, lead_s=600):

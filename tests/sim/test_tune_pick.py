@@ -1,22 +1,57 @@
 """The tuning procedure's pick: a guard without a bound (share 1.0) is reported, never picked while a
 bounded share is left; then fewest stuck chains, then the lowest mean overhead."""
 
+import pytest
+
 from chainrun.sim.tune import candidates, pick
 
 
 def test_no_cap_is_not_picked_while_a_bounded_share_is_left():
-    specs = candidates(shares=(0.5, 0.75, 1.0))
+    specs = candidates(shares=(0.5, 0.75, 1.0), costs=(3600.0,))
     overhead = {0.5: 3.52, 0.75: 3.50, 1.0: 3.42}
     rows = {s.name: {"n": 148, "mean_overhead_h": overhead[s.lead_share], "stuck": 0, "gpu_h_twice_share": 0.004}
             for s in specs}
     assert pick(rows, specs).lead_share == 0.75
-    only_uncapped = candidates(shares=(1.0,))
+    only_uncapped = candidates(shares=(1.0,), costs=(3600.0,))
     rows1 = {s.name: {"n": 10, "mean_overhead_h": 1.0, "stuck": 0} for s in only_uncapped}
     assert pick(rows1, only_uncapped).lead_share == 1.0
 
 
 def test_fewest_stuck_before_the_mean():
-    specs = candidates(shares=(0.25, 0.5))
+    specs = candidates(shares=(0.25, 0.5), costs=(3600.0,))
     rows = {specs[0].name: {"n": 9, "mean_overhead_h": 9.0, "stuck": 0},
             specs[1].name: {"n": 9, "mean_overhead_h": 1.0, "stuck": 2}}
     assert pick(rows, specs).lead_share == 0.25
+
+
+def _lv(low, medium, heavy=None, n=10):
+    return {"low": {"n": n, "mean_overhead_h": low}, "medium": {"n": n, "mean_overhead_h": medium},
+            "heavy": {"n": 0 if heavy is None else n, "mean_overhead_h": heavy}}
+
+
+def test_the_pick_closes_the_worst_load_level_before_the_mean():
+    """Two candidates: one lower on average but leaving the quiet chains behind, one that leaves
+    less of reactive - oracle open at its worst level. The goal is per level, so the second wins;
+    a level with too few chains (heavy here, n = 0) does not steer."""
+    from chainrun.sim.tune import gap_left
+
+    a, b = candidates(shares=(0.5, 0.75), costs=(3600.0,))
+    refs = {"reactive": {"n": 20, "mean_overhead_h": 9.0, "by_load": _lv(2.0, 16.0)},
+            "oracle": {"n": 20, "mean_overhead_h": 1.0, "by_load": _lv(1.0, 1.0)}}
+    rows = {a.name: {"n": 20, "mean_overhead_h": 2.0, "stuck": 0, "by_load": _lv(1.8, 2.2)},  # leaves 0.8 of low
+            b.name: {"n": 20, "mean_overhead_h": 2.2, "stuck": 0, "by_load": _lv(1.2, 3.2)}, **refs}  # worst: 0.2 of low
+    assert gap_left(rows[a.name], refs["reactive"], refs["oracle"]) == pytest.approx(0.8)
+    assert gap_left(rows[b.name], refs["reactive"], refs["oracle"]) == pytest.approx(0.2)
+    assert pick(rows, [a, b]) == b
+    # a level whose reactive - oracle gap is under 30 min has no goal: only the mean decides then
+    quiet = {k: dict(v, by_load=_lv(1.2, 1.0)) for k, v in refs.items()}
+    assert gap_left(rows[a.name], quiet["reactive"], quiet["oracle"]) is None
+    assert pick({**rows, **quiet}, [a, b]) == a
+
+
+def test_the_grid_tunes_the_boundary_cost_through_the_shipped_quantile():
+    from chainrun.chain.policies import predict_quantile
+
+    specs = candidates(shares=(0.5,), costs=(3600.0, 7200.0), segment_s=48 * 3600.0)
+    assert [s.name for s in specs] == ["predicted_cost60m_floor60m_share50", "predicted_cost120m_floor60m_share50"]
+    assert [s.target for s in specs] == [predict_quantile(48 * 3600, 3600.0), predict_quantile(48 * 3600, 7200.0)]
