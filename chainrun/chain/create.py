@@ -152,9 +152,11 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     store.add_chain(chain)
     first = Segment(chain_id=chain_id, idx=0, time_limit_s=segment)
-    if shapes:  # the first segment asks for the reference shape; the watcher chooses for the next ones
-        first.extra["nodes"] = shapes[0]
-        first.extra["shape"] = {"nodes": shapes[0], "reason": f"{shapes[0]} nodes: the reference shape (first segment)"}
+    shape_event = ""
+    if shapes:  # the reference shape, or a filler while it queues (docs/elastic.md); the watcher chooses the rest
+        from chainrun.chain.engine import Engine
+
+        shape_event = Engine(store, slurm, runner).plan_first_shape(chain, first)
     if req.time_min_s:
         first.extra["time_min_s"] = min(int(req.time_min_s), segment)
     fit_maintenance(chain, first, read_reservations(slurm), time.time())
@@ -165,6 +167,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
+    if shape_event:
+        store.add_event(chain.id, 0, "shape", shape_event)
     return SubmitResult(chain, first, max_s, tuple(warnings))
 
 

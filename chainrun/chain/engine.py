@@ -16,7 +16,7 @@ from typing import Callable
 from chainrun.chain import handoff_plan, outcomes, reconcile
 from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
-from chainrun.chain.shapes import ShapeChoice, choose_shape, pace_by_shape, shape_rate
+from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape, pace_by_shape, shape_rate
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.durations import to_slurm_minutes
@@ -391,6 +391,11 @@ class Engine:
         if len(live) > 1 or remaining < total_tolerance(c):
             return
         cur = live[0]
+        if cur.extra.get("filler"):  # docs/elastic.md, "Filler": the reference is asked for the moment it runs
+            if cur.phase == RUNNING:
+                self._submit_after_filler(c, segs, cur, now)
+                report.submitted += 1
+            return  # a queued filler: no policy may pre-queue behind it (a dependency would wait for its end)
         policy = get_policy(c.policy)
         handover = (cur.end - c.signal_lead_s) if (cur.phase == RUNNING and cur.end) else None
         predict = (lambda: self.predictor(c, cur, self._queue)) if self.predictor else None
@@ -408,12 +413,26 @@ class Engine:
                               estimate=decision.estimate)
             report.submitted += 1
 
+    def _submit_after_filler(self, c: Chain, segs: list[Segment], cur: Segment, now: float) -> None:
+        """A filler runs: ask for the reference shape at once, whatever the policy's timing, sized as an
+        early successor (the work left as if the filler stopped now). When it starts, the hand-off stops
+        the filler (no adaptive wait: handoff_plan writes no rule for a filler's successor); if the
+        filler reaches its own end first, the chain simply goes on with it."""
+        self._note_training_start(c, cur, now, force=True)
+        left_if_cut = c.total_s - work_done(c, segs, now)
+        ref = chain_shapes(c)[0]
+        why = (f"{ref} nodes (reference), asked as soon as the filler (segment {cur.idx}, {cur.extra.get('nodes')} "
+               "nodes) runs: it takes over when it starts")
+        self._submit_next(c, segs, left_if_cut, dependency="", estimate=None, choice=ShapeChoice(ref, why, ()),
+                          note=f"filler segment {cur.idx} is running: the reference shape is asked for now")
+
     def _submit_next(self, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
-                     estimate: WaitEstimate | None) -> None:
+                     estimate: WaitEstimate | None, choice: ShapeChoice | None = None) -> None:
         if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
             raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
         idx = (max(s.idx for s in segs) + 1) if segs else 0
-        choice = self._choose_shape(c, segs, remaining, idx)  # None unless the chain has --shapes
+        if choice is None:
+            choice = self._choose_shape(c, segs, remaining, idx)  # None unless the chain has --shapes
         rate = chain_shape_rate(c, segs, choice.nodes) if choice else 1.0
         # the training this segment needs at its shape's rate, plus the signal lead
         wanted = max(remaining / rate, MIN_SEGMENT_S) + c.signal_lead_s
@@ -435,8 +454,15 @@ class Engine:
             self.store.add_event(c.id, idx, "shape", shape_event)
 
     # ------------------------------------------------------------------ elastic shapes (docs/elastic.md)
+    def plan_first_shape(self, c: Chain, seg: Segment) -> str:
+        """Segment 0's node count, asked by `chainrun submit` (nothing is live yet): the reference shape,
+        or another, by the same rules as any segment planned while nothing is live (_choose_shape).
+        Recorded in ``seg``; returns the event text when it is not the reference ("" otherwise)."""
+        return self._apply_shape(c, [], seg, self._choose_shape(c, [], c.total_s, seg.idx))
+
     def _choose_shape(self, c: Chain, segs: list[Segment], remaining: float, idx: int) -> ShapeChoice | None:
-        """The next segment's node count: the shape that finishes the remaining work first (chain/shapes.py).
+        """The next segment's node count: the shape that finishes the remaining work first (chain/shapes.py);
+        with no live segment, a filler if the reference keeps that shape and would only queue meanwhile.
         Asked only here, when a segment is planned: the model once, and one `sbatch --test-only` per shape."""
         shapes = chain_shapes(c)
         if not shapes:
@@ -447,9 +473,15 @@ class Engine:
         if c.extra.get("no_adapt"):
             return ShapeChoice(ref, f"{ref} nodes: the reference shape (--no-adapt)", ())
         waits, sources = self._shape_waits(c, segs, shapes, idx)
-        return choose_shape(remaining, shapes, waits, segment_s=max(60.0, c.segment_s - segment_overhead(c, segs)),
-                            boundary_s=segment_overhead(c, segs), measured=measured_pace(c, segs),
-                            efficiency=chain_efficiency(c), sources=sources)
+        overhead = segment_overhead(c, segs)
+        choice = choose_shape(remaining, shapes, waits, segment_s=max(60.0, c.segment_s - overhead),
+                              boundary_s=overhead, measured=measured_pace(c, segs),
+                              efficiency=chain_efficiency(c), sources=sources)
+        if choice.nodes != ref or any(s.phase in LIVE_PHASES for s in segs):
+            return choice  # a filler only when nothing is live: it would cut a running segment
+        filler = choose_filler(shapes, waits, boundary_s=overhead, measured=measured_pace(c, segs),
+                               efficiency=chain_efficiency(c), sources=sources)
+        return filler or choice
 
     def _shape_waits(self, c: Chain, segs: list[Segment], shapes: tuple[int, ...],
                      idx: int) -> tuple[dict[int, float], dict[int, str]]:
@@ -492,6 +524,8 @@ class Engine:
             return ""
         seg.extra["nodes"] = choice.nodes
         seg.extra["shape"] = choice.as_dict()
+        if choice.filler:  # the watcher asks for the reference shape as soon as it runs (_plan)
+            seg.extra["filler"] = True
         prev = next((int(s.extra["nodes"]) for s in sorted(segs, key=lambda s: s.idx, reverse=True)
                      if s.extra.get("nodes")), chain_shapes(c)[0])
         if choice.nodes == prev:

@@ -190,6 +190,8 @@ def write_rule(runner: Runner, c: Chain, segs: list[Segment], nxt: Segment) -> N
     if not before or nxt.phase not in (SUBMITTING, PENDING):
         return
     cur = max(before, key=lambda s: s.idx)
+    if cur.extra.get("filler"):  # a filler (docs/elastic.md) trains slower: its successor always cuts it
+        return
     numbers = rule_numbers(c, segs, cur, nxt)
     windows = windows_for(**numbers)
     key = {"for_job": cur.job_id, "windows": [list(w) for w in windows]}

@@ -18,6 +18,11 @@ that shape: the predicted start (the queue model's median wait for that request,
 one ``boundary_s`` per extra segment boundary the slower shape needs. It picks the earliest finish;
 a shape other than the reference must win by ``margin_s`` (default 10 min, or 5 % of the reference
 finish if larger), so noise in the predictions does not make the chain flap between shapes.
+
+The **filler** (``choose_filler``, MalleTrain's idea) is a second, separate rule for a chain with no
+live segment: run a smaller shape in the time the reference shape would only be queueing, and hand
+off to the reference as soon as it starts (the engine submits the reference successor the moment
+the filler runs; a successor that starts early stops its predecessor, which saves).
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from chainrun.errors import UsageError
 
 DEFAULT_MARGIN_S = 600.0
 MARGIN_SHARE = 0.05
+# a filler must gain at least this much reference work (s); chosen on the replay's choice window
+# (chainrun.sim.elastic.tune_elastic, docs/elastic.md), not by hand
+DEFAULT_FILLER_MARGIN_S = 600.0
 
 
 def parse_shapes(text: str, *, max_nodes: int | None = None) -> tuple[int, ...]:
@@ -108,7 +116,8 @@ def shape_rate(nodes: int, ref_nodes: int, *, measured: dict[int, float] | None 
 
 @dataclass(frozen=True)
 class ShapeOption:
-    """One candidate: its predicted start (s from now), rate, and finish of all remaining work."""
+    """One candidate: its predicted start (s from now), rate, and finish of all remaining work
+    (for a filler candidate: ``gain_s``, the reference work it does before the reference starts)."""
 
     nodes: int
     wait_s: float
@@ -116,10 +125,14 @@ class ShapeOption:
     segments: int
     finish_s: float
     wait_source: str = "model"
+    gain_s: float | None = None
 
     def as_dict(self) -> dict:
-        return {"nodes": self.nodes, "wait_s": round(self.wait_s, 1), "rate": round(self.rate, 4),
-                "segments": self.segments, "finish_s": round(self.finish_s, 1), "wait_source": self.wait_source}
+        out = {"nodes": self.nodes, "wait_s": round(self.wait_s, 1), "rate": round(self.rate, 4),
+               "segments": self.segments, "finish_s": round(self.finish_s, 1), "wait_source": self.wait_source}
+        if self.gain_s is not None:
+            out["gain_s"] = round(self.gain_s, 1)
+        return out
 
 
 @dataclass(frozen=True)
@@ -127,9 +140,13 @@ class ShapeChoice:
     nodes: int
     reason: str
     options: tuple[ShapeOption, ...]
+    filler: bool = False  # run until the reference shape starts (choose_filler), then hand off to it
 
     def as_dict(self) -> dict:
-        return {"nodes": self.nodes, "reason": self.reason, "options": [o.as_dict() for o in self.options]}
+        out = {"nodes": self.nodes, "reason": self.reason, "options": [o.as_dict() for o in self.options]}
+        if self.filler:
+            out["filler"] = True
+        return out
 
 
 def finish_estimate(remaining_s: float, wait_s: float, rate: float, *, segment_s: float,
@@ -177,6 +194,54 @@ def choose_shape(remaining_s: float, shapes: tuple[int, ...], waits: dict[int, f
             f"{ref} nodes: start in ~{_h(ref_opt.wait_s)}, done in ~{_h(ref_opt.finish_s)}"), tuple(options))
     return ShapeChoice(ref, f"{ref} nodes (reference): done in ~{_h(ref_opt.finish_s)}, no shape saves "
                             f"{_h(need)} or more", tuple(options))
+
+
+def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_s: float,
+                  measured: dict[int, float] | None = None, efficiency: dict[int, float] | None = None,
+                  sources: dict[int, str] | None = None,
+                  margin_s: float = DEFAULT_FILLER_MARGIN_S) -> ShapeChoice | None:
+    """A filler shape for a chain with **no live segment**, or None.
+
+    A filler on ``n`` nodes (n != the reference) starts after ``waits[n]`` and is cut when the
+    reference shape starts, after ``waits[ref]``; meanwhile it trains at its rate, less one segment
+    boundary (its restart and the hand-off it adds: ``boundary_s``, the engine's
+    ``segment_overhead``). Its gain, in reference-seconds of work the chain has when the reference
+    starts and would not have had without it::
+
+        gain(n) = rate(n) * (waits[ref] - waits[n] - boundary_s)
+
+    It is worth it when the largest gain is at least ``margin_s``: a queue wait turned into work at
+    the cost of one boundary. The filler asks for a full segment (it is cut when the reference
+    starts, or ends on its own if that comes first), its work counts at its rate like any segment.
+
+    Why a separate rule: ``choose_shape`` compares finishing *all* the remaining work at one shape,
+    so a smaller shape wins only when the reference waits for days; a filler does not replace the
+    reference, it uses its queue wait. Never for a chain with a live segment: a filler starts at once
+    and would cut a running reference-shape segment (the engine and the replay only ask when nothing
+    is live). Without a predicted wait for the reference there is nothing to fill: None.
+    """
+    if not shapes:
+        raise ValueError("no shapes")
+    ref = shapes[0]
+    if ref not in waits or len(shapes) < 2:
+        return None
+    sources = sources or {}
+    wait_ref = max(0.0, float(waits[ref]))
+    options = [ShapeOption(ref, wait_ref, 1.0, 1, wait_ref, sources.get(ref, "model"), 0.0)]
+    for n in shapes[1:]:
+        if n not in waits:
+            continue
+        w = max(0.0, float(waits[n]))
+        rate = shape_rate(n, ref, measured=measured, efficiency=efficiency)
+        gain = rate * (wait_ref - w - max(0.0, boundary_s))
+        options.append(ShapeOption(n, w, rate, 1, wait_ref, sources.get(n, "model"), gain))
+    fill = [o for o in options[1:] if o.gain_s is not None and o.gain_s >= margin_s]
+    if not fill:
+        return None
+    best = max(fill, key=lambda o: (o.gain_s, o.nodes))
+    return ShapeChoice(best.nodes, (
+        f"filler on {best.nodes} nodes while {ref} nodes queue (~{_h(wait_ref)}): starts in ~{_h(best.wait_s)}, "
+        f"~{_h(best.gain_s)} of {ref}-node work before {ref} nodes start and take over"), tuple(options), filler=True)
 
 
 def _h(seconds: float) -> str:

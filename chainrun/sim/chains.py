@@ -30,6 +30,11 @@ never queue behind each other) and every segment is run until the work is done:
   model's median wait for every shape asked at once (``SimWatcher.shape_waits``, the watcher's
   ``_shape_waits``: one ``predict_many``), a segment's training ``segment - signal lead`` and a
   boundary's cost the signal lead (``segment_overhead`` of a chain with no measured segments).
+  A segment planned while nothing is live (the first; one submitted after its predecessor ended)
+  may be a **filler** (``chainrun.chain.shapes.choose_filler``, as ``Engine._choose_shape``): the
+  moment it starts, the reference successor is submitted (``Engine._submit_after_filler``, sized
+  as an early successor), and when that starts it cuts the filler (never the adaptive wait: the
+  watcher writes no wait rule for a filler's successor).
 - Completion overhead = (time the work is done - chain submission) - work, and it splits exactly
   into queue gaps (the first wait plus every boundary where the successor started after the
   hand-over point), restarts and hand-off minutes (and, for elastic chains, the slowdown: training
@@ -47,7 +52,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
-from chainrun.chain.shapes import DEFAULT_MARGIN_S, choose_shape, shape_rate
+from chainrun.chain.shapes import DEFAULT_FILLER_MARGIN_S, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
 from chainrun.chain.policies import default_lead_s
 from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
@@ -91,6 +96,7 @@ class PolicySpec:
     shapes: tuple[int, ...] | None = None  # elastic: node counts, the first the reference (= injected nodes)
     efficiency: float = 1.0  # elastic: every other shape's rate relative to linear in nodes
     margin_s: float = DEFAULT_MARGIN_S  # elastic: what another shape must save to be chosen (choose_shape)
+    filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S  # elastic: a filler's least gain; None: no filler
 
 
 def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
@@ -105,17 +111,19 @@ def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.
     return specs
 
 
-def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float = DEFAULT_MARGIN_S) -> list[PolicySpec]:
+def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float = DEFAULT_MARGIN_S,
+                  filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> list[PolicySpec]:
     """The elastic comparison (chains of ``shapes[0]`` nodes): reactive (it defines the load
     levels), fixed-shape ``predicted`` and ``predicted_elastic`` at each efficiency (the first
-    unsuffixed, then e.g. ``predicted_elastic_eff80``)."""
+    unsuffixed, then e.g. ``predicted_elastic_eff80``), fillers at ``filler_margin_s``."""
     from dataclasses import replace
 
     shipped = next(s for s in default_specs() if s.name == "predicted")  # what `--policy predicted` does
     specs = [PolicySpec("reactive", "reactive"), shipped]
     for i, e in enumerate(efficiencies):
         name = "predicted_elastic" if i == 0 else f"predicted_elastic_eff{int(round(e * 100))}"
-        specs.append(replace(shipped, name=name, shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s))
+        specs.append(replace(shipped, name=name, shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s,
+                             filler_margin_s=filler_margin_s))
     return specs
 
 
@@ -131,6 +139,7 @@ class Seg:
     exit: float = NAN  # when its job ended
     nodes: int = 0
     rate: float = 1.0  # reference-seconds of work per second of training (elastic shapes)
+    filler: bool = False  # elastic: runs while the reference shape queues (choose_filler)
 
 
 @dataclass
@@ -151,6 +160,7 @@ class ChainRun:
     stuck: bool = False  # needed more than max_segments (short segments cutting each other)
     shapes: list = field(default_factory=list)  # node count of every segment that started
     slow_s: float = 0.0  # elastic: training time beyond the work (segments slower than the reference)
+    fillers: int = 0  # elastic: filler segments that started
 
     @property
     def done(self) -> bool:
@@ -220,23 +230,26 @@ class _Chain:
         return self.work.work_s - done_s - cur.rate * max(0.0, trained - self.work.restart_s) + handoff * next_rate
 
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
-               oracle: bool = False) -> Seg:
+               oracle: bool = False, reference: bool = False) -> Seg:
         """``left_s``: the work left after ``cur`` trains to its hand-over point (the old rule); with
-        ``cur`` live, the shipped rule sizes for ``left_if_cut`` instead."""
+        ``cur`` live, the shipped rule sizes for ``left_if_cut`` instead. ``reference``: the reference
+        shape without asking the rule (a filler's successor)."""
         oracle_sized = cur is not None and oracle and cur.start == cur.start
         if oracle_sized:
             # the oracle (a bound, not a shipped rule): what its short cut leaves, hand-off included
             left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s) \
                 + self.work.handoff_s
         take_over = cur is not None and not oracle_sized and self.work.successor_limit != "handover"
-        nodes, rate = self.nodes, 1.0
-        if self.shapes:  # elastic: the shape rule on the work left (as if cur stopped now, like the engine)
+        nodes, rate, filler = self.nodes, 1.0, False
+        if self.shapes and not reference:  # elastic: the shape rule on the work left (as if cur stopped now)
             choice = self.choose(self.left_if_cut(cur, done_s, 0.0) if take_over else left_s, cur)
             self.choices.append((self.sim.now, choice))
             nodes, rate = choice.nodes, shape_rate(choice.nodes, self.nodes, efficiency=self.eff)
+            filler = choice.filler
         if take_over:
             left_s = self.left_if_cut(cur, done_s, rate)
-        s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s, rate), nodes=nodes, rate=rate)
+        s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s, rate), nodes=nodes, rate=rate,
+                filler=filler)
         self.next_jid += 1
         runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
         if dep is not None:
@@ -248,18 +261,25 @@ class _Chain:
 
     def choose(self, left_s: float, cur: Seg | None):
         """``Engine._choose_shape`` in the replay: ``choose_shape`` on the model's median wait for
-        every shape (asked with the live segment ``cur`` in the queue; for the first segment, the
-        request as it would be queued now), the watcher's segment capacity and boundary cost."""
+        every shape (asked with the live segment ``cur`` in the queue; for a segment planned while
+        nothing is live, the request as it would be queued now), the watcher's segment capacity and
+        boundary cost; then, when nothing is live and the reference is kept, ``choose_filler`` on the
+        same waits."""
         from chainrun.chain.engine import segment_overhead
 
         w = self.work
+        live = cur is not None
         if cur is None:
             cur = Seg(-3, 0, self.sim.now, w.segment_s, start=self.sim.now, nodes=self.nodes)
         waits = self.watcher.shape_waits(self.sim, self.sim.now, cur, self.segs, self.shapes,
                                          lead_s=self.lead_s, work=w)
         overhead = segment_overhead(self.chain, [])
-        return choose_shape(max(left_s, 0.0), self.shapes, waits, segment_s=max(60.0, w.segment_s - overhead),
-                            boundary_s=overhead, efficiency=self.eff, margin_s=self.spec.margin_s)
+        choice = choose_shape(max(left_s, 0.0), self.shapes, waits, segment_s=max(60.0, w.segment_s - overhead),
+                              boundary_s=overhead, efficiency=self.eff, margin_s=self.spec.margin_s)
+        if live or choice.nodes != self.nodes or self.spec.filler_margin_s is None:
+            return choice
+        return choose_filler(self.shapes, waits, boundary_s=overhead, efficiency=self.eff,
+                             margin_s=self.spec.filler_margin_s) or choice
 
     def ask(self, cur: Seg, running: bool):
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
@@ -274,7 +294,8 @@ class _Chain:
         done_s = 0.0  # work delivered by segments that stopped
         cur = self.submit(w.work_s)
         nxt: Seg | None = None
-        if w.work_s - self.expected(cur) >= self.tolerance and self.policy is not None:  # pending: dependency pre-queues
+        # pending: dependency pre-queues (never behind a filler: the engine waits until it runs)
+        if w.work_s - self.expected(cur) >= self.tolerance and self.policy is not None and not cur.filler:
             d = self.ask(cur, running=False)
             if d.submit:
                 nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None, cur)
@@ -283,6 +304,7 @@ class _Chain:
             return run
         cur.start = cur.train_start = b
         run.shapes.append(cur.nodes)
+        run.fillers += cur.filler
         run.first_start = b
         run.first_wait_s = run.queue_s = b - self.t0
         while True:
@@ -298,6 +320,8 @@ class _Chain:
                 run.stuck = True
                 run.segments = len(self.segs)
                 return run
+            if nxt is None and cur.filler:  # Engine._submit_after_filler: the reference, the moment it runs
+                nxt = self.submit(left_after, None, cur, done_s, reference=True)
             if nxt is None:
                 self.done_s = done_s
                 nxt = self.oracle(cur, h, left_after) if self.spec.policy == "oracle" else \
@@ -307,11 +331,12 @@ class _Chain:
                 return run
             nxt.start = bn
             run.shapes.append(nxt.nodes)
+            run.fillers += nxt.filler
             if bn < h:  # started before the hand-over point: hand-off (or wait for it)
                 wait = h - bn
                 cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
                 # (the rule reads the work left in the successor's training seconds: its shape's rate)
-                if self.spec.adaptive and should_wait(wait, windows_for(
+                if self.spec.adaptive and not cur.filler and should_wait(wait, windows_for(
                         remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=cap_full,
                         handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
                     cur.stop = cur.exit = h

@@ -2,28 +2,33 @@
 
 Chains of the reference shape (the first of ``shapes``) are injected as in chain_replay.py and run
 under reactive (it defines the load levels), fixed-shape ``predicted`` and ``predicted_elastic``
-(the same policy class and timing; each segment's node count from the watcher's shape rule,
-chainrun.chain.shapes.choose_shape, on the model's median wait for every shape). The scaling
-efficiency of the other shapes (1.0 = linear in nodes) is both what the simulated segments do and
-what the rule is told; a second efficiency gives a sensitivity row (``predicted_elastic_eff80``).
+(the same policy class and timing; each segment's node count from the watcher's shape rules,
+chainrun.chain.shapes.choose_shape and, while nothing is live, choose_filler, on the model's median
+wait for every shape). The scaling efficiency of the other shapes (1.0 = linear in nodes) is both
+what the simulated segments do and what the rules are told; a second efficiency gives a
+sensitivity row (``predicted_elastic_eff80``).
 
-Decide on the past, score on the future (``tune_elastic``): the rule's one tunable here, the margin
-another shape must save to be chosen, is picked among ``MARGINS_S`` on chains whose whole life ends
-before ``score_from`` (the lowest mean completion overhead at the first efficiency; ties go to the
-larger margin, the one that changes the shape less often); every policy is then scored on chains
-injected from ``score_from`` on with that margin.
+Decide on the past, score on the future (``tune_elastic``): the tunable here is the filler's
+margin, the least reference work a filler must gain (``chainrun.chain.shapes.choose_filler``),
+picked among ``FILLER_MARGINS_S`` and "no filler" on chains whose whole life ends before
+``score_from`` (the lowest mean completion overhead at the first efficiency; ties go to the larger
+margin, the one that runs fewer fillers, and "no filler" is the largest); every policy is then
+scored on chains injected from ``score_from`` on with that margin. The shape rule's own margin
+stays at its shipped value (``DEFAULT_MARGIN_S``: its candidates 10 min, 1 h and 3 h tied within
+0.01 h on the choice window, see the history of docs/elastic.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from chainrun.chain.shapes import DEFAULT_MARGIN_S
+from chainrun.chain.shapes import DEFAULT_FILLER_MARGIN_S, DEFAULT_MARGIN_S
 from chainrun.errors import UsageError
-from chainrun.sim.chain_replay import ChainsConfig, run_chains
+from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, elastic_specs
 
-MARGINS_S = (DEFAULT_MARGIN_S, 3600.0, 3 * 3600.0)  # candidates: the shipped default, 1 h, 3 h
+FILLER_MARGINS_S = (DEFAULT_FILLER_MARGIN_S, 1800.0, 3600.0, None)  # candidates; None: no filler at all
+NO_FILLER = float("inf")  # how "no filler" sorts among the margins (the largest)
 
 
 def parse_efficiencies(text: str) -> tuple[float, ...]:
@@ -42,50 +47,84 @@ def parse_efficiencies(text: str) -> tuple[float, ...]:
 
 
 def elastic_config(cfg: ChainsConfig, shapes: tuple[int, ...], efficiencies=(1.0,),
-                   margin_s: float = DEFAULT_MARGIN_S) -> ChainsConfig:
-    return replace(cfg, chain_nodes=(shapes[0],), specs=elastic_specs(shapes, efficiencies, margin_s))
+                   margin_s: float = DEFAULT_MARGIN_S,
+                   filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> ChainsConfig:
+    return replace(cfg, chain_nodes=(shapes[0],),
+                   specs=elastic_specs(shapes, efficiencies, margin_s, filler_margin_s))
 
 
-def _describe(shapes, efficiencies, margin_s: float, gpus_per_node: int) -> dict:
+def _describe(shapes, efficiencies, margin_s: float, filler_margin_s, gpus_per_node: int) -> dict:
     return {"reference_nodes": shapes[0], "shapes": list(shapes), "gpus_per_node": gpus_per_node,
-            "efficiencies": list(efficiencies), "margin_s": margin_s,
+            "efficiencies": list(efficiencies), "margin_s": margin_s, "filler_margin_s": filler_margin_s,
             "rate": "reference-work per second on n nodes = n / reference x efficiency (1.0 = linear; the "
                     "reference shape 1.0); the same efficiency is the simulated truth and what the rule is told"}
 
 
+def filler_stats(res, specs) -> None:
+    """Add to each elastic policy's row of ``res.summary`` how often it ran a filler: the share of
+    its chains with one (all, and per load level) and the filler margin it used."""
+    pols = res.summary["chains"]["policies"]
+    for spec in specs:
+        if not spec.shapes or spec.name not in pols:
+            continue
+        rs = [r for r in res.runs if r.policy == spec.name and r.done and (not res.loads or (r.t0, r.nodes) in res.loads)]
+        by = {lv: [r for r in rs if res.loads.get((r.t0, r.nodes)) == lv] for lv in LOAD_LEVELS}
+        pols[spec.name].update({
+            "filler_margin_s": spec.filler_margin_s,
+            "chains_filler_share": sum(r.fillers > 0 for r in rs) / len(rs) if rs else None,
+            "filler_share_by_load": {lv: (sum(r.fillers > 0 for r in v) / len(v) if v else None) for lv, v in by.items()},
+        })
+
+
 def run_elastic(trace, cfg: ChainsConfig, shapes: tuple[int, ...], efficiencies=(1.0,),
-                margin_s: float = DEFAULT_MARGIN_S) -> dict:
+                margin_s: float = DEFAULT_MARGIN_S, filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> dict:
     """``chainrun sim --chains --shapes ... --json`` data: fidelity, chains (with ``elastic``), meta."""
-    res = run_chains(trace, elastic_config(cfg, shapes, efficiencies, margin_s))
+    ecfg = elastic_config(cfg, shapes, efficiencies, margin_s, filler_margin_s)
+    res = run_chains(trace, ecfg)
+    filler_stats(res, ecfg.specs)
     data = res.as_json()
-    data["chains"]["elastic"] = _describe(shapes, efficiencies, margin_s, cfg.gpus_per_node)
+    data["chains"]["elastic"] = _describe(shapes, efficiencies, margin_s, filler_margin_s, cfg.gpus_per_node)
     return {"fidelity": res.fidelity, **data}
 
 
+def _candidate_name(m: float | None) -> str:
+    return "predicted_elastic_nofiller" if m is None else f"predicted_elastic_filler{int(m // 60)}m"
+
+
 def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int, ...], efficiencies=(1.0,),
-                 margins=MARGINS_S) -> dict:
-    """Pick the margin on chains that end before ``score_from``; score every policy after it."""
+                 margins=FILLER_MARGINS_S) -> dict:
+    """Pick the filler margin on chains that end before ``score_from``; score every policy after it."""
     from chainrun.sim.replay import _finite
 
     life = cfg.work.work_s * 1.5 + 2 * 86400.0
-    cands = [PolicySpec(f"predicted_elastic_margin{int(m // 60)}m", "predicted", shapes=tuple(shapes),
-                        efficiency=efficiencies[0], margin_s=float(m)) for m in margins]
+    shipped = elastic_specs(shapes, ())[1]  # fixed-shape predicted, as `chainrun submit --policy predicted`
+    cands = [replace(shipped, name=_candidate_name(m), shapes=tuple(shapes), efficiency=efficiencies[0],
+                     margin_s=DEFAULT_MARGIN_S, filler_margin_s=m) for m in margins]
     choose_cfg = replace(cfg, chain_nodes=(shapes[0],), specs=elastic_specs(shapes, ())[:2] + cands,
                          inject_from=None, inject_until=score_from - life)
     chosen = run_chains(trace, choose_cfg)
+    filler_stats(chosen, choose_cfg.specs)
     pols = chosen.summary["chains"]["policies"]
     ok = [s for s in cands if pols[s.name].get("n")]
-    best = min(ok, key=lambda s: (pols[s.name]["mean_overhead_h"], -s.margin_s)) if ok else \
-        PolicySpec("default", "predicted", margin_s=DEFAULT_MARGIN_S)
+
+    def key(s):  # lowest mean overhead; ties (to the hundredth of an hour) to the larger margin / no filler
+        m = NO_FILLER if s.filler_margin_s is None else s.filler_margin_s
+        return (round(pols[s.name]["mean_overhead_h"], 2), -m)
+
+    picked = min(ok, key=key).filler_margin_s if ok else DEFAULT_FILLER_MARGIN_S
     scored = run_elastic(trace, replace(cfg, inject_from=score_from, inject_until=None), shapes, efficiencies,
-                         best.margin_s)
+                         DEFAULT_MARGIN_S, picked)
     scored["elastic_tune"] = _finite({
-        "procedure": "margin chosen on chains that end before score_from (lowest mean completion overhead at "
-                     "the first efficiency), every policy scored on chains injected from it (chainrun.sim.elastic)",
-        "score_from": score_from, "inject_until": score_from - life, "picked_margin_s": best.margin_s,
+        "procedure": "filler margin chosen on chains that end before score_from (lowest mean completion overhead "
+                     "at the first efficiency, to 0.01 h; ties to the larger margin, no filler the largest), every "
+                     "policy scored on chains injected from it (chainrun.sim.elastic)",
+        "score_from": score_from, "inject_until": score_from - life,
+        "picked_filler_margin_s": picked, "picked": "no filler" if picked is None else f"{picked / 60:g} min",
+        "shape_margin_s": DEFAULT_MARGIN_S, "shipped_filler_margin_s": DEFAULT_FILLER_MARGIN_S,
         "injections": chosen.meta["injections"], "meta": chosen.meta,
         "candidates": {s.name: {k: pols[s.name].get(k) for k in ("n", "mean_overhead_h", "mean_segments",
-                                                                  "chains_elastic_share", "by_load")}
+                                                                  "chains_elastic_share", "chains_filler_share",
+                                                                  "filler_margin_s", "by_load")}
                        for s in [*choose_cfg.specs]},
     })
     return scored

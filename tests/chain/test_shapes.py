@@ -56,3 +56,37 @@ def test_no_prediction_keeps_the_reference():
     # a shape without a prediction is not a candidate
     c = choose_shape(3600, (8, 4), {8: 10.0}, segment_s=3600, boundary_s=0)
     assert c.nodes == 8 and [o.nodes for o in c.options] == [8]
+
+
+# ---- the filler (choose_filler): a smaller shape while the reference only queues ---------------
+def test_filler_when_the_reference_queues_long_and_a_smaller_shape_starts_now():
+    from chainrun.chain.shapes import choose_filler
+
+    # 4 nodes in 2 h, 2 nodes now: 2 nodes do 0.5 x (7200 - 0 - 300) = 3450 s of 4-node work first
+    c = choose_filler((4, 2, 1), {4: 7200, 2: 0, 1: 0}, boundary_s=300, margin_s=600)
+    assert c is not None and c.filler and c.nodes == 2
+    gains = {o.nodes: o.gain_s for o in c.options}
+    assert gains == pytest.approx({4: 0.0, 2: 3450.0, 1: 1725.0})  # the larger gain wins
+    assert c.reason.startswith("filler on 2 nodes while 4 nodes queue (~2.0 h)")
+    assert c.as_dict()["filler"] is True and c.as_dict()["options"][1]["gain_s"] == 3450.0
+
+
+def test_no_filler_when_the_gain_does_not_pay_the_margin():
+    from chainrun.chain.shapes import choose_filler
+
+    # 0.5 x (1500 - 0 - 300) = 600: exactly the margin is enough, a second less is not
+    assert choose_filler((4, 2), {4: 1500, 2: 0}, boundary_s=300, margin_s=600).nodes == 2
+    assert choose_filler((4, 2), {4: 1499, 2: 0}, boundary_s=300, margin_s=600) is None
+    # the smaller shape waits as long as the reference: nothing to fill
+    assert choose_filler((4, 2), {4: 7200, 2: 7200}, boundary_s=300) is None
+    # no prediction for the reference (or no other shape): None
+    assert choose_filler((4, 2), {2: 0}, boundary_s=300) is None
+    assert choose_filler((4,), {4: 7200}, boundary_s=300) is None
+
+
+def test_filler_gain_uses_the_measured_rate():
+    from chainrun.chain.shapes import choose_filler
+
+    # 2 nodes measured at 0.3 of the 4-node pace: 0.3 x (3600 - 600) = 900 < 1000, linear would say 1500
+    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600, measured={4: 10.0, 2: 3.0}, margin_s=1000) is None
+    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600, margin_s=1000).nodes == 2
