@@ -1,6 +1,7 @@
 """Elastic shapes in the whole-chain replay (issue #14): run, write the JSON, render docs/elastic.md.
 
     .venv/bin/python bench/sim_elastic.py             # run; docs/results/sim-chains-ls6-elastic.json + the doc
+    .venv/bin/python bench/sim_elastic.py --from-head # the same, running an export of HEAD (committed code only)
     .venv/bin/python bench/sim_elastic.py --render    # only re-render docs/elastic.md from the JSON
     .venv/bin/python bench/sim_elastic.py --check     # exit 1 if the doc's block is not the JSON's rendering
 
@@ -8,7 +9,7 @@ The run is `chainrun sim --chains --shapes 4,2,1 --efficiency 1,0.8 --tune-score
 on the shipped LS6 slice (and, labelled in-sample, the same without the split on the whole slice,
 because the scored window holds few heavy-load chains) (in a subprocess: what is written is what the CLI prints): chains of 4
 nodes (12 A100s; 4 nodes is the trace's most common multi-node job size, 26 % of its node-hours),
-the shape margin chosen on chains that end before February 2023, every policy scored on chains
+the filler margin chosen on chains that end before February 2023, every policy scored on chains
 injected from it. Only the block between ``<!-- elastic-replay:begin -->`` and
 ``<!-- elastic-replay:end -->`` of docs/elastic.md is written.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,17 +38,25 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
-def run(trace: str, extra: list[str], args: list[str] = ARGS) -> dict:
+def run(trace: str, extra: list[str], args: list[str] = ARGS, head: tuple[str, str] | None = None) -> dict:
+    """``head``: (commit, folder holding an export of its ``chainrun``): run that code, not the tree's."""
     cmd = ["chainrun", "sim", "--trace", trace, *args, *extra, "--json"]
-    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--", "chainrun"))  # what runs
+    if head:
+        commit, dirty = head[0], False
+        # `python -c` puts its working directory first on sys.path: run from the export itself
+        exe = [sys.executable, "-c", "import sys; from chainrun.cli.main import run; sys.argv[0] = 'chainrun'; "
+                                     "sys.exit(run())"]
+        cwd, env = head[1], {**os.environ, "PYTHONPATH": head[1]}
+    else:
+        commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--", "chainrun"))  # what runs
+        exe, cwd, env = [str(Path(sys.executable).with_name("chainrun"))], REPO, None
     t = time.monotonic()
-    p = subprocess.run([str(Path(sys.executable).with_name("chainrun")), *cmd[1:]], capture_output=True, text=True,
-                       cwd=REPO)
+    p = subprocess.run([*exe, *cmd[1:]], capture_output=True, text=True, cwd=cwd, env=env)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
         raise SystemExit(p.returncode)
     env = json.loads(p.stdout)
-    return {"commit": commit, "dirty": dirty,
+    return {"commit": commit, "dirty": dirty, "from_head": bool(head),
             "seed": env["data"]["meta"]["seed"], "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
             "chainrun": env["chainrun"], "data": env["data"]}
 
@@ -97,11 +108,13 @@ def render(doc: dict) -> str:
                   + "; " + _why(sizes, e["reference_nodes"])]
     t = d.get("elastic_tune")
     if t:
-        lines += ["", f"Shape margin chosen on {t['injections']} chains that end before the scored window: "
-                      f"**{t['picked_margin_s'] / 60:g} min** (lowest mean overhead at efficiency "
-                      f"{e['efficiencies'][0]:g}):", "",
+        lines += ["", f"Filler margin chosen on {t['injections']} chains that end before the scored window: "
+                      f"**{t['picked']}** (lowest mean overhead at efficiency {e['efficiencies'][0]:g}, to 0.01 h; "
+                      "ties to the larger margin, no filler the largest; the shape rule's margin stays at "
+                      f"{t['shape_margin_s'] / 60:g} min):", "",
                   "| candidate (choice window) | n | overhead | low | medium | heavy | chains that changed shape | "
-                  "vs predicted: low / medium / heavy |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "chains with a filler | vs predicted: low / medium / heavy |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         base = t["candidates"].get("predicted") or {}
         for name, r in t["candidates"].items():
             bl = r["by_load"]
@@ -109,16 +122,19 @@ def render(doc: dict) -> str:
                             for k in ("low", "medium", "heavy")) if r.get("chains_elastic_share") is not None else "-"
             lines.append(f"| {name} | {r['n']} | {h(r['mean_overhead_h'])} | "
                          + " | ".join(f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']})" for k in ("low", "medium", "heavy"))
-                         + f" | {pct(r.get('chains_elastic_share'))} | {vs} |")
+                         + f" | {pct(r.get('chains_elastic_share'))} | {pct(r.get('chains_filler_share'))} | {vs} |")
         lines += ["", f"**Scored window** ({m['injections']} chains injected from the split on, one every "
                       f"{m['chains_every_h']:g} h of trace):"]
     lines += policy_tables(pols, e, "scored")
     dev = doc.get("development")
     if dev:
         dd = dev["data"]
+        de = dd["chains"]["elastic"]
+        fm = de.get("filler_margin_s")
         lines += ["", f"**Whole development slice, in-sample** (`{dev['command']}`, {dev['wall_s']:.0f} s wall; "
                       f"{dd['meta']['injections']} chains, one every {dd['meta']['chains_every_h']:g} h, the shipped "
-                      f"margin {dd['chains']['elastic']['margin_s'] / 60:g} min; it contains the choice window, so it is "
+                      f"margins: shape {de['margin_s'] / 60:g} min, filler "
+                      f"{'off' if fm is None else f'{fm / 60:g} min'}; it contains the choice window, so it is "
                       "not a score; shown because the scored window has few or no heavy-load chains):"]
         lines += policy_tables(dd["chains"]["policies"], dd["chains"]["elastic"], "development")
     return "\n".join(lines)
@@ -126,7 +142,8 @@ def render(doc: dict) -> str:
 
 def policy_tables(pols: dict, e: dict, scope: str) -> list[str]:
     lines = ["", "| policy | efficiency | n | overhead (90 % CI) | low (90 % CI) | medium (90 % CI) | heavy (90 % CI) | "
-                  "slowdown | segments | segments by nodes |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "slowdown | segments | segments by nodes | chains with a filler (low / medium / heavy) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, p in pols.items():
         bl = p["by_load"]
         eff = f"{p['efficiency']:g}" if "efficiency" in p else "-"
@@ -134,7 +151,7 @@ def policy_tables(pols: dict, e: dict, scope: str) -> list[str]:
         lines.append(f"| {name} | {eff} | {p['n']} | {h(p['mean_overhead_h'])} ({ci(p.get('ci90_h'))}) | "
                      + " | ".join(f"{h(bl[k]['mean_overhead_h'])} ({bl[k]['n']}; {ci(bl[k]['ci90_h'])})"
                                   for k in ("low", "medium", "heavy"))
-                     + f" | {h(p.get('mean_slowdown_h'))} | {(p.get('mean_segments') or 0):.2f} | {by} |")
+                     + f" | {h(p.get('mean_slowdown_h'))} | {(p.get('mean_segments') or 0):.2f} | {by} | {_fill(p)} |")
     lines += ["", "Issue #14's targets (vs fixed-shape `predicted` at the same reference shape; reduction = "
                   "(predicted - elastic) / predicted): heavy load >= 30 % less, no level more than 5 % above:", "",
               "| policy | low | medium | heavy | heavy >= 30 % less | never > 5 % above |", "|---|---:|---:|---:|---|---|"]
@@ -150,11 +167,16 @@ def policy_tables(pols: dict, e: dict, scope: str) -> list[str]:
     el = pols.get("predicted_elastic") or {}
     if el.get("n"):
         lines += ["", f"`predicted_elastic` ran a segment on another shape in {pct(el.get('chains_elastic_share'))} of "
-                      f"the {scope} chains. The rule (chainrun/chain/shapes.py) compares finishing *all* the remaining "
-                      "work at each shape, so a 2-node segment must save more queue time than the extra compute it "
-                      f"costs (at efficiency 1, as long as the work left); with {e['reference_nodes']}-node chains "
-                      "of 168 h that happens only near a chain's end or when the reference waits for days."]
+                      f"the {scope} chains, a filler in {pct(el.get('chains_filler_share'))}."]
     return lines
+
+
+def _fill(p: dict) -> str:
+    """Share of chains with a filler, all and per load level ("-" for a policy without shapes)."""
+    if p.get("chains_filler_share") is None:
+        return "-"
+    by = p.get("filler_share_by_load") or {}
+    return f"{pct(p['chains_filler_share'])} ({' / '.join(pct(by.get(k)) for k in ('low', 'medium', 'heavy'))})"
 
 
 def _rel(x, base) -> str:
@@ -182,11 +204,20 @@ def main() -> int:
     ap.add_argument("--trace", default="ls6-a100-dev")
     ap.add_argument("--render", action="store_true", help="only re-render the doc from the JSON")
     ap.add_argument("--check", action="store_true", help="exit 1 if the doc is out of date")
+    ap.add_argument("--from-head", action="store_true", help="run chainrun from an export of HEAD (committed code)")
     ap.add_argument("extra", nargs="*", help="more `chainrun sim` options, after --")
     args = ap.parse_args()
     if not (args.render or args.check):
-        doc = run(args.trace, args.extra)
-        doc["development"] = run(args.trace, args.extra, DEV_ARGS)
+        with tempfile.TemporaryDirectory() as tmp:
+            head = None
+            if args.from_head:  # the committed code only, not the shared tree's uncommitted edits
+                commit = git("rev-parse", "HEAD")
+                archive = subprocess.run(["git", "archive", commit, "chainrun"], cwd=REPO, capture_output=True,
+                                         check=True)
+                subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+                head = (commit, tmp)
+            doc = run(args.trace, args.extra, head=head)
+            doc["development"] = run(args.trace, args.extra, DEV_ARGS, head=head)
         doc["trace_sizes"] = trace_sizes(args.trace)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {OUT} ({doc['wall_s']} s)")
