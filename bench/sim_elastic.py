@@ -130,11 +130,11 @@ def render(doc: dict) -> str:
     if dev:
         dd = dev["data"]
         de = dd["chains"]["elastic"]
-        fm = de.get("filler_margin_s")
+        fm = de.get("filler_margin")
         lines += ["", f"**Whole development slice, in-sample** (`{dev['command']}`, {dev['wall_s']:.0f} s wall; "
                       f"{dd['meta']['injections']} chains, one every {dd['meta']['chains_every_h']:g} h, the shipped "
                       f"margins: shape {de['margin_s'] / 60:g} min, filler "
-                      f"{'off' if fm is None else f'{fm / 60:g} min'}; it contains the choice window, so it is "
+                      f"{'off' if fm is None else f'{fm:g} boundaries'}; it contains the choice window, so it is "
                       "not a score; shown because the scored window has few or no heavy-load chains):"]
         lines += policy_tables(dd["chains"]["policies"], dd["chains"]["elastic"], "development")
     return "\n".join(lines)

@@ -502,8 +502,10 @@ class Engine:
                     waits[int(n)], sources[int(n)] = max(0.0, float(w)), "model"
             except Exception as e:  # a broken model must not stop planning: test-only (or the reference) decides
                 log.warning("queue-delay model for the shape choice of %s: %s", c.id, e)
+        # asked as the segment will be: with --time-min Slurm may start it sooner with a shorter limit
+        tmin = {"time_min_s": min(int(c.extra["time_min_s"]), c.segment_s)} if c.extra.get("time_min_s") else {}
         for n in shapes:
-            probe = Segment(chain_id=c.id, idx=idx, time_limit_s=c.segment_s, extra={"nodes": n})
+            probe = Segment(chain_id=c.id, idx=idx, time_limit_s=c.segment_s, extra={"nodes": n, **tmin})
             try:
                 start = self.slurm.test_only(wrapper_path(c), segment_args(c, probe), script_args=[str(idx)])
             except SlurmError as e:

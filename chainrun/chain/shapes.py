@@ -34,9 +34,12 @@ from chainrun.errors import UsageError
 
 DEFAULT_MARGIN_S = 600.0
 MARGIN_SHARE = 0.05
-# a filler must gain at least this much reference work (s); chosen on the replay's choice window
-# (chainrun.sim.elastic.tune_elastic, docs/elastic.md), not by hand
-DEFAULT_FILLER_MARGIN_S = 600.0
+# a filler must gain at least this many of the chain's segment boundaries (boundary_s) of reference
+# work, and never less than a minute (Slurm's unit): in the chain's own scale, so a chain whose
+# boundary costs 20 s may fill a few minutes and one whose boundary costs 5 min needs 10 min or more.
+# Chosen on the replay's choice window (chainrun.sim.elastic.tune_elastic, docs/elastic.md)
+FILLER_MARGIN = 2.0
+MIN_FILLER_GAIN_S = 60.0
 
 
 def parse_shapes(text: str, *, max_nodes: int | None = None) -> tuple[int, ...]:
@@ -199,7 +202,7 @@ def choose_shape(remaining_s: float, shapes: tuple[int, ...], waits: dict[int, f
 def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_s: float,
                   measured: dict[int, float] | None = None, efficiency: dict[int, float] | None = None,
                   sources: dict[int, str] | None = None,
-                  margin_s: float = DEFAULT_FILLER_MARGIN_S) -> ShapeChoice | None:
+                  margin: float = FILLER_MARGIN) -> ShapeChoice | None:
     """A filler shape for a chain with **no live segment**, or None.
 
     A filler on ``n`` nodes (n != the reference) starts after ``waits[n]`` and is cut when the
@@ -210,8 +213,9 @@ def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_
 
         gain(n) = rate(n) * (waits[ref] - waits[n] - boundary_s)
 
-    It is worth it when the largest gain is at least ``margin_s``: a queue wait turned into work at
-    the cost of one boundary. The filler asks for a full segment (it is cut when the reference
+    It is worth it when the largest gain is at least ``margin`` boundaries (``margin * boundary_s``,
+    at least ``MIN_FILLER_GAIN_S``): a queue wait turned into work, worth the boundary it adds and
+    the noise in the predicted waits. The filler asks for a full segment (it is cut when the reference
     starts, or ends on its own if that comes first), its work counts at its rate like any segment.
 
     Why a separate rule: ``choose_shape`` compares finishing *all* the remaining work at one shape,
@@ -235,7 +239,8 @@ def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_
         rate = shape_rate(n, ref, measured=measured, efficiency=efficiency)
         gain = rate * (wait_ref - w - max(0.0, boundary_s))
         options.append(ShapeOption(n, w, rate, 1, wait_ref, sources.get(n, "model"), gain))
-    fill = [o for o in options[1:] if o.gain_s is not None and o.gain_s >= margin_s]
+    need = max(MIN_FILLER_GAIN_S, margin * max(0.0, boundary_s))
+    fill = [o for o in options[1:] if o.gain_s is not None and o.gain_s >= need]
     if not fill:
         return None
     best = max(fill, key=lambda o: (o.gain_s, o.nodes))

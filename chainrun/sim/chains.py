@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
-from chainrun.chain.shapes import DEFAULT_FILLER_MARGIN_S, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
+from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
 from chainrun.chain.policies import default_lead_s
 from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
@@ -96,7 +96,7 @@ class PolicySpec:
     shapes: tuple[int, ...] | None = None  # elastic: node counts, the first the reference (= injected nodes)
     efficiency: float = 1.0  # elastic: every other shape's rate relative to linear in nodes
     margin_s: float = DEFAULT_MARGIN_S  # elastic: what another shape must save to be chosen (choose_shape)
-    filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S  # elastic: a filler's least gain; None: no filler
+    filler_margin: float | None = FILLER_MARGIN  # elastic: a filler's least gain, in boundaries; None: no filler
 
 
 def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.0)) -> list[PolicySpec]:
@@ -112,10 +112,10 @@ def default_specs(fixed_leads_s=(2 * 3600.0, 6 * 3600.0, 12 * 3600.0, 24 * 3600.
 
 
 def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float = DEFAULT_MARGIN_S,
-                  filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> list[PolicySpec]:
+                  filler_margin: float | None = FILLER_MARGIN) -> list[PolicySpec]:
     """The elastic comparison (chains of ``shapes[0]`` nodes): reactive (it defines the load
     levels), fixed-shape ``predicted`` and ``predicted_elastic`` at each efficiency (the first
-    unsuffixed, then e.g. ``predicted_elastic_eff80``), fillers at ``filler_margin_s``."""
+    unsuffixed, then e.g. ``predicted_elastic_eff80``), fillers at ``filler_margin``."""
     from dataclasses import replace
 
     shipped = next(s for s in default_specs() if s.name == "predicted")  # what `--policy predicted` does
@@ -123,7 +123,7 @@ def elastic_specs(shapes: tuple[int, ...], efficiencies=(1.0,), margin_s: float 
     for i, e in enumerate(efficiencies):
         name = "predicted_elastic" if i == 0 else f"predicted_elastic_eff{int(round(e * 100))}"
         specs.append(replace(shipped, name=name, shapes=tuple(shapes), efficiency=float(e), margin_s=margin_s,
-                             filler_margin_s=filler_margin_s))
+                             filler_margin=filler_margin))
     return specs
 
 
@@ -276,10 +276,10 @@ class _Chain:
         overhead = segment_overhead(self.chain, [])
         choice = choose_shape(max(left_s, 0.0), self.shapes, waits, segment_s=max(60.0, w.segment_s - overhead),
                               boundary_s=overhead, efficiency=self.eff, margin_s=self.spec.margin_s)
-        if live or choice.nodes != self.nodes or self.spec.filler_margin_s is None:
+        if live or choice.nodes != self.nodes or self.spec.filler_margin is None:
             return choice
         return choose_filler(self.shapes, waits, boundary_s=overhead, efficiency=self.eff,
-                             margin_s=self.spec.filler_margin_s) or choice
+                             margin=self.spec.filler_margin) or choice
 
     def ask(self, cur: Seg, running: bool):
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,

@@ -9,8 +9,8 @@ what the simulated segments do and what the rules are told; a second efficiency 
 sensitivity row (``predicted_elastic_eff80``).
 
 Decide on the past, score on the future (``tune_elastic``): the tunable here is the filler's
-margin, the least reference work a filler must gain (``chainrun.chain.shapes.choose_filler``),
-picked among ``FILLER_MARGINS_S`` and "no filler" on chains whose whole life ends before
+margin, the least reference work a filler must gain in segment boundaries
+(``chainrun.chain.shapes.choose_filler``), picked among ``FILLER_MARGINS`` and "no filler" on chains whose whole life ends before
 ``score_from`` (the lowest mean completion overhead at the first efficiency; ties go to the larger
 margin, the one that runs fewer fillers, and "no filler" is the largest); every policy is then
 scored on chains injected from ``score_from`` on with that margin. The shape rule's own margin
@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from chainrun.chain.shapes import DEFAULT_FILLER_MARGIN_S, DEFAULT_MARGIN_S
+from chainrun.chain.shapes import DEFAULT_MARGIN_S, FILLER_MARGIN
 from chainrun.errors import UsageError
 from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, elastic_specs
 
-FILLER_MARGINS_S = (DEFAULT_FILLER_MARGIN_S, 1800.0, 3600.0, None)  # candidates; None: no filler at all
+# candidates, in boundaries (the replay's boundary is the 5-min signal lead: 10 min, 30 min, 1 h); None: no filler
+FILLER_MARGINS = (FILLER_MARGIN, 6.0, 12.0, None)
 NO_FILLER = float("inf")  # how "no filler" sorts among the margins (the largest)
 
 
@@ -48,14 +49,14 @@ def parse_efficiencies(text: str) -> tuple[float, ...]:
 
 def elastic_config(cfg: ChainsConfig, shapes: tuple[int, ...], efficiencies=(1.0,),
                    margin_s: float = DEFAULT_MARGIN_S,
-                   filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> ChainsConfig:
+                   filler_margin: float | None = FILLER_MARGIN) -> ChainsConfig:
     return replace(cfg, chain_nodes=(shapes[0],),
-                   specs=elastic_specs(shapes, efficiencies, margin_s, filler_margin_s))
+                   specs=elastic_specs(shapes, efficiencies, margin_s, filler_margin))
 
 
-def _describe(shapes, efficiencies, margin_s: float, filler_margin_s, gpus_per_node: int) -> dict:
+def _describe(shapes, efficiencies, margin_s: float, filler_margin, gpus_per_node: int) -> dict:
     return {"reference_nodes": shapes[0], "shapes": list(shapes), "gpus_per_node": gpus_per_node,
-            "efficiencies": list(efficiencies), "margin_s": margin_s, "filler_margin_s": filler_margin_s,
+            "efficiencies": list(efficiencies), "margin_s": margin_s, "filler_margin": filler_margin,
             "rate": "reference-work per second on n nodes = n / reference x efficiency (1.0 = linear; the "
                     "reference shape 1.0); the same efficiency is the simulated truth and what the rule is told"}
 
@@ -70,36 +71,36 @@ def filler_stats(res, specs) -> None:
         rs = [r for r in res.runs if r.policy == spec.name and r.done and (not res.loads or (r.t0, r.nodes) in res.loads)]
         by = {lv: [r for r in rs if res.loads.get((r.t0, r.nodes)) == lv] for lv in LOAD_LEVELS}
         pols[spec.name].update({
-            "filler_margin_s": spec.filler_margin_s,
+            "filler_margin": spec.filler_margin,
             "chains_filler_share": sum(r.fillers > 0 for r in rs) / len(rs) if rs else None,
             "filler_share_by_load": {lv: (sum(r.fillers > 0 for r in v) / len(v) if v else None) for lv, v in by.items()},
         })
 
 
 def run_elastic(trace, cfg: ChainsConfig, shapes: tuple[int, ...], efficiencies=(1.0,),
-                margin_s: float = DEFAULT_MARGIN_S, filler_margin_s: float | None = DEFAULT_FILLER_MARGIN_S) -> dict:
+                margin_s: float = DEFAULT_MARGIN_S, filler_margin: float | None = FILLER_MARGIN) -> dict:
     """``chainrun sim --chains --shapes ... --json`` data: fidelity, chains (with ``elastic``), meta."""
-    ecfg = elastic_config(cfg, shapes, efficiencies, margin_s, filler_margin_s)
+    ecfg = elastic_config(cfg, shapes, efficiencies, margin_s, filler_margin)
     res = run_chains(trace, ecfg)
     filler_stats(res, ecfg.specs)
     data = res.as_json()
-    data["chains"]["elastic"] = _describe(shapes, efficiencies, margin_s, filler_margin_s, cfg.gpus_per_node)
+    data["chains"]["elastic"] = _describe(shapes, efficiencies, margin_s, filler_margin, cfg.gpus_per_node)
     return {"fidelity": res.fidelity, **data}
 
 
 def _candidate_name(m: float | None) -> str:
-    return "predicted_elastic_nofiller" if m is None else f"predicted_elastic_filler{int(m // 60)}m"
+    return "predicted_elastic_nofiller" if m is None else f"predicted_elastic_filler{m:g}x"
 
 
 def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int, ...], efficiencies=(1.0,),
-                 margins=FILLER_MARGINS_S) -> dict:
+                 margins=FILLER_MARGINS) -> dict:
     """Pick the filler margin on chains that end before ``score_from``; score every policy after it."""
     from chainrun.sim.replay import _finite
 
     life = cfg.work.work_s * 1.5 + 2 * 86400.0
     shipped = elastic_specs(shapes, ())[1]  # fixed-shape predicted, as `chainrun submit --policy predicted`
     cands = [replace(shipped, name=_candidate_name(m), shapes=tuple(shapes), efficiency=efficiencies[0],
-                     margin_s=DEFAULT_MARGIN_S, filler_margin_s=m) for m in margins]
+                     margin_s=DEFAULT_MARGIN_S, filler_margin=m) for m in margins]
     choose_cfg = replace(cfg, chain_nodes=(shapes[0],), specs=elastic_specs(shapes, ())[:2] + cands,
                          inject_from=None, inject_until=score_from - life)
     chosen = run_chains(trace, choose_cfg)
@@ -108,10 +109,10 @@ def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int,
     ok = [s for s in cands if pols[s.name].get("n")]
 
     def key(s):  # lowest mean overhead; ties (to the hundredth of an hour) to the larger margin / no filler
-        m = NO_FILLER if s.filler_margin_s is None else s.filler_margin_s
+        m = NO_FILLER if s.filler_margin is None else s.filler_margin
         return (round(pols[s.name]["mean_overhead_h"], 2), -m)
 
-    picked = min(ok, key=key).filler_margin_s if ok else DEFAULT_FILLER_MARGIN_S
+    picked = min(ok, key=key).filler_margin if ok else FILLER_MARGIN
     scored = run_elastic(trace, replace(cfg, inject_from=score_from, inject_until=None), shapes, efficiencies,
                          DEFAULT_MARGIN_S, picked)
     scored["elastic_tune"] = _finite({
@@ -119,12 +120,12 @@ def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int,
                      "at the first efficiency, to 0.01 h; ties to the larger margin, no filler the largest), every "
                      "policy scored on chains injected from it (chainrun.sim.elastic)",
         "score_from": score_from, "inject_until": score_from - life,
-        "picked_filler_margin_s": picked, "picked": "no filler" if picked is None else f"{picked / 60:g} min",
-        "shape_margin_s": DEFAULT_MARGIN_S, "shipped_filler_margin_s": DEFAULT_FILLER_MARGIN_S,
+        "picked_filler_margin": picked, "picked": "no filler" if picked is None else f"{picked:g} boundaries",
+        "shape_margin_s": DEFAULT_MARGIN_S, "shipped_filler_margin": FILLER_MARGIN,
         "injections": chosen.meta["injections"], "meta": chosen.meta,
         "candidates": {s.name: {k: pols[s.name].get(k) for k in ("n", "mean_overhead_h", "mean_segments",
                                                                   "chains_elastic_share", "chains_filler_share",
-                                                                  "filler_margin_s", "by_load")}
+                                                                  "filler_margin", "by_load")}
                        for s in [*choose_cfg.specs]},
     })
     return scored

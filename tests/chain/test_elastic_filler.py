@@ -35,9 +35,9 @@ def test_submit_plans_segment_0_as_a_filler_while_the_reference_queues(tmp_path)
     assert sorted(fake.test_only_nodes) == [2, 4]
 
 
-@pytest.mark.parametrize("delay, no_adapt", [({4: 600, 2: 0}, False), ({4: H, 2: 0}, True)])
+@pytest.mark.parametrize("delay, no_adapt", [({4: 140, 2: 0}, False), ({4: H, 2: 0}, True)])
 def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, no_adapt):
-    # 0.5 x (600 - 30) = 285 s < the 600 s margin; --no-adapt: never another shape
+    # 0.5 x (140 - 30) = 55 s < a minute (the floor; 2 boundaries of 30 s = 60 s); --no-adapt: never another shape
     fake, store, eng, c = world(tmp_path, total_s=20000, delay=delay, no_adapt=no_adapt)
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     assert eng.plan_first_shape(c, seg) == ""

@@ -108,7 +108,7 @@ def test_the_shipped_rule_decides(monkeypatch):
 
     monkeypatch.setattr(chains, "choose_shape", reference_only)
     # the filler off: it is a second rule (tests/sim/test_elastic_filler.py)
-    res = run_chains(crowded(), cfg(max_chains=1, specs=elastic_specs((2, 1), filler_margin_s=None)))
+    res = run_chains(crowded(), cfg(max_chains=1, specs=elastic_specs((2, 1), filler_margin=None)))
     assert seen and all(s[1] == (2, 1) and set(s[2]) == {1, 2} for s in seen)
     assert seen[0][2][2] > seen[0][2][1]  # the wide shape was predicted to wait longer
     assert all(set(r.shapes) == {2} for r in res.runs)

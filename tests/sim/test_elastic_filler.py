@@ -85,5 +85,5 @@ def test_the_shipped_filler_rule_decides(monkeypatch):
     assert seen and all(a[0] == (2, 1) and set(a[1]) == {1, 2} for a, _ in seen)
     assert all(r.fillers == 0 for r in res.runs)
     monkeypatch.undo()
-    off = run_chains(busy_three_of_four(), cfg(max_chains=1, specs=elastic_specs((2, 1), filler_margin_s=None)))
+    off = run_chains(busy_three_of_four(), cfg(max_chains=1, specs=elastic_specs((2, 1), filler_margin=None)))
     assert all(r.fillers == 0 and r.shapes[0] == 2 for r in off.runs)
