@@ -36,9 +36,10 @@ DEFAULT_MARGIN_S = 600.0
 MARGIN_SHARE = 0.05
 # a filler must gain at least this many of the chain's segment boundaries (boundary_s) of reference
 # work, and never less than a minute (Slurm's unit): in the chain's own scale, so a chain whose
-# boundary costs 20 s may fill a few minutes and one whose boundary costs 5 min needs 10 min or more.
-# Chosen on the replay's choice window (chainrun.sim.elastic.tune_elastic, docs/elastic.md)
-FILLER_MARGIN = 2.0
+# boundary costs 20 s may fill a few minutes and one whose boundary costs 5 min needs 30 min or more.
+# Chosen on the replay's choice window among 2, 6, 12 and no filler (chainrun.sim.elastic.tune_elastic,
+# docs/elastic.md: 6 had the lowest mean overhead on chains that end before the scored window)
+FILLER_MARGIN = 6.0
 MIN_FILLER_GAIN_S = 60.0
 
 

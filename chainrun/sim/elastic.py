@@ -28,7 +28,7 @@ from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, elastic_specs
 
 # candidates, in boundaries (the replay's boundary is the 5-min signal lead: 10 min, 30 min, 1 h); None: no filler
-FILLER_MARGINS = (FILLER_MARGIN, 6.0, 12.0, None)
+FILLER_MARGINS = (2.0, 6.0, 12.0, None)
 NO_FILLER = float("inf")  # how "no filler" sorts among the margins (the largest)
 
 

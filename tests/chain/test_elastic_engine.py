@@ -167,7 +167,7 @@ def test_no_adapt_keeps_the_reference_shape(tmp_path):
 
 def test_a_small_saving_keeps_the_reference_shape(tmp_path):
     # 4 nodes wait 100 s, 2 nodes start now but need twice the training: the reference wins (and a
-    # filler would gain 0.5 x (100 - 30) s, less than a minute: none)
+    # filler would gain 0.5 x (100 - 30) s, less than its margin: none)
     fake, store, eng, c = world(tmp_path, total_s=1200, delay={4: 100, 2: 0})
     (s0,) = store.segments(c.id)
     run_segment(fake, s0, 300)

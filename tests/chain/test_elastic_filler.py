@@ -37,7 +37,7 @@ def test_submit_plans_segment_0_as_a_filler_while_the_reference_queues(tmp_path)
 
 @pytest.mark.parametrize("delay, no_adapt", [({4: 140, 2: 0}, False), ({4: H, 2: 0}, True)])
 def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, no_adapt):
-    # 0.5 x (140 - 30) = 55 s < a minute (the floor; 2 boundaries of 30 s = 60 s); --no-adapt: never another shape
+    # 0.5 x (140 - 30) = 55 s < 6 boundaries of 30 s; --no-adapt: never another shape
     fake, store, eng, c = world(tmp_path, total_s=20000, delay=delay, no_adapt=no_adapt)
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     assert eng.plan_first_shape(c, seg) == ""
@@ -45,8 +45,9 @@ def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, 
 
 
 def test_a_running_filler_gets_its_reference_successor_at_once_and_is_handed_off(tmp_path):
-    # the reference segment 0 ended; nothing is live: segment 1 is planned as a filler (a gap)
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: H, 2: 0}, policy="reactive")
+    # the reference segment 0 ended; nothing is live: segment 1 is planned as a filler (a gap); its
+    # boundary is now measured (600 s limit, 300 s trained: 300 s), so 4 nodes wait 2 h: 0.5 x 6900 >= 6 x 300
+    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: 2 * H, 2: 0}, policy="reactive")
     (s0,) = store.segments(c.id)
     run_segment(fake, s0, 300)
     eng.tick()

@@ -77,10 +77,11 @@ def test_no_filler_when_the_gain_does_not_pay_the_margin():
     # 0.5 x (1500 - 0 - 300) = 600: exactly the margin (2 boundaries of 300 s) is enough, a second less is not
     assert choose_filler((4, 2), {4: 1500, 2: 0}, boundary_s=300, margin=2).nodes == 2
     assert choose_filler((4, 2), {4: 1499, 2: 0}, boundary_s=300, margin=2) is None
-    # in the chain's own scale: a 20 s boundary, 2 nodes gain 0.5 x (300 - 20) = 140 s >= 40 s (and a minute)
+    # in the chain's own scale: a 20 s boundary, 2 nodes gain 0.5 x (300 - 20) = 140 s >= 6 x 20 s (the default)
     assert choose_filler((4, 2), {4: 300, 2: 0}, boundary_s=20).nodes == 2
-    # ... but never less than a minute of reference work: 0.5 x (130 - 20) = 55 s
-    assert choose_filler((4, 2), {4: 130, 2: 0}, boundary_s=20) is None
+    assert choose_filler((4, 2), {4: 250, 2: 0}, boundary_s=20) is None  # 115 s < 120 s
+    # ... but never less than a minute of reference work: 0.5 x (130 - 20) = 55 s, 2 boundaries 40 s
+    assert choose_filler((4, 2), {4: 130, 2: 0}, boundary_s=20, margin=2) is None
     # the smaller shape waits as long as the reference: nothing to fill
     assert choose_filler((4, 2), {4: 7200, 2: 7200}, boundary_s=300) is None
     # no prediction for the reference (or no other shape): None
@@ -92,5 +93,5 @@ def test_filler_gain_uses_the_measured_rate():
     from chainrun.chain.shapes import choose_filler
 
     # 2 nodes measured at 0.3 of the 4-node pace: 0.3 x (3600 - 600) = 900 < 1200, linear would say 1500
-    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600, measured={4: 10.0, 2: 3.0}) is None
-    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600).nodes == 2
+    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600, measured={4: 10.0, 2: 3.0}, margin=2) is None
+    assert choose_filler((4, 2), {4: 3600, 2: 0}, boundary_s=600, margin=2).nodes == 2
