@@ -57,9 +57,11 @@ MAX_TARGET = 0.98
 # min(itself, (1 - share) x a full segment), so a chain needs a bounded number of them. 1.0 = no
 # cap (the rule before the guard). The value is the decide-on-past procedure's pick among the
 # bounded shares (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json): on the choice window
-# (Nov-Jan) 0.75 had the lowest overhead of 0.25/0.5/0.75; no cap is not a candidate for a safety
-# bound (the spiral was seen on that window with the age-only replay). See docs/evaluation.md.
-MAX_LEAD_SHARE = 0.75
+# (Nov-Jan), with the boundary cost of 1 h (target 0.98 for 48 h segments), 0.5 had the lowest
+# overhead and the smallest gap left per load level of 0.25/0.4/0.5/0.6/0.75 (0.75 with target 0.95
+# before the grid covered both at once); no cap is not a candidate for a safety bound (the spiral
+# was seen on that window: 32 of 148 chains stuck at 0.98 without it). See docs/evaluation.md.
+MAX_LEAD_SHARE = 0.5
 
 
 def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) -> float:
