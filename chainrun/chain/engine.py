@@ -473,6 +473,11 @@ class Engine:
         if c.extra.get("no_adapt"):
             return ShapeChoice(ref, f"{ref} nodes: the reference shape (--no-adapt)", ())
         waits, sources = self._shape_waits(c, segs, shapes, idx)
+        if waits and ref not in waits:
+            # no start for the reference (no model, and test-only refused it: Slurm 22.05 says "Requested node
+            # configuration is not available" for a request a future reservation cuts into, though it starts
+            # with --time-min): nothing says it waits, so the chain keeps it rather than leave it blind
+            return ShapeChoice(ref, f"{ref} nodes (reference): no start estimate for it, kept", ())
         overhead = segment_overhead(c, segs)
         choice = choose_shape(remaining, shapes, waits, segment_s=max(60.0, c.segment_s - overhead),
                               boundary_s=overhead, measured=measured_pace(c, segs),

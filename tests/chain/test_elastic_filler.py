@@ -100,3 +100,22 @@ def test_no_filler_while_a_segment_is_live(tmp_path):
     segs = store.segments(c.id)
     assert len(segs) == 2 and segs[0].phase == RUNNING
     assert segs[1].extra["nodes"] == 4 and "filler" not in segs[1].extra
+
+
+def test_no_start_estimate_for_the_reference_keeps_it(tmp_path):
+    # test-only refused the 4-node request (a future reservation cuts into it): neither a filler nor a switch
+    fake, store, eng, c = world(tmp_path, total_s=20000, delay={2: 0})
+    real = fake.run
+
+    def refuse_four(argv, timeout=60.0, **kw):
+        argv = tuple(str(a) for a in argv)
+        if argv[:2] == ("sbatch", "--test-only") and "--nodes=4" in argv:
+            from chainrun.runner.base import RunResult
+
+            return RunResult(argv, 1, "", "allocation failure: Requested node configuration is not available\n", 0.0)
+        return real(argv, timeout, **kw)
+
+    fake.run = refuse_four
+    seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
+    assert eng.plan_first_shape(c, seg) == ""
+    assert seg.extra["nodes"] == 4 and "no start estimate" in seg.extra["shape"]["reason"]
