@@ -123,7 +123,7 @@ def render(name: str, doc: dict) -> str:
         pk = t["choose"]["picked"]
         target = "shipped" if pk["target"] is None else f"{pk['target']:.4g}"
         cost = f", boundary cost {pk['transition_cost_s'] / 3600:g} h" if pk.get("transition_cost_s") else ""
-        objective = t["choose"]["grid"].get("objective", "fewest stuck, then the lowest mean overhead")
+        objective = t["choose"].get("grid", {}).get("objective", "fewest stuck, then the lowest mean overhead")
         head += [f"Chosen on {t['choose']['injections']} chains that end before the scored window: **{pk['name']}** "
                  f"(target {target}{cost}, floor {pk['floor_s'] / 3600:g} h"
                  + (f", guard share {pk['lead_share']:g}" if pk.get("lead_share") is not None else "") + "). "
