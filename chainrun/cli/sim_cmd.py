@@ -30,7 +30,7 @@ def sim(
     successor_limit: Annotated[str, typer.Option("--successor-limit", help="--chains: size the next segment as the watcher does (shipped), or by the rule before the take-over fix (handover).")] = "shipped",
     inject_from: Annotated[Optional[str], typer.Option("--from", help="--chains: inject chains from this date (YYYY-MM-DD, trace time).")] = None,
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
-    tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's target probability and floor on chains that end before this date, score every policy on chains injected from it.")] = None,
+    tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's tunables (the cost of a boundary, which sets the target probability, and the guard's share) on chains that end before this date, score every policy on chains injected from it.")] = None,
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
 ) -> None:
