@@ -121,11 +121,11 @@ def render(name: str, doc: dict) -> str:
     if "tune" in d:
         t = d["tune"]
         pk = t["choose"]["picked"]
-        target = "shipped" if pk["target"] is None else f"{pk['target']:.4g}"
+        target = ("none" if pk.get("rule") == "slack" else "shipped") if pk["target"] is None else f"{pk['target']:.4g}"
         cost = f", boundary cost {pk['transition_cost_s'] / 3600:g} h" if pk.get("transition_cost_s") else ""
         objective = t["choose"].get("grid", {}).get("objective", "fewest stuck, then the lowest mean overhead")
         head += [f"Chosen on {t['choose']['injections']} chains that end before the scored window: **{pk['name']}** "
-                 f"(target {target}{cost}, floor {pk['floor_s'] / 3600:g} h"
+                 f"(rule {pk.get('rule') or 'quantile'}, target {target}{cost}, floor {pk['floor_s'] / 3600:g} h"
                  + (f", guard share {pk['lead_share']:g}" if pk.get("lead_share") is not None else "") + "). "
                  f"Pick: {objective}. Candidates on the choice window (gap left: the largest share of "
                  "reactive - oracle left open over those levels):", "",

@@ -15,7 +15,7 @@ from typing import Callable
 
 from chainrun.chain import handoff_plan, outcomes, reconcile
 from chainrun.chain.contract import control_path, parse_outcome
-from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
+from chainrun.chain.policies import PolicyView, WaitEstimate, cut_allowance, get_policy
 from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape, pace_by_shape, shape_rate
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
@@ -399,7 +399,11 @@ class Engine:
         policy = get_policy(c.policy)
         handover = (cur.end - c.signal_lead_s) if (cur.phase == RUNNING and cur.end) else None
         predict = (lambda: self.predictor(c, cur, self._queue)) if self.predictor else None
-        view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict)
+        # the share of the chain's slack this boundary may spend (the `slack` rule): remaining is the work
+        # left once cur trains to its hand-over point, a later full segment trains segment_s - overhead
+        allowance = cut_allowance(remaining, c.segment_s - overhead, handoff_plan.measured_handoff_s(c, segs))
+        view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict,
+                          cut_allowance_s=allowance)
         decision = policy.decide(view)
         if decision.estimate is not None:
             cur.extra["last_prediction"] = {"at": now, "wait_s": decision.estimate.seconds, "model": decision.estimate.model}

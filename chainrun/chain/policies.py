@@ -7,6 +7,7 @@ is not yet submitted. Once the current segment has ended, every policy submits a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -64,6 +65,77 @@ MAX_TARGET = 0.98
 MAX_LEAD_SHARE = 0.5
 
 
+# How `predicted` turns the model's distribution into a moment (the tuning procedure's pick, see
+# docs/evaluation.md): "quantile", the newsvendor rule (submit once P(start within the time left)
+# has fallen to predict_quantile's target: an hour early costs 1/segment of a boundary), or
+# "slack", the chain's own arithmetic (an early start costs nothing while the cut fits in the
+# chain's slack, its share of it per boundary, and one whole boundary beyond; see ``slack_cost``).
+RULES = ("quantile", "slack")
+PREDICTED_RULE = "quantile"
+
+
+def cut_allowance(work_after_s: float, full_capacity_s: float, handoff_s: float = 0.0) -> float:
+    """How much of the live segment an early successor may take (cut, or wait through) without the
+    chain needing one more segment, shared evenly among the boundaries still ahead.
+
+    ``work_after_s``: the work left once the live segment trains to its hand-over point;
+    ``full_capacity_s``: what one full later segment trains. The chain needs n = ceil(work / full)
+    more segments whatever happens at this boundary; their slack n x full - work absorbs cuts (and
+    a successor's wait burns its own limit just as a cut burns its predecessor's). Each of the n
+    boundaries ahead gets slack / n, less the hand-off minutes a cut also costs; 0 when nothing is
+    left (the live segment is the last)."""
+    full = max(float(full_capacity_s), 1.0)
+    work = float(work_after_s)
+    if work <= 0.0:
+        return 0.0
+    n = max(1, math.ceil(work / full - 1e-9))
+    return max(0.0, (n * full - work) / n - max(0.0, float(handoff_s)))
+
+
+def slack_lead(prob_within: Callable[[float], float], *, allowance_s: float, boundary_cost_s: float,
+               floor_s: float, max_lead_s: float, step_s: float = 300.0) -> float:
+    """The lead (time before the hand-over point) at which submitting costs the chain least, by the
+    ``slack`` rule: a successor that starts ``late`` after the hand-over point costs ``late`` (the
+    chain's nodes wait); one that starts more than ``allowance_s`` early costs one more segment
+    boundary (``boundary_cost_s``); earlier than that costs nothing. With W the wait,
+        cost(L) = E[(W - L)+] + boundary_cost x P(W < L - allowance),
+    minimised over leads in [floor_s, max_lead_s] on a ``step_s`` grid (ties: the earliest)."""
+    hi = max(float(floor_s), float(max_lead_s))
+    grid = sorted({float(floor_s), hi} | {float(floor_s) + k * step_s
+                                          for k in range(1, int((hi - floor_s) // step_s) + 1)}
+                  | ({float(allowance_s)} if floor_s < allowance_s < hi else set()))  # the kink: free up to here
+    late = _expected_lateness(prob_within, grid)
+    best, best_cost = grid[0], math.inf
+    for lead, lt in zip(grid, late):
+        early = lead - allowance_s
+        cost = lt + boundary_cost_s * (float(prob_within(early)) if early > 0 else 0.0)
+        if cost <= best_cost + 1e-9:
+            best, best_cost = lead, cost
+    return best
+
+
+def _expected_lateness(prob_within: Callable[[float], float], leads: list[float]) -> list[float]:
+    """E[(W - L)+] = integral from L to infinity of P(W > u) du, for each lead L (sorted), on a
+    log-spaced grid up to 60 days (beyond it the model's tail says nothing useful)."""
+    top = 60 * 86400.0
+    pts = sorted({max(1.0, x) for x in leads if x < top} | {10 ** (k / 40) for k in range(int(40 * math.log10(top)) + 1)}
+                 | {top})
+    surv = [1.0 - float(prob_within(u)) for u in pts]
+    tail = [0.0] * len(pts)  # integral from pts[i] to top
+    for i in range(len(pts) - 2, -1, -1):
+        tail[i] = tail[i + 1] + 0.5 * (surv[i] + surv[i + 1]) * (pts[i + 1] - pts[i])
+    index = {u: i for i, u in enumerate(pts)}
+    out = []
+    for L in leads:
+        if L >= top:
+            out.append(0.0)
+        elif L < 1.0:
+            out.append(tail[0] + (1.0 - L))
+        else:
+            out.append(tail[index[L]])
+    return out
+
+
 def lead_cap_s(training_s: float, full_s: float, share: float = MAX_LEAD_SHARE) -> float:
     """How long before its hand-over point a segment expected to train ``training_s`` (from its
     start) may get its successor submitted at the earliest, when a full segment trains ``full_s``:
@@ -112,6 +184,9 @@ class PolicyView:
     handover_at: float | None
     # asks the queue-delay model (may be None when no model is available)
     predict_wait: Callable[[], WaitEstimate | None] | None = None
+    # how much of the current segment an early successor may take without one more segment
+    # (``cut_allowance``); None: unknown, counted as none
+    cut_allowance_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +195,8 @@ class Decision:
     reason: str = ""
     dependency: str = ""
     estimate: WaitEstimate | None = None
+    # the lead (time before the hand-over point) the rule now plans to submit at, when it knows one
+    due_lead_s: float | None = None
 
 
 class Policy(Protocol):
@@ -182,8 +259,13 @@ class Predicted:
 
     name = "predicted"
 
-    def __init__(self, max_lead_share: float | None = None) -> None:
+    def __init__(self, max_lead_share: float | None = None, rule: str | None = None,
+                 transition_cost_s: float | None = None) -> None:
         self.max_lead_share = MAX_LEAD_SHARE if max_lead_share is None else float(max_lead_share)
+        self.rule = PREDICTED_RULE if rule is None else rule
+        if self.rule not in RULES:
+            raise ValueError(f"rule {self.rule!r}: use one of {', '.join(RULES)}")
+        self.transition_cost_s = TRANSITION_COST_S if transition_cost_s is None else float(transition_cost_s)
 
     def earliest(self, view: PolicyView) -> float | None:
         """The first moment this rule may submit (the guard), or None when it does not apply."""
@@ -207,6 +289,8 @@ class Predicted:
             return Decision(d.submit, "no model: " + d.reason if d.submit else "", estimate=None)
         if left <= view.chain.lead_s:
             return Decision(True, f"within the {view.chain.lead_s}s lead floor (model said {est.seconds:.0f}s)", estimate=est)
+        if self.rule == "slack" and est.prob_within is not None:
+            return self._decide_slack(view, est, left)
         if est.prob_within is not None and est.target is not None:
             p = float(est.prob_within(left))
             if p > est.target:
@@ -216,6 +300,20 @@ class Predicted:
         if left > effective_lead(est.seconds, view.chain.lead_s):
             return Decision(False, estimate=est)
         return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
+
+
+    def _decide_slack(self, view: PolicyView, est: WaitEstimate, left: float) -> Decision:
+        """The ``slack`` rule: submit once the time left has reached the lead that costs the chain
+        least (``slack_lead``), between the floor and now."""
+        allowance = max(0.0, float(view.cut_allowance_s or 0.0))
+        step = max(300.0, (left - view.chain.lead_s) / 96)
+        due = slack_lead(est.prob_within, allowance_s=allowance, boundary_cost_s=self.transition_cost_s,
+                         floor_s=float(view.chain.lead_s), max_lead_s=left, step_s=step)
+        if due < left:
+            return Decision(False, estimate=est, due_lead_s=due)
+        p = float(est.prob_within(left))
+        return Decision(True, f"slack rule: now costs least (P(start within the {left:.0f}s left) = {p:.3f}, "
+                              f"{allowance:.0f}s of this segment free to cut; {est.model})", estimate=est, due_lead_s=due)
 
 
 def effective_lead(predicted_wait_s: float, floor_s: float) -> float:

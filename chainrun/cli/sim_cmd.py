@@ -191,8 +191,11 @@ def render_chains(data: dict) -> None:
     blocks = [("scored" if "tune" in data else "chains", data["tune"]["score"] if "tune" in data else data)]
     if "tune" in data:
         p = data["tune"]["choose"]["picked"]
+        what = (f"rule {p.get('rule') or 'quantile'}, target {p['target'] if p['target'] is not None else 'none'}"
+                + (f", boundary cost {p['transition_cost_s'] / 3600:g} h" if p.get("transition_cost_s") else "")
+                + (f", guard share {p['lead_share']:g}" if p.get("lead_share") is not None else ""))
         con.print(f"chosen on {data['tune']['choose']['injections']} chains before the scored window: {p['name']} "
-                  f"(target {p['target'] if p['target'] is not None else 'shipped'}, floor {p['floor_s'] / 3600:g} h)")
+                  f"({what}, floor {p['floor_s'] / 3600:g} h)")
     for title, d in blocks:
         c, m = d["chains"], d["meta"]
         t = Table(title=f"{m['injections']} chains of {c['work_h']:g} h work in {c['segment_h']:g} h segments, restart "

@@ -18,6 +18,7 @@ LightGBM text files plus ``meta.json`` (with the calibration shifts); never pick
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -99,15 +100,8 @@ class Prediction:
     values: tuple = ()
 
     def _curve(self) -> "tuple[list[float], list[float]]":
-        from statistics import NormalDist
-
         qs, vals = (self.qs, self.values) if self.qs else ((0.1, 0.5, 0.9), (self.p10, self.p50, self.p90))
-        nd = NormalDist()
-        z = [nd.inv_cdf(q) for q in qs]
-        v = [_log(x) for x in vals]
-        for i in range(1, len(v)):  # monotone whatever the caller passed
-            v[i] = max(v[i], v[i - 1])
-        return z, v
+        return _curve_of(tuple(qs), tuple(float(x) for x in vals))
 
     def quantile(self, q: float) -> float:
         """Wait (s) at level q in (0, 1): the learned levels exactly, log-linear in the normal
@@ -137,6 +131,20 @@ class Prediction:
 
 
 TAIL_SLOPE = 0.25  # decades of wait per unit of normal score, at least, beyond the learned levels
+
+
+@functools.lru_cache(maxsize=4096)
+def _curve_of(qs: tuple, vals: tuple) -> "tuple[list[float], list[float]]":
+    """The curve of log10 wait against the normal score (cached: the `slack` rule reads one
+    distribution a few hundred times per decision)."""
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    z = [nd.inv_cdf(q) for q in qs]
+    v = [_log(x) for x in vals]
+    for i in range(1, len(v)):  # monotone whatever the caller passed
+        v[i] = max(v[i], v[i - 1])
+    return tuple(z), tuple(v)
 
 
 def _log(seconds: float) -> float:

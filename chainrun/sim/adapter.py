@@ -57,11 +57,17 @@ def engine_chain(work, lead_s: float, policy: str = "") -> Chain:
 
 
 def engine_segment(cur, running: bool) -> Segment:
-    """The watcher's record of a replayed segment: pending, or running since its job started."""
-    return Segment(chain_id="sim", idx=cur.idx, phase=RUNNING if running else PENDING, job_id=f"sim{cur.jid}",
-                   time_limit_s=int(cur.limit), submit=cur.submit, eligible=cur.submit,
-                   start=cur.start if running else None,
-                   end=(cur.start + cur.limit) if running else None)
+    """The watcher's record of a replayed segment: pending, or running since its job started, with
+    its payload's start once known (the wrapper's state file, which the engine reads before it sizes
+    a successor: a segment that took over trains from its predecessor's release, not its job start)."""
+    seg = Segment(chain_id="sim", idx=cur.idx, phase=RUNNING if running else PENDING, job_id=f"sim{cur.jid}",
+                  time_limit_s=int(cur.limit), submit=cur.submit, eligible=cur.submit,
+                  start=cur.start if running else None,
+                  end=(cur.start + cur.limit) if running else None)
+    train = getattr(cur, "train_start", float("nan"))
+    if running and train == train:
+        seg.extra["payload_start"] = float(train)
+    return seg
 
 
 class _SimClock:
@@ -166,8 +172,9 @@ class SimWatcher:
             return AvgLead(self.k)
         if spec.policy == "oracle":
             return None
-        if spec.policy == "predicted" and getattr(spec, "lead_share", None) is not None:
-            return Predicted(max_lead_share=spec.lead_share)  # a tuning candidate's guard
+        if spec.policy == "predicted" and any(getattr(spec, k, None) is not None for k in ("lead_share", "rule", "cost_s")):
+            # a tuning candidate: its guard, rule and boundary cost (None: the shipped values)
+            return Predicted(max_lead_share=spec.lead_share, rule=spec.rule, transition_cost_s=spec.cost_s)
         return get_policy(spec.policy)
 
     @staticmethod
@@ -177,12 +184,13 @@ class SimWatcher:
                           current=engine_segment(cur, True), handover_at=handover)
 
     def ask(self, policy, sim, now: float, cur, segs, *, running: bool, lead_s: float, nodes: int, work,
-            target: float | None = None) -> Decision:
+            target: float | None = None, cut_allowance_s: float | None = None) -> Decision:
         chain = engine_chain(work, lead_s, getattr(policy, "name", ""))
         seg = engine_segment(cur, running)
         handover = (seg.end - work.signal_lead_s) if running else None
         view = PolicyView(now=now, chain=chain, current=seg, handover_at=handover,
-                          predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes, target))
+                          predict_wait=lambda: self.estimate(sim, now, chain, seg, cur, segs, nodes, target),
+                          cut_allowance_s=cut_allowance_s)
         return policy.decide(view)
 
     def shape_waits(self, sim, now: float, cur, segs, shapes: tuple[int, ...], *, lead_s: float,

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
 from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
-from chainrun.chain.policies import default_lead_s
+from chainrun.chain.policies import cut_allowance, default_lead_s
 from chainrun.durations import to_slurm_minutes
 from chainrun.sim.scheduler import Scheduler
 
@@ -93,6 +93,8 @@ class PolicySpec:
     adaptive: bool = False  # hand-off: wait instead of cutting when that is cheaper
     target: float | None = None  # predicted: the target probability (None: the shipped predict_quantile)
     lead_share: float | None = None  # predicted: the guard's MAX_LEAD_SHARE (None: the shipped constant)
+    rule: str | None = None  # predicted: "quantile" or "slack" (None: the shipped PREDICTED_RULE)
+    cost_s: float | None = None  # predicted: TRANSITION_COST_S, the cost of one more boundary (None: shipped)
     shapes: tuple[int, ...] | None = None  # elastic: node counts, the first the reference (= injected nodes)
     efficiency: float = 1.0  # elastic: every other shape's rate relative to linear in nodes
     margin_s: float = DEFAULT_MARGIN_S  # elastic: what another shape must save to be chosen (choose_shape)
@@ -281,10 +283,15 @@ class _Chain:
         return choose_filler(self.shapes, waits, boundary_s=overhead, efficiency=self.eff,
                              margin=self.spec.filler_margin) or choice
 
-    def ask(self, cur: Seg, running: bool):
+    def ask(self, cur: Seg, running: bool, left_after: float | None = None):
+        """The policy's decision now; ``left_after``: the work left once ``cur`` trains to its
+        hand-over point (for the chain's slack, ``cut_allowance``, as Engine._plan computes it)."""
+        w = self.work
+        allowance = None if left_after is None else \
+            cut_allowance(left_after, w.segment_s - w.signal_lead_s - w.restart_s, w.handoff_s)
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
                                 lead_s=self.lead_s, nodes=cur.nodes or self.nodes, work=self.work,
-                                target=self.spec.target)
+                                target=self.spec.target, cut_allowance_s=allowance)
 
     def run(self) -> ChainRun:
         from chainrun.chain.handoff_plan import should_wait, windows_for  # the watcher's own rule
@@ -374,7 +381,7 @@ class _Chain:
                 t = max(t, first)
         while t < h:
             self.sim.run_until(t)
-            d = self.ask(cur, running=True)
+            d = self.ask(cur, running=True, left_after=left_after)
             if d.submit:
                 return self.submit(left_after, cur if d.dependency else None, cur, self.done_s)
             t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
@@ -436,8 +443,9 @@ def _next_ask(t: float, h: float, d, policy, work: ChainWork, lead_s: float) -> 
         k = max(1, math.ceil((h - lead_s - t) / tick))
         return t + k * tick
     est = getattr(d, "estimate", None)
-    if est is not None and est.seconds == est.seconds:
-        wait = (h - t - max(float(est.seconds), lead_s)) / 2
+    due = getattr(d, "due_lead_s", None)  # the slack rule says which lead it now aims at
+    if due is not None or (est is not None and est.seconds == est.seconds):
+        wait = (h - t - max(float(due if due is not None else est.seconds), lead_s)) / 2
         steps = max(1, int(min(wait, work.poll_max_s) // tick))
         return t + steps * tick
     return t + tick

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from chainrun.chain.policies import predict_quantile
+from chainrun.chain.policies import RULES, predict_quantile
 from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
 from chainrun.sim.chains import PolicySpec, default_specs
 
@@ -38,18 +38,24 @@ MIN_LEVEL_N = 5  # a load level with fewer choice chains says too little to stee
 MIN_GAP_H = 0.5  # the goal applies where reactive - oracle is at least 30 min
 
 
-def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES, *, costs=COSTS_S,
+def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES, *, costs=COSTS_S, rules=RULES,
                segment_s: float = 48 * 3600.0) -> list[PolicySpec]:
-    """Every grid point as a spec. With ``targets`` None, one per boundary cost, its target the
-    shipped ``predict_quantile(segment_s, cost)``; the cost is in the name (``cost60m``)."""
-    levels = [(f"q{int(round(q * 100))}", q) for q in targets] if targets is not None else \
-        [(f"cost{int(c // 60)}m", predict_quantile(segment_s, c)) for c in costs]
+    """Every grid point as a spec: per rule (``chainrun.chain.policies.RULES``), boundary cost,
+    floor and share. The ``quantile`` rule's target is the shipped ``predict_quantile(segment_s,
+    cost)`` (with ``targets``, those levels instead, for that rule only); the ``slack`` rule reads
+    the cost itself. Names carry all of it (``predicted_slack_cost60m_floor60m_share50``; the
+    quantile rule's names keep their old form, ``predicted_cost60m_floor60m_share50``)."""
     out = []
-    for tq, q in levels:
-        for f in floors:
-            for sh in shares:
-                out.append(PolicySpec(f"predicted_{tq}_floor{int(f // 60)}m_share{int(round(sh * 100))}", "predicted",
-                                      lead_s=f, target=q, lead_share=sh, adaptive=True))
+    for rule in rules:
+        levels = [(f"q{int(round(q * 100))}", q, None) for q in targets] if targets is not None and rule == "quantile" \
+            else [(f"cost{int(c // 60)}m", predict_quantile(segment_s, c), c) for c in costs]
+        tag = "" if rule == "quantile" else f"{rule}_"
+        for tq, q, cost in levels:
+            for f in floors:
+                for sh in shares:
+                    out.append(PolicySpec(f"predicted_{tag}{tq}_floor{int(f // 60)}m_share{int(round(sh * 100))}",
+                                          "predicted", lead_s=f, target=q if rule == "quantile" else None,
+                                          lead_share=sh, adaptive=True, rule=rule, cost_s=cost))
     return out
 
 
@@ -105,8 +111,6 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
     score_cfg = replace(cfg, specs=score_specs, inject_from=score_from, inject_until=None,
                         chains_every_s=score_every_s or cfg.chains_every_s)
     scored = run_chains(trace, score_cfg)
-    cost_of = {s.name: c for s, c in zip(specs, [c for c in COSTS_S for _ in FLOORS_S for _ in SHARES])} \
-        if TARGETS is None else {}
     keep = ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments", "stuck", "by_load")
     return {
         "procedure": "choose on chains that end before score_from, score on chains injected after it "
@@ -117,9 +121,9 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
                                            "gap_left": gap_left(pols[s.name], pols.get("reactive"), pols.get("oracle"))}
                                   for s in specs},
                    "references": {s.name: {k: pols[s.name].get(k) for k in keep} for s in refs},
-                   "picked": {"name": best.name, "target": best.target, "floor_s": best.lead_s,
-                              "lead_share": best.lead_share, "transition_cost_s": cost_of.get(best.name)},
-                   "grid": {"targets": None if TARGETS is None else list(TARGETS),
+                   "picked": {"name": best.name, "rule": best.rule, "target": best.target, "floor_s": best.lead_s,
+                              "lead_share": best.lead_share, "transition_cost_s": best.cost_s},
+                   "grid": {"rules": list(RULES), "targets": None if TARGETS is None else list(TARGETS),
                             "transition_costs_s": list(COSTS_S) if TARGETS is None else None,
                             "floors_s": list(FLOORS_S), "shares": list(SHARES),
                             "objective": "fewest stuck, then the smallest worst gap left per load level "

@@ -148,7 +148,7 @@ def test_builtin_trace_name():
 def test_tune_picks_within_the_budget_fewest_stuck_then_lowest_overhead():
     from chainrun.sim.tune import candidates, pick
 
-    specs = candidates(targets=(0.8, 0.9), floors=(3600.0,), shares=(1.0,))
+    specs = candidates(targets=(0.8, 0.9), floors=(3600.0,), shares=(1.0,), rules=("quantile",))
     a, b = specs
     rows = {a.name: {"n": 10, "mean_overhead_h": 5.0, "gpu_h_twice_share": 0.002, "stuck": 0},
             b.name: {"n": 10, "mean_overhead_h": 4.0, "gpu_h_twice_share": 0.002, "stuck": 0}}

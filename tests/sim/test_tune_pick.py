@@ -7,18 +7,18 @@ from chainrun.sim.tune import candidates, pick
 
 
 def test_no_cap_is_not_picked_while_a_bounded_share_is_left():
-    specs = candidates(shares=(0.5, 0.75, 1.0), costs=(3600.0,))
+    specs = candidates(shares=(0.5, 0.75, 1.0), costs=(3600.0,), rules=("quantile",))
     overhead = {0.5: 3.52, 0.75: 3.50, 1.0: 3.42}
     rows = {s.name: {"n": 148, "mean_overhead_h": overhead[s.lead_share], "stuck": 0, "gpu_h_twice_share": 0.004}
             for s in specs}
     assert pick(rows, specs).lead_share == 0.75
-    only_uncapped = candidates(shares=(1.0,), costs=(3600.0,))
+    only_uncapped = candidates(shares=(1.0,), costs=(3600.0,), rules=("quantile",))
     rows1 = {s.name: {"n": 10, "mean_overhead_h": 1.0, "stuck": 0} for s in only_uncapped}
     assert pick(rows1, only_uncapped).lead_share == 1.0
 
 
 def test_fewest_stuck_before_the_mean():
-    specs = candidates(shares=(0.25, 0.5), costs=(3600.0,))
+    specs = candidates(shares=(0.25, 0.5), costs=(3600.0,), rules=("quantile",))
     rows = {specs[0].name: {"n": 9, "mean_overhead_h": 9.0, "stuck": 0},
             specs[1].name: {"n": 9, "mean_overhead_h": 1.0, "stuck": 2}}
     assert pick(rows, specs).lead_share == 0.25
@@ -35,7 +35,7 @@ def test_the_pick_closes_the_worst_load_level_before_the_mean():
     a level with too few chains (heavy here, n = 0) does not steer."""
     from chainrun.sim.tune import gap_left
 
-    a, b = candidates(shares=(0.5, 0.75), costs=(3600.0,))
+    a, b = candidates(shares=(0.5, 0.75), costs=(3600.0,), rules=("quantile",))
     refs = {"reactive": {"n": 20, "mean_overhead_h": 9.0, "by_load": _lv(2.0, 16.0)},
             "oracle": {"n": 20, "mean_overhead_h": 1.0, "by_load": _lv(1.0, 1.0)}}
     rows = {a.name: {"n": 20, "mean_overhead_h": 2.0, "stuck": 0, "by_load": _lv(1.8, 2.2)},  # leaves 0.8 of low
@@ -53,5 +53,20 @@ def test_the_grid_tunes_the_boundary_cost_through_the_shipped_quantile():
     from chainrun.chain.policies import predict_quantile
 
     specs = candidates(shares=(0.5,), costs=(3600.0, 7200.0), segment_s=48 * 3600.0)
-    assert [s.name for s in specs] == ["predicted_cost60m_floor60m_share50", "predicted_cost120m_floor60m_share50"]
-    assert [s.target for s in specs] == [predict_quantile(48 * 3600, 3600.0), predict_quantile(48 * 3600, 7200.0)]
+    assert [s.name for s in specs] == ["predicted_cost60m_floor60m_share50", "predicted_cost120m_floor60m_share50",
+                                       "predicted_slack_cost60m_floor60m_share50",
+                                       "predicted_slack_cost120m_floor60m_share50"]
+    assert [s.target for s in specs[:2]] == [predict_quantile(48 * 3600, 3600.0), predict_quantile(48 * 3600, 7200.0)]
+    # every candidate names its rule (the shipped default may be either) and the slack rule its cost
+    assert [s.rule for s in specs] == ["quantile", "quantile", "slack", "slack"]
+    assert [s.cost_s for s in specs[2:]] == [3600.0, 7200.0] and specs[2].target is None
+
+
+def test_every_candidate_reaches_the_shipped_class_with_its_own_rule_cost_and_share():
+    from chainrun.chain.policies import Predicted
+    from chainrun.sim.adapter import SimWatcher
+
+    for spec in candidates(shares=(0.4,), costs=(5400.0,)):
+        pol = SimWatcher.policy(object.__new__(SimWatcher), spec)
+        assert isinstance(pol, Predicted)
+        assert (pol.rule, pol.transition_cost_s, pol.max_lead_share) == (spec.rule, 5400.0, 0.4)
