@@ -38,8 +38,10 @@ def default_lead_s(policy: str) -> int:
 # an hour of work into one more boundary every `segment` hours, so the newsvendor quantile of the
 # predicted wait is
 #   q* = cost late / (cost late + cost early) = 1 / (1 + TRANSITION_COST_S / segment_s).
+# The `slack` rule (PREDICTED_RULE below) reads the same cost directly: a successor that starts more
+# than the chain's slack allows before its predecessor's hand-over point costs one such boundary.
 # The value is the decide-on-past, score-on-future procedure's pick (chainrun/sim/tune.py, its grid
-# COSTS_S; docs/results/sim-tune-ls6.json; docs/evaluation.md), with the guard's share below.
+# COSTS_S; docs/results/sim-tune-ls6.json; docs/evaluation.md), with the rule and the guard's share.
 TRANSITION_COST_S = 3600
 
 # The highest target probability `predicted` acts on: 0.98, the highest level the queue-delay
@@ -58,20 +60,24 @@ MAX_TARGET = 0.98
 # min(itself, (1 - share) x a full segment), so a chain needs a bounded number of them. 1.0 = no
 # cap (the rule before the guard). The value is the decide-on-past procedure's pick among the
 # bounded shares (chainrun/sim/tune.py, docs/results/sim-tune-ls6.json): on the choice window
-# (Nov-Jan), with the boundary cost of 1 h (target 0.98 for 48 h segments), 0.5 had the lowest
-# overhead and the smallest gap left per load level of 0.25/0.4/0.5/0.6/0.75 (0.75 with target 0.95
-# before the grid covered both at once); no cap is not a candidate for a safety bound (the spiral
-# was seen on that window: 32 of 148 chains stuck at 0.98 without it). See docs/evaluation.md.
-MAX_LEAD_SHARE = 0.5
+# (Nov-Jan), with the slack rule and a boundary cost of 1 h, 0.6 left the smallest gap per load
+# level of 0.25/0.4/0.5/0.6/0.75 and all the quantile candidates (0.5 with the quantile rule before
+# the grid covered both rules, 0.75 before it covered the share and the target together); no cap
+# is not a candidate for a safety bound (the spiral was seen on that window: 32 of 148 chains stuck
+# at q0.98 without it). See docs/evaluation.md.
+MAX_LEAD_SHARE = 0.6
 
 
-# How `predicted` turns the model's distribution into a moment (the tuning procedure's pick, see
-# docs/evaluation.md): "quantile", the newsvendor rule (submit once P(start within the time left)
-# has fallen to predict_quantile's target: an hour early costs 1/segment of a boundary), or
-# "slack", the chain's own arithmetic (an early start costs nothing while the cut fits in the
-# chain's slack, its share of it per boundary, and one whole boundary beyond; see ``slack_cost``).
+# How `predicted` turns the model's distribution into a moment: "quantile", the newsvendor rule
+# (submit once P(start within the time left) has fallen to predict_quantile's target: an hour early
+# costs 1/segment of a boundary), or "slack", the chain's own arithmetic (an early start costs
+# nothing while the cut fits in the chain's slack, its share of it per boundary, and one whole
+# boundary beyond; ``slack_lead``). "slack" is the decide-on-past procedure's pick over both rules
+# (chainrun/sim/tune.py; docs/results/sim-tune-ls6.json, commit 5d021ee: on November-January it
+# left the least of reactive - oracle open at its worst load level, 0.56, against 0.58 for the
+# best quantile candidate, with 4.21 segments a chain against 4.35-4.65).
 RULES = ("quantile", "slack")
-PREDICTED_RULE = "quantile"
+PREDICTED_RULE = "slack"
 
 
 def cut_allowance(work_after_s: float, full_capacity_s: float, handoff_s: float = 0.0) -> float:

@@ -35,6 +35,16 @@ def test_the_shipped_guard_share_is_what_the_committed_procedure_picked():
     assert picked["lead_share"] == pytest.approx(MAX_LEAD_SHARE)
 
 
+def test_the_shipped_rule_and_boundary_cost_are_what_the_committed_procedure_picked():
+    from chainrun.chain.policies import PREDICTED_RULE, TRANSITION_COST_S, Predicted, get_policy
+
+    picked = json.loads(RESULTS.read_text())["data"]["tune"]["choose"]["picked"]
+    assert picked["rule"] == PREDICTED_RULE
+    assert picked["transition_cost_s"] == pytest.approx(TRANSITION_COST_S)
+    shipped = get_policy("predicted")  # what `chainrun submit --policy predicted` runs
+    assert isinstance(shipped, Predicted) and shipped.rule == PREDICTED_RULE
+
+
 @pytest.mark.slurm
 def test_submit_stores_the_policy_default_unless_lead_is_given(slurm_cluster, chainrun_home, tmp_path):
     from chainrun.context import open_context

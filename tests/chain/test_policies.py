@@ -2,7 +2,7 @@
 
 import pytest
 
-from chainrun.chain.policies import Decision, PolicyView, WaitEstimate, get_policy
+from chainrun.chain.policies import Decision, PolicyView, Predicted, WaitEstimate, get_policy
 from chainrun.errors import UsageError
 from chainrun.state.records import PENDING, RUNNING, Chain, Segment
 
@@ -41,7 +41,7 @@ def test_lead_fires_at_handover_minus_lead():
 
 
 def test_predicted_submits_when_wait_reaches_time_left():
-    p = get_policy("predicted")
+    p = Predicted(rule="quantile")  # the newsvendor rule (a tuning candidate)
     est = WaitEstimate(seconds=1000, model="cluster")
     assert not p.decide(view(8_000, estimate=est)).submit  # 1700 s left > 1000
     d = p.decide(view(8_700, estimate=est))  # 1000 s left
@@ -49,7 +49,7 @@ def test_predicted_submits_when_wait_reaches_time_left():
 
 
 def test_predicted_asks_the_deadline_question():
-    p = get_policy("predicted")
+    p = Predicted(rule="quantile")
     # P(wait <= h) = h / 2000: the chance of starting in time is 0.9 with 1800 s left
     est = WaitEstimate(seconds=1800, model="cluster", target=0.9, prob_within=lambda h: min(1.0, h / 2000))
     assert not p.decide(view(7_800, estimate=est)).submit  # 1900 s left: P = 0.95 > 0.9, too early
@@ -65,14 +65,14 @@ def test_predicted_rule_from_a_real_model_distribution():
 
     dist = Prediction(10.0, 600.0, 3000.0, "cluster", (0.1, 0.5, 0.9, 0.95, 0.98), (10.0, 600.0, 3000.0, 4000.0, 5000.0))
     est = WaitEstimate(seconds=dist.quantile(0.98), model="cluster", target=0.98, prob_within=dist.prob_within)
-    p = get_policy("predicted")
+    p = Predicted(rule="quantile")
     # hand-over at 9700: submit once the time left reaches the 0.98 quantile (5000 s), not before
     assert not p.decide(view(9_700 - 5_100, estimate=est)).submit
     assert p.decide(view(9_700 - 4_990, estimate=est)).submit
 
 
 def test_predicted_lead_is_a_floor():
-    p = get_policy("predicted")
+    p = Predicted(rule="quantile")
     tiny = WaitEstimate(seconds=5, model="cluster")  # the model says "no wait"
     assert not p.decide(view(9_099, estimate=tiny)).submit  # 601 s left, floor 600
     assert p.decide(view(9_100, estimate=tiny)).submit  # 600 s left: the floor decides
