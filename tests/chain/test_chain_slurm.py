@@ -218,6 +218,23 @@ def test_predicted_policy_completes_and_records_predictions(chains):
     assert live["n"] >= len(later) and 0 <= live["within_2x"] <= 1  # predictions beside actual waits
 
 
+def test_predicted_decides_with_the_shipped_rule_on_real_slurm(chains):
+    """The engine's path of the shipped `predicted` (the slack rule, its cut allowance from the chain)
+    on a real cluster: every early successor names the rule that submitted it."""
+    from chainrun.chain.policies import PREDICTED_RULE
+
+    sc = SCENARIOS["predicted"]
+    # the watcher's log: "HH:MM:SS <chain> submitted: segment N submitted as job J (why)"
+    notes = [ln.split(": ", 1)[1] for ln in chains["log"].splitlines()
+             if f" {sc.chain} " in ln and "submitted as job" in ln and ": segment 0 " not in ln]
+    assert notes, chains["log"]
+    said = {"slack": "(slack rule", "quantile": "(P(start within"}[PREDICTED_RULE]
+    # each one (the plain log wraps long lines: their first words): the rule's own reason, the floor
+    # ("within the 40s lead floor"), or, once its predecessor ended, the plain fallback (no reason)
+    assert all(said in n or "(within the" in n or "(" not in n for n in notes), notes
+    assert any(said in n for n in notes), notes  # the rule itself decided at least once
+
+
 def test_status_table_and_events(chains):
     p = run_cli("status", home=chains["home"])
     assert p.returncode == 0
