@@ -47,6 +47,7 @@ class SubmitRequest:
     shapes: str | None = None  # elastic segments (docs/elastic.md): node counts, e.g. "8,4,2", first = reference
     shape_efficiency: str | None = None  # e.g. "2=0.9,4=0.95": scaling efficiency per node count
     time_min_s: int | None = None  # --time-min: the shortest segment worth starting (Slurm may shorten one)
+    filler_margin: float | None = None  # --filler: a filler's least gain in boundaries (None: no filler)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True}),
                **({"shapes": list(shapes), "shape_efficiency": {str(k): v for k, v in efficiency.items()}}
                   if shapes else {}),
-               **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {})},
+               **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {}),
+               **({"filler_margin": float(req.filler_margin)} if req.filler_margin is not None else {})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None)
@@ -182,6 +184,8 @@ def _elastic(req: SubmitRequest, user_args: list[str], script_opts: list[str],
     if not req.shapes:
         if req.shape_efficiency:
             raise UsageError("--shape-efficiency needs --shapes", hint="e.g. --shapes 4,2 --shape-efficiency 2=0.9")
+        if req.filler_margin is not None:
+            raise UsageError("--filler needs --shapes", hint="e.g. --shapes 4,2 --filler 6")
         return (), {}
     shapes = parse_shapes(req.shapes, max_nodes=partition_nodes or None)
     for opts, where in ((user_args, "after --"), (script_opts, "in an #SBATCH line")):

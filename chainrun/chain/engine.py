@@ -489,7 +489,7 @@ class Engine:
         if choice.nodes != ref or any(s.phase in LIVE_PHASES for s in segs):
             return choice  # a filler only when nothing is live: it would cut a running segment
         filler = choose_filler(shapes, waits, boundary_s=overhead, measured=measured_pace(c, segs),
-                               efficiency=chain_efficiency(c), sources=sources)
+                               efficiency=chain_efficiency(c), sources=sources, margin=c.extra.get("filler_margin"))
         return filler or choice
 
     def _shape_waits(self, c: Chain, segs: list[Segment], shapes: tuple[int, ...],

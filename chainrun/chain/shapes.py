@@ -37,9 +37,12 @@ MARGIN_SHARE = 0.05
 # a filler must gain at least this many of the chain's segment boundaries (boundary_s) of reference
 # work, and never less than a minute (Slurm's unit): in the chain's own scale, so a chain whose
 # boundary costs 20 s may fill a few minutes and one whose boundary costs 5 min needs 30 min or more.
-# Chosen on the replay's choice window among 2, 6, 12 and no filler (chainrun.sim.elastic.tune_elastic,
-# docs/elastic.md: 6 had the lowest mean overhead on chains that end before the scored window)
-FILLER_MARGIN = 6.0
+# None: no filler. Chosen on the replay's choice window among 2, 6, 12 and no filler
+# (chainrun.sim.elastic.tune_elastic, docs/elastic.md): with the slack rule (commit f330469) no filler
+# had the lowest mean overhead on chains that end before the scored window (2.08 h against 2.14 h at
+# 12, 2.17 h at 6); with the quantile rule before it, 6. A chain asks for one with `submit --filler N`.
+FILLER_MARGIN: float | None = None
+FILLER_EXAMPLE = 6.0  # what `--filler` suggests: the margin the procedure picked before the slack rule
 MIN_FILLER_GAIN_S = 60.0
 
 
@@ -203,8 +206,9 @@ def choose_shape(remaining_s: float, shapes: tuple[int, ...], waits: dict[int, f
 def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_s: float,
                   measured: dict[int, float] | None = None, efficiency: dict[int, float] | None = None,
                   sources: dict[int, str] | None = None,
-                  margin: float = FILLER_MARGIN) -> ShapeChoice | None:
-    """A filler shape for a chain with **no live segment**, or None.
+                  margin: float | None = FILLER_MARGIN) -> ShapeChoice | None:
+    """A filler shape for a chain with **no live segment**, or None (always None with ``margin`` None:
+    no filler, the shipped default).
 
     A filler on ``n`` nodes (n != the reference) starts after ``waits[n]`` and is cut when the
     reference shape starts, after ``waits[ref]``; meanwhile it trains at its rate, less one segment
@@ -228,7 +232,7 @@ def choose_filler(shapes: tuple[int, ...], waits: dict[int, float], *, boundary_
     if not shapes:
         raise ValueError("no shapes")
     ref = shapes[0]
-    if ref not in waits or len(shapes) < 2:
+    if margin is None or ref not in waits or len(shapes) < 2:
         return None
     sources = sources or {}
     wait_ref = max(0.0, float(waits[ref]))
@@ -255,3 +259,14 @@ def _h(seconds: float) -> str:
     if s < 3600:
         return f"{s / 60:.0f} min"
     return f"{s / 3600:.1f} h"
+
+
+def parse_filler(value: float | None) -> float | None:
+    """``--filler N``: a filler's least gain in segment boundaries (a positive number), or None."""
+    if value is None:
+        return None
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise UsageError(f"--filler {value:g}: give a positive number of segment boundaries",
+                         hint=f"e.g. --filler {FILLER_EXAMPLE:g} (docs/elastic.md, 'Filler')")
+    return v

@@ -47,7 +47,7 @@ class ShapeSlurm(FakeSlurm):
 
 
 def world(tmp_path, *, shapes=(4, 2), total_s=600, policy="reactive", efficiency=None, no_adapt=False,
-          delay=None, time_min_s=None):
+          delay=None, time_min_s=None, filler_margin=None):
     fake = ShapeSlurm(now=time.time(), delay=dict(delay or {}))
     store = Store(tmp_path / "state.db")
     slurm = SlurmClient(fake)
@@ -58,6 +58,8 @@ def world(tmp_path, *, shapes=(4, 2), total_s=600, policy="reactive", efficiency
         extra["no_adapt"] = True
     if time_min_s:
         extra["time_min_s"] = time_min_s
+    if filler_margin is not None:  # `submit --filler N`
+        extra["filler_margin"] = filler_margin
     c = Chain(id="el-0001", name="el", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
               total_s=total_s, segment_s=1200, policy=policy, lead_s=60, signal="USR2", signal_lead_s=30, retries=1,
               sbatch_args=[], partition="short", created=time.time(), extra=extra)

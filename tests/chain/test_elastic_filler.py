@@ -20,9 +20,19 @@ def shape_events(store, c):
     return [e.message for _, e in store.events(c.id) if e.kind == "shape"]
 
 
+def test_no_filler_unless_the_chain_asks_for_one(tmp_path):
+    """The shipped default is no filler (the replay's pick, docs/elastic.md): the same queue as below
+    gives the reference shape; `submit --filler 6` (extra["filler_margin"]) gives the filler."""
+    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: H, 2: 0})
+    seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
+    fake.test_only_nodes.clear()
+    eng.plan_first_shape(c, seg)
+    assert seg.extra["nodes"] == 4 and "filler" not in seg.extra
+
+
 def test_submit_plans_segment_0_as_a_filler_while_the_reference_queues(tmp_path):
     # what `chainrun submit` asks (create_chain -> Engine.plan_first_shape): 4 nodes in 1 h, 2 nodes now
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: H, 2: 0})
+    fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay={4: H, 2: 0})
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     fake.test_only_nodes.clear()
     event = eng.plan_first_shape(c, seg)
@@ -38,7 +48,7 @@ def test_submit_plans_segment_0_as_a_filler_while_the_reference_queues(tmp_path)
 @pytest.mark.parametrize("delay, no_adapt", [({4: 140, 2: 0}, False), ({4: H, 2: 0}, True)])
 def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, no_adapt):
     # 0.5 x (140 - 30) = 55 s < 6 boundaries of 30 s; --no-adapt: never another shape
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay=delay, no_adapt=no_adapt)
+    fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay=delay, no_adapt=no_adapt)
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     assert eng.plan_first_shape(c, seg) == ""
     assert seg.extra["nodes"] == 4 and "filler" not in seg.extra
@@ -47,7 +57,7 @@ def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, 
 def test_a_running_filler_gets_its_reference_successor_at_once_and_is_handed_off(tmp_path):
     # the reference segment 0 ended; nothing is live: segment 1 is planned as a filler (a gap); its
     # boundary is now measured (600 s limit, 300 s trained: 300 s), so 4 nodes wait 2 h: 0.5 x 6900 >= 6 x 300
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: 2 * H, 2: 0}, policy="reactive")
+    fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay={4: 2 * H, 2: 0}, policy="reactive")
     (s0,) = store.segments(c.id)
     run_segment(fake, s0, 300)
     eng.tick()
@@ -92,7 +102,7 @@ def test_a_running_filler_gets_its_reference_successor_at_once_and_is_handed_off
 
 def test_no_filler_while_a_segment_is_live(tmp_path):
     # segment 0 (reference) runs; the successor the policy asks for is chosen by choose_shape only
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: H, 2: 0}, policy="lead")
+    fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay={4: H, 2: 0}, policy="lead")
     (s0,) = store.segments(c.id)
     fake.start(s0.job_id)
     fake.now += 560  # the lead policy (1 min) asks near the hand-over point
@@ -104,7 +114,7 @@ def test_no_filler_while_a_segment_is_live(tmp_path):
 
 def test_no_start_estimate_for_the_reference_keeps_it(tmp_path):
     # test-only refused the 4-node request (a future reservation cuts into it): neither a filler nor a switch
-    fake, store, eng, c = world(tmp_path, total_s=20000, delay={2: 0})
+    fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay={2: 0})
     real = fake.run
 
     def refuse_four(argv, timeout=60.0, **kw):

@@ -93,7 +93,7 @@ def filler(slurm_cluster, tmp_path_factory):
         hold = _sh("sbatch", "--parsable", "-p", "long", "-N3", "--exclusive", "-t", "8", "-J", name,
                    "-o", "/dev/null", "--wrap", "sleep 600").split(";")[0]
         _wait("the hold to run on three nodes", lambda: _job_state(hold) == "RUNNING", 180)
-        p = run_cli("submit", str(script), "--name", "filler", "--total", f"{TOTAL_S}s", "--shapes", "2,1",
+        p = run_cli("submit", str(script), "--name", "filler", "--total", f"{TOTAL_S}s", "--shapes", "2,1", "--filler", "6",
                     "--signal", "USR2@20", "--policy", "reactive", "--json", home=home, cwd=work)
         assert p.returncode == 0, p.stderr
         sub = json.loads(p.stdout)["data"]

@@ -77,16 +77,28 @@ def test_no_filler_when_the_gain_does_not_pay_the_margin():
     # 0.5 x (1500 - 0 - 300) = 600: exactly the margin (2 boundaries of 300 s) is enough, a second less is not
     assert choose_filler((4, 2), {4: 1500, 2: 0}, boundary_s=300, margin=2).nodes == 2
     assert choose_filler((4, 2), {4: 1499, 2: 0}, boundary_s=300, margin=2) is None
-    # in the chain's own scale: a 20 s boundary, 2 nodes gain 0.5 x (300 - 20) = 140 s >= 6 x 20 s (the default)
-    assert choose_filler((4, 2), {4: 300, 2: 0}, boundary_s=20).nodes == 2
-    assert choose_filler((4, 2), {4: 250, 2: 0}, boundary_s=20) is None  # 115 s < 120 s
+    # in the chain's own scale: a 20 s boundary, 2 nodes gain 0.5 x (300 - 20) = 140 s >= 6 x 20 s
+    assert choose_filler((4, 2), {4: 300, 2: 0}, boundary_s=20, margin=6).nodes == 2
+    assert choose_filler((4, 2), {4: 250, 2: 0}, boundary_s=20, margin=6) is None  # 115 s < 120 s
     # ... but never less than a minute of reference work: 0.5 x (130 - 20) = 55 s, 2 boundaries 40 s
     assert choose_filler((4, 2), {4: 130, 2: 0}, boundary_s=20, margin=2) is None
     # the smaller shape waits as long as the reference: nothing to fill
-    assert choose_filler((4, 2), {4: 7200, 2: 7200}, boundary_s=300) is None
+    assert choose_filler((4, 2), {4: 7200, 2: 7200}, boundary_s=300, margin=6) is None
     # no prediction for the reference (or no other shape): None
-    assert choose_filler((4, 2), {2: 0}, boundary_s=300) is None
-    assert choose_filler((4,), {4: 7200}, boundary_s=300) is None
+    assert choose_filler((4, 2), {2: 0}, boundary_s=300, margin=6) is None
+    assert choose_filler((4,), {4: 7200}, boundary_s=300, margin=6) is None
+    # the shipped default: no filler at all (the replay's pick), whatever the gain
+    assert choose_filler((4, 2, 1), {4: 7200, 2: 0, 1: 0}, boundary_s=300) is None
+
+
+def test_filler_option_is_a_positive_number_of_boundaries():
+    from chainrun.chain.shapes import parse_filler
+    from chainrun.errors import UsageError
+
+    assert parse_filler(None) is None and parse_filler(6) == 6.0 and parse_filler(0.5) == 0.5
+    for bad in (0, -2, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="--filler"):
+            parse_filler(bad)
 
 
 def test_filler_gain_uses_the_measured_rate():

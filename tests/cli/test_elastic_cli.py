@@ -18,6 +18,9 @@ TOY = str(REPO / "templates" / "toy_train.sh")
     (["--shapes", "4,2", "--shape-efficiency", "3=0.9"], "3 nodes is not one of --shapes 4,2"),
     (["--shape-efficiency", "2=0.9"], "--shape-efficiency needs --shapes"),
     (["--time-min", "soon"], "invalid --time-min"),
+    (["--filler", "6"], "--filler needs --shapes"),
+    (["--shapes", "4,2", "--filler", "0"], "--filler 0: give a positive number of segment boundaries"),
+    (["--shapes", "4,2", "--filler", "-1"], "--filler -1: give a positive number"),
 ])
 def test_bad_elastic_options_are_one_line_errors(extra, fragment, chainrun_home, monkeypatch):
     monkeypatch.setenv("SLURM_CONF", "/nonexistent/slurm.conf")  # proves no Slurm call is needed

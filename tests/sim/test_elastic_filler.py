@@ -40,7 +40,7 @@ def busy_three_of_four():
 def cfg(**kw):
     base = dict(nodes=4, chain_nodes=(2,), chains_every_s=3 * DAY, warmup_s=2 * DAY + H, workers=1, priority="age",
                 predictor=QuietModel, retrain_every_s=2 * DAY, max_chains=2,
-                work=ChainWork(work_s=24 * H, segment_s=12 * H), specs=elastic_specs((2, 1)))
+                work=ChainWork(work_s=24 * H, segment_s=12 * H), specs=elastic_specs((2, 1), filler_margin=6.0))
     base.update(kw)
     return ChainsConfig(**base)
 
@@ -81,7 +81,7 @@ def test_the_shipped_filler_rule_decides(monkeypatch):
 
     seen = []
     monkeypatch.setattr(chains, "choose_filler", lambda *a, **kw: seen.append((a, kw)))
-    res = run_chains(busy_three_of_four(), cfg(max_chains=1, specs=elastic_specs((2, 1))))
+    res = run_chains(busy_three_of_four(), cfg(max_chains=1, specs=elastic_specs((2, 1), filler_margin=6.0)))
     assert seen and all(a[0] == (2, 1) and set(a[1]) == {1, 2} for a, _ in seen)
     assert all(r.fillers == 0 for r in res.runs)
     monkeypatch.undo()
