@@ -49,8 +49,10 @@ SCENARIOS = {
     # every segment crashes; successors are pre-queued so the failure must cancel one
     "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
                                 "--nodelist=n4", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
-    # the queue-delay model decides (trained by `chainrun model refresh` on this cluster's sacct)
-    "predicted": Scenario("predicted", ["--total", "3m", "--policy", "predicted", "--lead", "40s", "--",
+    # the queue-delay model decides (trained by `chainrun model refresh` on this cluster's sacct); the
+    # guard opens 42 s before the hand-over point (share 0.6 of a 70 s segment), the 10 s floor leaves
+    # the rule itself ~30 s of ticks to decide in
+    "predicted": Scenario("predicted", ["--total", "3m", "--policy", "predicted", "--lead", "10s", "--",
                                         "--nodelist=n2", "--exclusive"], {}),
     # the trainer finishes in segment 0 while segment 1 waits in the queue
     "done": Scenario("done", ["--total", "10m", "--policy", "lead", "--lead", "60s", "--",
@@ -231,9 +233,8 @@ def test_predicted_decides_with_the_shipped_rule_on_real_slurm(chains):
     said = {"slack": "(slack rule", "quantile": "(P(start within"}[PREDICTED_RULE]
     # each one (the plain log wraps long lines: their first words): the rule's own reason, the floor
     # ("within the 40s lead floor"), or, once its predecessor ended, the plain fallback (no reason)
-    # (which of the first two it is depends on when a tick lands: the guard opens 42 s before the
-    # hand-over point here and the floor is 40 s, and every tick in between asks the rule)
     assert all(said in n or "(within the" in n or "(" not in n for n in notes), notes
+    assert any(said in n for n in notes), notes  # the rule itself decided (its window is ~30 s of 3 s ticks)
 
 
 def test_status_table_and_events(chains):
