@@ -225,16 +225,20 @@ def run_side_by_side(groups: list[dict], tmp_path_factory, only_env: str) -> dic
 
     results: dict = {}
 
-    def run(name, fn):
+    def run(name, fn, folder):
         try:
-            results[name] = fn(tmp_path_factory.mktemp(name))
+            results[name] = fn(folder)
         except Exception:
             results[name] = {"error": traceback.format_exc()}
 
     only = os.environ.get(only_env)
     for group in groups:
-        threads = [threading.Thread(target=run, args=item) for item in group.items()
-                   if not only or item[0] in only.split(",")]
+        items = [item for item in group.items() if not only or item[0] in only.split(",")]
+        # the folders are made here, one thread: pytest's tmp_path_factory is not thread-safe (threads that
+        # make the first folder of a session at once each create a base folder, and all but the last then
+        # fail with "... is not a normalized and relative path", as seen in CI)
+        folders = {name: tmp_path_factory.mktemp(name) for name, _ in items}
+        threads = [threading.Thread(target=run, args=(name, fn, folders[name])) for name, fn in items]
         for t in threads:
             t.start()
         for t in threads:
