@@ -105,7 +105,8 @@ def slack_lead(prob_within: Callable[[float], float], *, allowance_s: float, bou
     chain's nodes wait); one that starts more than ``allowance_s`` early costs one more segment
     boundary (``boundary_cost_s``); earlier than that costs nothing. With W the wait,
         cost(L) = E[(W - L)+] + boundary_cost x P(W < L - allowance),
-    minimised over leads in [floor_s, max_lead_s] on a ``step_s`` grid (ties: the earliest)."""
+    minimised over leads in [floor_s, max_lead_s] on a ``step_s`` grid (ties: the longest lead,
+    i.e. the earliest moment)."""
     hi = max(float(floor_s), float(max_lead_s))
     grid = sorted({float(floor_s), hi} | {float(floor_s) + k * step_s
                                           for k in range(1, int((hi - floor_s) // step_s) + 1)}
@@ -306,7 +307,6 @@ class Predicted:
         if left > effective_lead(est.seconds, view.chain.lead_s):
             return Decision(False, estimate=est)
         return Decision(True, f"predicted wait {est.seconds:.0f}s >= {left:.0f}s left ({est.model})", estimate=est)
-
 
     def _decide_slack(self, view: PolicyView, est: WaitEstimate, left: float) -> Decision:
         """The ``slack`` rule: submit once the time left has reached the lead that costs the chain

@@ -99,7 +99,7 @@ class Prediction:
     qs: tuple = ()
     values: tuple = ()
 
-    def _curve(self) -> "tuple[list[float], list[float]]":
+    def _curve(self) -> "tuple[tuple[float, ...], tuple[float, ...]]":
         qs, vals = (self.qs, self.values) if self.qs else ((0.1, 0.5, 0.9), (self.p10, self.p50, self.p90))
         return _curve_of(tuple(qs), tuple(float(x) for x in vals))
 
@@ -134,7 +134,7 @@ TAIL_SLOPE = 0.25  # decades of wait per unit of normal score, at least, beyond 
 
 
 @functools.lru_cache(maxsize=4096)
-def _curve_of(qs: tuple, vals: tuple) -> "tuple[list[float], list[float]]":
+def _curve_of(qs: tuple, vals: tuple) -> "tuple[tuple[float, ...], tuple[float, ...]]":
     """The curve of log10 wait against the normal score (cached: the `slack` rule reads one
     distribution a few hundred times per decision)."""
     from statistics import NormalDist
