@@ -46,9 +46,10 @@ SCENARIOS = {
     # would wait with such short segments: turned off in the job's environment)
     "handoff": Scenario("handoff", ["--total", "3m", "--policy", "lead", "--lead", "60s", "--", "--nodelist=n3",
                                     "--export=ALL,CHAINRUN_ADAPTIVE_HANDOFF=0"], {}),
-    # every segment crashes; successors are pre-queued so the failure must cancel one
+    # every segment crashes 20 s in (no checkpoint to resume from); successors are pre-queued so the failure
+    # must cancel one (20 s, not 2: a slow tick must still see the retry run before it crashes)
     "crash": Scenario("crash", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--",
-                                "--nodelist=n4", "--export=ALL,TOY_CRASH_AT_STEP=4"], {}),
+                                "--nodelist=n4", "--export=ALL,TOY_CRASH_AT_STEP=40,TOY_SAVE_EVERY=1000"], {}),
     # the queue-delay model decides (trained by `chainrun model refresh` on this cluster's sacct)
     "predicted": Scenario("predicted", ["--total", "3m", "--policy", "predicted", "--lead", "40s", "--",
                                         "--nodelist=n2", "--exclusive"], {}),

@@ -68,8 +68,11 @@ SCENARIOS = {
     # the queue-delay model of cluster lo, trained from its sacct over SSH, decides when to submit
     "predicted": Scenario("lo", ["--total", "3m", "--policy", "predicted", "--lead", "40s", "--", N4,
                                  f"--export=ALL,{TOY}"]),
+    # every try crashes 20 s in (no checkpoint to resume from): long enough that the watcher sees the retry
+    # run and pre-queues its successor, which the failure must cancel (at 2 s, under CI load, one tick
+    # could see both tries end and there was no successor to cancel)
     "crash": Scenario("lo", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--", N4,
-                             f"--export=ALL,TOY_CRASH_AT_STEP=4,{TOY}"]),
+                             f"--export=ALL,TOY_CRASH_AT_STEP=40,TOY_SAVE_EVERY=1000,{TOY}"]),
     # quotes, spaces, ; $(...) `...` and a newline in the chain name and both script paths
     "literal-upload": Scenario("lo", ["--name", NASTY, "--total", "2m", "--", N4]),
     "literal-remote": Scenario("lo", ["--remote-script", "--name", NASTY, "--total", "2m", "--", N4]),
@@ -257,7 +260,7 @@ def test_crash_fails_after_retries_and_cancels_successor(run):
     sc = SCENARIOS["crash"]
     assert sc.result["status"] == "FAILED" and "no retries left" in sc.result["reason"]
     assert [s["outcome"] for s in segs("crash")].count("crash") == 2
-    assert segs("crash")[-1]["outcome"] == "cancelled"
+    assert segs("crash")[-1]["outcome"] == "cancelled", [s["outcome"] for s in segs("crash")]  # the pre-queued successor
 
 
 def test_nasty_names_and_paths_pass_literally(run):
