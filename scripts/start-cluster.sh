@@ -172,7 +172,7 @@ TaskPlugin=$TASKPLUGIN
 JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 SwitchType=switch/none
-# two nodes per leaf switch (topology.conf): `--switches` and chainrun's spread rule have a topology to read
+# two nodes per leaf switch (topology.conf): sbatch --switches and chainrun's spread rule have a topology to read
 TopologyPlugin=topology/tree
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=5,sched_interval=5
