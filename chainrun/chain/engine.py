@@ -414,7 +414,7 @@ class Engine:
             self._note_training_start(c, cur, now, force=True)
             left_if_cut = c.total_s - work_done(c, segs, now)  # cur is the one live segment here
             self._submit_next(c, segs, left_if_cut, dependency=decision.dependency, note=decision.reason,
-                              estimate=decision.estimate)
+                              estimate=decision.estimate, prob_in_time=decision.prob_in_time)
             report.submitted += 1
 
     def _submit_after_filler(self, c: Chain, segs: list[Segment], cur: Segment, now: float) -> None:
@@ -431,7 +431,8 @@ class Engine:
                           note=f"filler segment {cur.idx} is running: the reference shape is asked for now")
 
     def _submit_next(self, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
-                     estimate: WaitEstimate | None, choice: ShapeChoice | None = None) -> None:
+                     estimate: WaitEstimate | None, choice: ShapeChoice | None = None,
+                     prob_in_time: float | None = None) -> None:
         if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
             raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
         idx = (max(s.idx for s in segs) + 1) if segs else 0
@@ -445,6 +446,8 @@ class Engine:
         seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                       predicted_wait_s=estimate.seconds if estimate else None,
                       predicted_model=estimate.model if estimate else "")
+        if prob_in_time is not None:  # what the policy acted on, scored by `model status` (predict/service.py)
+            seg.extra["prob_in_time"] = round(prob_in_time, 4)
         shape_event = self._apply_shape(c, segs, seg, choice)
         if c.extra.get("time_min_s"):  # --time-min: Slurm may start it sooner with a shorter limit
             seg.extra["time_min_s"] = min(int(c.extra["time_min_s"]), limit)

@@ -8,7 +8,7 @@ is not yet submitted. Once the current segment has ended, every policy submits a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol
 
 from chainrun.errors import UsageError
@@ -204,6 +204,9 @@ class Decision:
     estimate: WaitEstimate | None = None
     # the lead (time before the hand-over point) the rule now plans to submit at, when it knows one
     due_lead_s: float | None = None
+    # when it submits: the model's P(the successor starts before the hand-over point), the
+    # probability acted on whatever the rule; `model status` sets it beside what happened
+    prob_in_time: float | None = None
 
 
 class Policy(Protocol):
@@ -283,6 +286,12 @@ class Predicted:
         return view.handover_at - lead_cap_s(view.handover_at - cur.start, full, self.max_lead_share)
 
     def decide(self, view: PolicyView) -> Decision:
+        d = self._decide(view)
+        if d.submit and d.estimate is not None and d.estimate.prob_within is not None and view.handover_at is not None:
+            d = replace(d, prob_in_time=float(d.estimate.prob_within(max(0.0, view.handover_at - view.now))))
+        return d
+
+    def _decide(self, view: PolicyView) -> Decision:
         if view.current.phase != RUNNING or view.handover_at is None:
             return Decision(False)
         first = self.earliest(view)

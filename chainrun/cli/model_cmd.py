@@ -116,6 +116,10 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
     if le.get("deadline_n"):
         t.add_row("deadline", f"{le['deadline_hit_rate'] * 100:.0f} % of {le['deadline_n']} segments started "
                               "before their predecessor ended")
+    if le.get("acted_prob_n"):
+        t.add_row("acted-on chance", f"{le['acted_prob_n']} segments were submitted at a mean "
+                                     f"{le['acted_prob_mean'] * 100:.0f} % chance of starting in time; "
+                                     f"{le['acted_prob_hit_rate'] * 100:.0f} % did")
     if le["n"]:
         t.add_row("live error", f"MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
                                 f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted")

@@ -95,7 +95,9 @@ def live_error(cluster: str) -> dict:
     wait it acted on (the target quantile, see chain.policies.predict_quantile) beside its
     measured wait (start - eligible). Scored as it was used: the share of waits at or below
     the acted-on quantile (ties half; nominal = the target), and the deadline hit rate (the
-    segment started before its predecessor ended); MAE and within 2x for comparison.
+    segment started before its predecessor ended), beside the chance of it that the policy
+    acted on when it submitted (``prob_in_time``: the slack rule decides on the whole
+    distribution, not on one quantile); MAE and within 2x for comparison.
     """
     import math
 
@@ -106,6 +108,7 @@ def live_error(cluster: str) -> dict:
     pairs: list[tuple[float, float]] = []
     targets: list[float] = []
     deadline: list[bool] = []
+    acted: list[tuple[float, bool]] = []  # (P(start in time) when submitted, started in time)
     if state_db().exists():
         store = Store(state_db())
         try:
@@ -123,11 +126,16 @@ def live_error(cluster: str) -> dict:
                     if prev is not None and prev.end is not None and not prev.is_live:
                         # decided once the predecessor ended: started by then, or missed
                         deadline.append(seg.start is not None and seg.start <= prev.end)
+                        if seg.extra.get("prob_in_time") is not None:
+                            acted.append((float(seg.extra["prob_in_time"]), deadline[-1]))
         finally:
             store.close()
     out: dict = {"n": len(pairs)}
     if deadline:
         out.update(deadline_n=len(deadline), deadline_hit_rate=sum(deadline) / len(deadline))
+    if acted:
+        out.update(acted_prob_n=len(acted), acted_prob_mean=sum(p for p, _ in acted) / len(acted),
+                   acted_prob_hit_rate=sum(hit for _, hit in acted) / len(acted))
     if not pairs:
         return out
     errs = [abs(math.log10(max(p, 1.0)) - math.log10(max(a, 1.0))) for p, a in pairs]

@@ -237,6 +237,13 @@ def test_predicted_decides_with_the_shipped_rule_on_real_slurm(chains):
     # sure of a short wait puts the best lead at the floor; and the guard opens only 42 s before the
     # hand-over point (share 0.6 of a 70 s segment). The rule's arithmetic is tested in test_slack_rule.py.
     assert all(said in n or "(within the" in n or "(" not in n for n in notes), notes
+    # what the rule or its floor acted on (the model's chance of starting in time) is kept and scored
+    ruled = sum(said in n or "(within the" in n for n in notes)
+    st = run_cli("model", "status", "--json", home=chains["home"])
+    live = json.loads(st.stdout)["data"]["live_error"]
+    if ruled:
+        assert 1 <= live.get("acted_prob_n", 0) <= len(notes), live
+        assert 0 <= live["acted_prob_mean"] <= 1 and 0 <= live["acted_prob_hit_rate"] <= 1, live
 
 
 def test_status_table_and_events(chains):

@@ -80,10 +80,13 @@ def test_predicted_slack_submits_at_the_lead_it_names_and_not_before():
     assert not p.decide(_view(handover - 7.5 * H - 60, est, allowance=7.5 * H)).submit
     d = p.decide(_view(handover - 7.5 * H, est, allowance=7.5 * H))
     assert d.submit and "slack rule" in d.reason and d.estimate == est
+    assert early.prob_in_time is None  # only a submission carries the chance it acted on
+    assert d.prob_in_time == pytest.approx(quiet.prob_within(7.5 * H))
     # the newsvendor rule on the same distribution: at its 0.98 quantile (6 h), whatever the slack
     q = Predicted(max_lead_share=0.5, rule="quantile")
     assert not q.decide(_view(handover - 6 * H - 600, est, allowance=7.5 * H)).submit
-    assert q.decide(_view(handover - 6 * H + 60, est, allowance=7.5 * H)).submit
+    qd = q.decide(_view(handover - 6 * H + 60, est, allowance=7.5 * H))
+    assert qd.submit and qd.prob_in_time == pytest.approx(quiet.prob_within(6 * H - 60))
     # no slack known counts as none: every early start costs a boundary, and only lateness decides
     none = p.decide(_view(handover - 20 * H, est, allowance=None))
     step = max(300.0, (20 * H - 3600) / 96)
@@ -132,3 +135,25 @@ def test_the_engine_gives_the_rule_the_chains_slack(tmp_path, monkeypatch):
     expected = cut_allowance(remaining, full, 30 + 0)  # no hand-off measured yet: the signal lead
     assert view.cut_allowance_s == pytest.approx(expected)
     assert math.isfinite(view.cut_allowance_s)
+
+
+def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
+    """A submission's P(start in time) reaches the successor's record, where `model status` reads it."""
+    from chainrun.chain import engine as engine_mod
+    from chainrun.chain.policies import Decision
+    from tests.reliability.test_engine_faults import make_world
+
+    class Sure:
+        name = "predicted"
+
+        def decide(self, view):
+            return Decision(True, "test", estimate=WaitEstimate(seconds=60, model="cluster"), prob_in_time=0.8125)
+
+    monkeypatch.setattr(engine_mod, "get_policy", lambda name: Sure())
+    fake, store, eng, c = make_world(tmp_path)
+    (job,) = fake.jobs.values()
+    fake.start(job.id)
+    eng.tick()
+    segs = store.segments(c.id)
+    assert len(segs) == 2 and segs[1].extra.get("prob_in_time") == 0.8125
+    assert "prob_in_time" not in segs[0].extra

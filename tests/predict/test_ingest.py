@@ -160,11 +160,14 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
               signal_lead_s=300, retries=1, sbatch_args=[], partition="p")
     st.add_chain(c)
     segs = [Segment(chain_id="c1", idx=0, phase=ENDED, job_id="1", eligible=0, start=0, end=100_000)]
-    # predicted 2000 s, waited 1000 (started before the predecessor ended); 500 / 800 (late); 300 / 300 (a tie)
+    # predicted / waited: 2000 / 1000, 500 / 800 (waited longer), 300 / 300 (a tie); each submitted 600 s
+    # before its predecessor ended, so only segment 3 (300 s) started in time
     for i, (pred, wait, pend) in enumerate(((2000, 1000, 100_000), (500, 800, 200_000), (300, 300, 300_000)), 1):
         sub = segs[-1].end - 600
         segs.append(Segment(chain_id="c1", idx=i, phase=ENDED if i < 3 else RUNNING, job_id=str(i + 1),
                             eligible=sub, start=sub + wait, end=pend + 100_000, predicted_wait_s=pred))
+    # the chance each submission acted on (the slack rule's), kept by the engine; segment 1 predates it
+    segs[2].extra["prob_in_time"], segs[3].extra["prob_in_time"] = 0.9, 0.7
     for s in segs:
         st.save_segment(s)
     st.close()
@@ -175,6 +178,9 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
     assert le["acted_quantile_coverage"] == pytest.approx((1 + 0 + 0.5) / 3)
     # deadlines decided: segments 1 and 2 (predecessors ended); 3's predecessor (2) ended too
     assert le["deadline_n"] == 3 and le["deadline_hit_rate"] == pytest.approx(1 / 3)
+    # segment 2 was sent at 0.9 and started late, segment 3 at 0.7 and in time
+    assert le["acted_prob_n"] == 2 and le["acted_prob_mean"] == pytest.approx(0.8)
+    assert le["acted_prob_hit_rate"] == pytest.approx(0.5)
 
 
 def test_time_limit_note():
