@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 TRACE = "/work/shared/traces/ls6-a100/ls6-a100-dev.log"
-SEED = 7
 NEW = ("sim_free_h", "sim_fifo_h", "sim_easy_h")
 
 
@@ -96,14 +95,6 @@ def simulated_starts(p, capacity: float):
     return out
 
 
-def classifier():
-    import lightgbm as lgb
-
-    return lgb.LGBMClassifier(n_estimators=200, learning_rate=0.05, num_leaves=15, min_child_samples=20,
-                              subsample=0.8, subsample_freq=1, colsample_bytree=0.8, random_state=SEED,
-                              n_jobs=2, verbose=-1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default=TRACE)
@@ -116,6 +107,8 @@ def main() -> None:
 
     import numpy as np
     from sklearn.model_selection import StratifiedKFold
+
+    from predict_deadline import SEED, classifier  # the same classifier as the deadline study (bench/ is on the path)
 
     from chainrun.predict.evaluate import HORIZONS
     from chainrun.predict.model import estimate_capacity, queries_of
