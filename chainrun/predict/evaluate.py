@@ -122,7 +122,8 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
 def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
              refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto", lightgbm_params: dict | None = None,
              anchor: bool | None = None, rf_params: dict | None = None, kind: str | None = None,
-             other_kind: bool = True, forest_params: dict | None = None, keep_rows: bool = False) -> dict:
+             other_kind: bool = True, forest_params: dict | None = None, keep_rows: bool = False,
+             refit: bool | None = None) -> dict:
     """Replay the refresh through [train_until, test_until); see the module doc.
 
     ``keep_rows``: also return the per-job answers of the scored set (``rows``: features,
@@ -182,7 +183,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         ts = time.time()
         pr = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
                            params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}), kind=kind,
-                           forest_params=forest_params)
+                           forest_params=forest_params, **({} if refit is None else {"refit": refit}))
         timing["lightgbm"] += time.time() - ts
         alt = None
         if other:

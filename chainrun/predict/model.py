@@ -4,7 +4,8 @@ cluster-wide model plus per-user ones.
 The boosters learn the quantiles the product uses (QUANTILES: 0.1, 0.5, 0.9, 0.95, 0.98) on
 the older 80 % of the training rows; on the most recent 20 %, plus the jobs of that period
 still waiting at the cut, each quantile is shifted so that its coverage there equals its
-level (Kaplan-Meier over the residuals: waits not yet over count as lower bounds). Every
+level (Kaplan-Meier over the residuals: waits not yet over count as lower bounds). Then the
+boosters are fit again on every training row and keep those shifts (REFIT). Every
 other level and P(wait <= H) come from one monotone curve through the calibrated quantiles
 (:class:`Prediction`). The user anchor (learning the wait relative to the user's recent
 waits) is an option the tuning turned off (bench/predict_tune.py).
@@ -48,11 +49,13 @@ MAX_TRAIN_ROWS = 100_000  # most recent rows kept: queues drift, and it bounds r
 HISTORY_DAYS = 8.0  # history a prediction needs: 7-day usage window + slack
 # chosen by bench/predict_tune.py on the last 20 % of the LS6 training months (replayed with
 # refits, the trace as known at the end of January), never on the test month: 8 configurations,
-# num_leaves {15, 63} x min_data_in_leaf {20, 100} x the user anchor {on, off}, as many as the
-# random forest got (docs/results/predict_tune.json). Small, regularised trees without the
-# anchor won (mean validation pinball 0.216; with the anchor 0.226).
+# quantile boosters num_leaves {15, 63} x min_data_in_leaf {20, 100} and chainrun's own quantile
+# forest num_leaves {255, 1023} x min_data_in_leaf {5, 20}, as many as the random forest got
+# (docs/results/predict_tune.json). With the refit (REFIT) the boosters with 63-leaf trees of at
+# least 100 jobs won (mean validation pinball 0.198; the best forest 0.199, the random-forest
+# baseline 0.201; the same boosters without the refit 0.219, with the user anchor 0.208).
 PARAMS = {
-    "objective": "quantile", "learning_rate": 0.05, "num_leaves": 15, "min_data_in_leaf": 100,
+    "objective": "quantile", "learning_rate": 0.05, "num_leaves": 63, "min_data_in_leaf": 100,
     "feature_fraction": 0.8, "bagging_fraction": 0.8, "bagging_freq": 1, "lambda_l2": 1.0,
     # one thread: OpenMP spinning on a shared 2-core box made fits 7x slower than one thread
     "num_threads": 1, "verbose": -1, "seed": 7, "deterministic": True,
@@ -64,6 +67,10 @@ ANCHOR = False  # learn log wait minus the user's recent mean log wait? (the tun
 # quantile regression forest (chainrun/predict/forest.py). Chosen by bench/predict_tune.py.
 KIND = "quantile"
 KINDS = ("quantile", "forest")
+# After the shifts are measured on the recent rows, refit the model on every training row and
+# keep the shifts (the recent jobs are the most like the next ones; the shifts of a model that did
+# not see them are a slightly conservative stand-in). Chosen by bench/predict_tune.py.
+REFIT = True
 
 
 @dataclass(frozen=True)
@@ -370,7 +377,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
                   per_user: str = "auto", all_users: bool | None = None, prepared: "pd.DataFrame | None" = None,
                   rounds: int = ROUNDS, params: dict | None = None, anchor: bool = ANCHOR, calibrate: bool = True,
                   frozen: dict | None = None, X_all: "np.ndarray | None" = None,
-                  capacity: float | None = None, kind: str = KIND, forest_params: dict | None = None) -> Predictor:
+                  capacity: float | None = None, kind: str = KIND, forest_params: dict | None = None,
+                  refit: bool = REFIT) -> Predictor:
     """Train from a canonical frame. ``since`` defaults to the data's own warm-up end
     (first start + 7 days) when the history spans 4 weeks or more, else to its start;
     ``per_user`` is "auto" (selected on a time holdout), "always" or "never".
@@ -380,6 +388,8 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     plus the jobs of that period still waiting at ``until`` (right-censored), each quantile
     gets the shift in log10 wait that makes its coverage there equal to its level
     (Kaplan-Meier over the residuals, so the long waits that have not ended yet count).
+    With ``refit`` (REFIT) every chosen model is then fit again on all the started training rows
+    and keeps its shifts: the most recent jobs are the most like the next ones.
 
     ``frozen`` ({"capacity", "categories", "all_users"}) and ``X_all`` (features of every
     row of ``prepared`` built with them) let a replay refit often without rebuilding features;
@@ -423,6 +433,7 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     n_cal = int(round(CAL_FRACTION * len(idx))) if calibrate else 0
     cut = float(np.sort(t)[len(t) - n_cal]) if n_cal >= MIN_CAL_ROWS else np.inf
     cens = censored_rows(p, since=max(cut, since or -np.inf), until=until) if np.isfinite(cut) else np.zeros(0, int)
+    meta["refit"] = bool(refit and np.isfinite(cut))  # shifts measured on the recent rows, model then fit on all
     rows_all = np.concatenate([idx, cens])
     if X_all is not None:
         X = X_all[rows_all]
@@ -464,9 +475,11 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
         from chainrun.predict.forest import LeafForest
 
         fr = LeafForest.fit(X[early], y[early], params=forest_params, feature_names=FEATURES)
-        forests = {"cluster": fr}
         if np.isfinite(cut):
             calibration["cluster"] = shifts_of(fr.quantiles(X[late], QUANTILES), y[late], observed[late])
+            if refit:
+                fr = LeafForest.fit(X[observed], y[observed], params=forest_params, feature_names=FEATURES)
+        forests = {"cluster": fr}
         meta.update({
             "trained_at": time.time(), "fit_seconds": round(time.time() - t0, 2), "per_user_policy": "never",
             "training_window": _window(t, users, observed, early, late, cut),
@@ -498,6 +511,9 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
             ul = mine & late
             calibration[f"user:{u}"] = conformal_shifts(cand, X[ul], r[ul], observed[ul])
             chosen[u] = info
+    if refit and np.isfinite(cut):  # the shifts stay; the models now learn from the recent rows too
+        boosters = {name: fit(np.flatnonzero(observed if name == "cluster" else observed & (users == name[5:])),
+                              n_rounds if name == "cluster" else USER_ROUNDS) for name in boosters}
     elif per_user == "always" and not np.isfinite(cut):
         for u, c in zip(*np.unique(users, return_counts=True)):
             if c >= MIN_USER_ROWS:

@@ -208,3 +208,27 @@ def test_forest_reads_the_leaves_waits():
     assert np.all(np.diff(q, axis=1) >= 0)
     assert 3.5 < q[0, 1] < 4.5 and 0.5 < q[1, 1] < 1.5
     assert q[0, 2] - q[0, 0] > 0.4  # the spread of the leaves' waits (sd 0.3: ~0.77 from q10 to q90)
+
+
+def test_refit_learns_the_calibration_rows_and_keeps_their_shifts():
+    """REFIT: the shifts are measured by a model that did not see the recent rows; the shipped
+    model is then fit on every started row, so it has learned the recent ones too."""
+    from chainrun.predict.features import build_features, log_wait
+    from chainrun.predict.prep import default_since, prepare
+
+    df = synthetic_history(900, seed=5)
+    on, off = fit_predictor(df, per_user="never", refit=True), fit_predictor(df, per_user="never", refit=False)
+    assert on.meta["refit"] is True and off.meta["refit"] is False
+    assert on.meta["calibration"] == off.meta["calibration"]  # measured the same way, before the refit
+    p = prepare(df)
+    idx = model_mod.training_rows(p, since=default_since(p), until=None)
+    late = idx[p["t_elig"].to_numpy(float)[idx] >= on.meta["training_window"]["calibration_from"]]
+    X = build_features(model_mod.queries_of(p, late), p, capacity=on.meta["capacity"], all_users=on.meta["all_users"],
+                       categories=on.meta["categories"])
+    y = log_wait(p["wait"].to_numpy(float)[late])
+
+    def loss(pr):
+        out = pr.predict_matrix(X, ["cluster"], calibrated=False)
+        return np.mean([model_mod.pinball(y, out[:, j], q) for j, q in enumerate(model_mod.QUANTILES)])
+
+    assert len(late) >= 50 and loss(on) < loss(off)
