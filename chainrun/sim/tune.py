@@ -16,7 +16,9 @@
    pick the one with the fewest stuck chains, then the smallest **worst share of the reactive -
    oracle gap left open** over the load levels with at least ``MIN_LEVEL_N`` chains and a gap of
    30 min or more (the whole-chain issue's goal, which is per load level: a rule that is good on
-   average but leaves the quiet chains behind misses it), then the lowest mean completion overhead.
+   average but leaves the quiet chains behind misses it), **within the choice window's noise**:
+   every candidate whose worst share is within the best one's 90 % interval at its worst level
+   (``tolerance``) ties with it; then the lowest mean completion overhead.
 4. **Score** on chains injected from ``score_from`` on: every baseline, the shipped rule and the
    picked one, through the same whole-chain replay. Only these numbers are quoted.
 """
@@ -62,7 +64,28 @@ def candidates(targets=TARGETS, floors=FLOORS_S, shares=SHARES, *, costs=COSTS_S
 def gap_left(row: dict, reactive: dict | None, oracle: dict | None) -> float | None:
     """The largest share of reactive - oracle that ``row`` leaves open, over the load levels with
     at least MIN_LEVEL_N chains and a gap of MIN_GAP_H or more; None when no level qualifies."""
-    if not reactive or not oracle:
+    w = _worst_level(row, reactive, oracle)
+    return None if w is None else w[0]
+
+
+def tolerance(row: dict, reactive: dict | None, oracle: dict | None) -> float:
+    """How far above ``row``'s worst share another candidate's may lie and still tie with it: the
+    upper half of ``row``'s 90 % bootstrap interval at its worst level, in shares of that level's
+    reactive - oracle gap (0 without an interval). On the choice window the low-load gap is about
+    36 min, so a few minutes of a few quiet chains move a share by 0.1 or more; without the
+    tolerance the pick traded hours at medium load for minutes at low load (docs/evaluation.md)."""
+    w = _worst_level(row, reactive, oracle)
+    if w is None:
+        return 0.0
+    _, lv, gap = w
+    c = row["by_load"][lv]
+    hi = (c.get("ci90_h") or [None, None])[1]
+    return 0.0 if hi is None else max(0.0, (hi - c["mean_overhead_h"]) / gap)
+
+
+def _worst_level(row: dict, reactive: dict | None, oracle: dict | None) -> "tuple[float, str, float] | None":
+    """(share left, level, that level's reactive - oracle gap in hours) at ``row``'s worst level."""
+    if not reactive or not oracle or "by_load" not in row:
         return None
     worst = None
     for lv in LOAD_LEVELS:
@@ -73,7 +96,8 @@ def gap_left(row: dict, reactive: dict | None, oracle: dict | None) -> float | N
         if gap < MIN_GAP_H:
             continue
         share = (c["mean_overhead_h"] - o["mean_overhead_h"]) / gap
-        worst = share if worst is None else max(worst, share)
+        if worst is None or share > worst[0]:
+            worst = (share, lv, gap)
     return worst
 
 
@@ -81,7 +105,8 @@ def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
     """Within the GPU-h twice budget (all candidates if none keeps it): the fewest stuck chains
     (their overhead is not in the mean, so a mean over fewer chains is not comparable), then the
     smallest worst gap left per load level (``gap_left``; needs reactive and oracle rows in
-    ``summary_policies``), then the lowest mean completion overhead."""
+    ``summary_policies``) up to the best one's ``tolerance``, then the lowest mean completion
+    overhead."""
     rows = [(s, summary_policies[s.name]) for s in specs if summary_policies[s.name].get("n")]
     # A guard is a safety bound, not a knob for the mean: a candidate without one (share 1.0) has no
     # bound on how many segments a chain can need, and the spiral it allows was seen on this choice
@@ -91,11 +116,15 @@ def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
     ok = [(s, r) for s, r in rows if r.get("gpu_h_twice_share", 1.0) <= GPU_TWICE_BUDGET] or rows
     react, orac = summary_policies.get("reactive"), summary_policies.get("oracle")
 
-    def key(sr):
-        left = gap_left(sr[1], react, orac) if "by_load" in sr[1] else None
-        return (sr[1].get("stuck", 0), 0.0 if left is None else left, sr[1]["mean_overhead_h"])
+    def left(sr) -> float:
+        g = gap_left(sr[1], react, orac)
+        return 0.0 if g is None else g
 
-    return min(ok, key=key)[0]
+    fewest = min(r.get("stuck", 0) for _, r in ok)
+    ok = [(s, r) for s, r in ok if r.get("stuck", 0) == fewest]
+    best = min(ok, key=lambda sr: (left(sr), sr[1]["mean_overhead_h"]))
+    bound = left(best) + tolerance(best[1], react, orac) + 1e-12
+    return min((sr for sr in ok if left(sr) <= bound), key=lambda sr: sr[1]["mean_overhead_h"])[0]
 
 
 def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | None = None) -> dict:
@@ -128,7 +157,8 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
                             "floors_s": list(FLOORS_S), "shares": list(SHARES),
                             "objective": "fewest stuck, then the smallest worst gap left per load level "
                                          f"(levels with >= {MIN_LEVEL_N} chains and reactive - oracle >= "
-                                         f"{MIN_GAP_H} h), then the lowest mean overhead; bounded shares, "
+                                         f"{MIN_GAP_H} h) up to the best one's 90 % interval there, then "
+                                         "the lowest mean overhead; bounded shares, "
                                          f"GPU-h twice <= {GPU_TWICE_BUDGET:.0%}"},
                    "meta": chosen.meta},
         "score": {**scored.summary, "meta": scored.meta},

@@ -70,3 +70,31 @@ def test_every_candidate_reaches_the_shipped_class_with_its_own_rule_cost_and_sh
         pol = SimWatcher.policy(object.__new__(SimWatcher), spec)
         assert isinstance(pol, Predicted)
         assert (pol.rule, pol.transition_cost_s, pol.max_lead_share) == (spec.rule, 5400.0, 0.4)
+
+
+def test_worst_levels_within_the_best_ones_noise_tie_then_the_mean_decides():
+    """The choice window's low-load gap is small, so its share is noisy: a candidate whose worst
+    share lies within the best one's 90 % interval there ties with it, and the lower mean wins
+    (here: 5 minutes more at low load, 3 hours less at medium)."""
+    from chainrun.sim.tune import gap_left, tolerance
+
+    a, b, c = candidates(shares=(0.4, 0.6, 0.75), costs=(3600.0,), rules=("slack",))
+    refs = {"reactive": {"n": 40, "mean_overhead_h": 9.0, "by_load": _lv(1.4, 19.0)},
+            "oracle": {"n": 40, "mean_overhead_h": 1.0, "by_load": _lv(0.8, 1.5)}}
+
+    def row(low, ci_hi, medium, mean):
+        lv = _lv(low, medium)
+        lv["low"]["ci90_h"] = [low - 0.1, ci_hi]
+        return {"n": 40, "mean_overhead_h": mean, "stuck": 0, "by_load": lv}
+
+    rows = {a.name: row(1.11, 1.23, 6.4, 2.6),   # the smallest worst share (0.52 of low), interval +0.2
+            b.name: row(1.19, 1.30, 3.5, 1.6),   # 0.65 of low: within 0.52 + 0.2
+            c.name: row(1.30, 1.40, 3.4, 1.5),   # 0.83 of low: outside, though its mean is lowest
+            **refs}
+    assert gap_left(rows[a.name], refs["reactive"], refs["oracle"]) == pytest.approx(0.31 / 0.6)
+    assert tolerance(rows[a.name], refs["reactive"], refs["oracle"]) == pytest.approx(0.12 / 0.6)
+    assert pick(rows, [a, b, c]) == b
+    # without an interval nothing ties: the smallest worst share wins, as before
+    for k in (a.name, b.name, c.name):
+        del rows[k]["by_load"]["low"]["ci90_h"]
+    assert pick(rows, [a, b, c]) == a
