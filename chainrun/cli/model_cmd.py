@@ -106,7 +106,9 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
         cal = m.get("calibration") or {}
         t.add_row("quantiles", ", ".join(f"q{int(round(q * 100))}" for q in m["quantiles"]) +
                   (" (calibrated on the most recent jobs: shifts " +
-                   ", ".join(f"{k} {v:+.2f}" for k, v in cal.items()) + " log10 s)" if cal else " (not calibrated: too few recent jobs)"))
+                   ", ".join(f"{k} {v:+.2f}" for k, v in cal.items()) + " log10 s" +
+                   ("; then refit on every job)" if m.get("refit") else ")") if cal else
+                   " (not calibrated: too few recent jobs)"))
     t.add_row("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)")
     t.add_row("answers for you", f"{m['answers_for_you']} ({m['user']})")
     le = st.get("live_error") or {"n": 0}

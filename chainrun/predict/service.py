@@ -78,7 +78,7 @@ def status(cluster: str = "default", user: str | None = None) -> dict:
         "trained_at": meta.get("trained_at"), "training_window": meta.get("training_window"),
         "all_users": meta.get("all_users"), "capacity_nodes": meta.get("capacity"),
         "capacity_source": meta.get("capacity_source", "history"), "quantiles": meta.get("quantiles"),
-        "calibration": meta.get("calibration", {}).get("cluster"),
+        "calibration": meta.get("calibration", {}).get("cluster"), "refit": bool(meta.get("refit", False)),
         "user_models": sorted(meta.get("user_models", {})), "versions": meta.get("versions"),
         "train_metrics": meta.get("train_metrics"), "fit_seconds": meta.get("fit_seconds"),
         "answers_for_you": f"user:{user}" if user in meta.get("user_models", {}) else "cluster",

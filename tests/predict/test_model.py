@@ -232,3 +232,14 @@ def test_refit_learns_the_calibration_rows_and_keeps_their_shifts():
         return np.mean([model_mod.pinball(y, out[:, j], q) for j, q in enumerate(model_mod.QUANTILES)])
 
     assert len(late) >= 50 and loss(on) < loss(off)
+
+
+def test_status_says_the_model_was_refit(tmp_path, monkeypatch, capsys):
+    from chainrun.cli.main import main
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    fit_predictor(synthetic_history(900, seed=5), per_user="never").save(tmp_path / "models" / "local")
+    assert main(["model", "status", "--cluster", "local", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"]["model"]["refit"] is True
+    assert main(["model", "status", "--cluster", "local"]) == 0
+    assert "then refit on every job" in " ".join(capsys.readouterr().out.split())
