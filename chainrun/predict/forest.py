@@ -21,7 +21,8 @@ GRID_TOP = 7.0  # 10**7 s = 116 days
 # max_features does in the quantile-regression-forest baseline
 PARAMS = {
     "boosting": "rf", "objective": "regression", "bagging_fraction": 0.632, "bagging_freq": 1,
-    "feature_fraction": 1.0, "feature_fraction_bynode": 0.6, "num_leaves": 255, "min_data_in_leaf": 20, "num_threads": 1, "verbose": -1,
+    "feature_fraction": 1.0, "feature_fraction_bynode": 0.6, "num_leaves": 255, "min_data_in_leaf": 20,
+    "num_threads": 1, "verbose": -1,
     "seed": 7, "deterministic": True,
 }
 TREES = 100

@@ -512,8 +512,10 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
             calibration[f"user:{u}"] = conformal_shifts(cand, X[ul], r[ul], observed[ul])
             chosen[u] = info
     if refit and np.isfinite(cut):  # the shifts stay; the models now learn from the recent rows too
-        boosters = {name: fit(np.flatnonzero(observed if name == "cluster" else observed & (users == name[5:])),
-                              n_rounds if name == "cluster" else USER_ROUNDS) for name in boosters}
+        def rows_of(name: str) -> "np.ndarray":
+            return np.flatnonzero(observed if name == "cluster" else observed & (users == name.removeprefix("user:")))
+
+        boosters = {name: fit(rows_of(name), n_rounds if name == "cluster" else USER_ROUNDS) for name in boosters}
     elif per_user == "always" and not np.isfinite(cut):
         for u, c in zip(*np.unique(users, return_counts=True)):
             if c >= MIN_USER_ROWS:
