@@ -37,7 +37,7 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
-def measure(trace_name: str) -> dict:
+def measure(trace_name: str, score_from: str = SCORE_FROM) -> dict:
     from chainrun.predict.service import parse_date
     from chainrun.sim.chain_replay import ChainsConfig, run_chains
     from chainrun.sim.elastic import elastic_config
@@ -46,7 +46,7 @@ def measure(trace_name: str) -> dict:
 
     trace = load_trace(trace_name)
     windows = {
-        "scored": ChainsConfig(inject_from=parse_date(SCORE_FROM, "--score-from"), chains_every_s=6 * 3600.0),
+        "scored": ChainsConfig(inject_from=parse_date(score_from, "--score-from"), chains_every_s=6 * 3600.0),
         "development": ChainsConfig(),
     }
     out = {}
@@ -71,7 +71,8 @@ def render(doc: dict) -> str:
     head = ["window", "level", "n", "overhead", "first wait", "gaps", "restarts", "hand-offs",
             *[f"largest reduction (eff. {e})" for e in effs]]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
-    for window, label in (("scored", "scored (Feb 2023)"), ("development", "whole slice, in-sample")):
+    labels = {"scored": f"scored (from {doc.get('score_from', SCORE_FROM)})", "development": "whole slice, in-sample"}
+    for window, label in labels.items():
         for level, row in doc["windows"][window]["levels"].items():
             p = row["parts_h"]
             cells = [label, level, str(row["n"]), f"{row['overhead_h']:.2f} h",
@@ -92,6 +93,7 @@ def rendered_doc(text: str, doc: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default="ls6-a100-dev")
+    ap.add_argument("--score-from", default=SCORE_FROM, help="first day of the scored window")
     ap.add_argument("--render", action="store_true", help="only re-render the doc from the JSON")
     ap.add_argument("--check", action="store_true", help="exit 1 if the doc is out of date")
     args = ap.parse_args()
@@ -99,7 +101,8 @@ def main() -> int:
         t = time.monotonic()
         doc = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun")),
                "command": "bench/sim_elastic_bound.py", "trace": args.trace, "shapes": list(SHAPES),
-               "efficiencies": list(EFFICIENCIES), "windows": measure(args.trace)}
+               "efficiencies": list(EFFICIENCIES), "score_from": args.score_from,
+               "windows": measure(args.trace, args.score_from)}
         doc["wall_s"] = round(time.monotonic() - t, 1)
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {OUT} ({doc['wall_s']} s)")

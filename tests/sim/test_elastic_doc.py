@@ -11,3 +11,9 @@ def test_elastic_doc_table_matches_the_results_file():
     p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_elastic.py"), "--check"], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 0, "docs/elastic.md is out of date: run .venv/bin/python bench/sim_elastic.py --render"
+
+
+def test_elastic_bound_table_matches_its_results_file():
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_elastic_bound.py"), "--check"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, "docs/elastic.md is out of date: run .venv/bin/python bench/sim_elastic_bound.py --render"
