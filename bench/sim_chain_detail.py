@@ -27,7 +27,7 @@ def main() -> int:
 
     from chainrun.sim.chain_replay import ChainsConfig, run_chains
     from chainrun.sim.chains import PolicySpec, default_specs
-    from chainrun.sim.traces import load_trace
+    from chainrun.traces import read_trace as load_trace
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", default="ls6-a100-dev")

@@ -63,7 +63,7 @@ def run(trace: str, extra: list[str], args: list[str] = ARGS, head: tuple[str, s
 
 def trace_sizes(trace: str) -> dict:
     """Why the reference shape: jobs and share of node-hours per node count in the trace."""
-    from chainrun.sim.traces import load_trace
+    from chainrun.traces import read_trace as load_trace
 
     t = load_trace(trace)
     nh = t["nodes"] * (t["end"] - t["start"]).clip(lower=0) / 3600

@@ -42,7 +42,7 @@ def measure(trace_name: str, score_from: str = SCORE_FROM) -> dict:
     from chainrun.sim.chain_replay import ChainsConfig, run_chains
     from chainrun.sim.elastic import elastic_config
     from chainrun.sim.elastic_bound import bound_by_level
-    from chainrun.sim.traces import load_trace
+    from chainrun.traces import read_trace as load_trace
 
     trace = load_trace(trace_name)
     windows = {

@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "results" / "sim-fidelity-ls6.json"))
     args = ap.parse_args()
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity
-    from chainrun.sim.traces import load_trace
+    from chainrun.traces import read_trace as load_trace
 
     t0 = time.monotonic()
     trace = load_trace(args.trace)

@@ -64,7 +64,7 @@ def main() -> int:
     from chainrun.cli.sim_cmd import render
     from chainrun.durations import parse_duration
     from chainrun.sim import SimConfig, run_sim
-    from chainrun.sim.traces import load_trace as read_trace
+    from chainrun.traces import read_trace
 
     t = time.monotonic()
     cfg = SimConfig(nodes=args.nodes, chains_every_s=float(parse_duration(args.chains_every)),

@@ -74,17 +74,43 @@ class TraceFormatError(UsageError):
     """The file is not a job history we can read."""
 
 
+# traces shipped with chainrun (chainrun/data), by built-in name: `--trace ls6-a100-dev` works from a
+# plain install (TACC Lonestar6 A100, Mirage SC'23; CC BY 4.0, attribution in chainrun/data/README.md)
+BUILTIN = {"ls6-a100-dev": "ls6-a100-dev.log.xz"}
+
+
+def builtin_path(name: str) -> Path:
+    from importlib import resources
+
+    return Path(str(resources.files("chainrun") / "data" / BUILTIN[name]))
+
+
 def read_trace(path: str | Path, *, gpus_per_node: int = 3) -> "pd.DataFrame":
-    """Read a trace file (sacct text or ``sacct -P`` dump) into the canonical table."""
+    """Read a trace into the canonical table: a file (sacct text or a ``sacct -P`` dump,
+    ``.xz``/``.gz`` decompressed) or a built-in name (``BUILTIN``; a file of that name wins).
+    Every command that takes ``--trace`` reads it here."""
     p = Path(path)
+    if str(path) in BUILTIN and not p.exists():
+        p = builtin_path(str(path))
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
+        if p.suffix in (".xz", ".gz"):
+            import gzip
+            import lzma
+
+            opener = lzma.open if p.suffix == ".xz" else gzip.open
+            try:
+                with opener(p, "rt", encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
+                raise TraceFormatError(f"cannot read trace {p}: {e}") from None
+        else:
+            text = p.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         raise TraceFormatError(f"trace file not found: {p}") from None
     except IsADirectoryError:
         raise TraceFormatError(f"trace path is a folder, not a file: {p}") from None
     except OSError as e:
-        raise TraceFormatError(f"cannot read trace {p}: {e.strerror}") from None
+        raise TraceFormatError(f"cannot read trace {p}: {e.strerror or e}") from None
     return parse_trace_text(text, source=str(p), gpus_per_node=gpus_per_node)
 
 

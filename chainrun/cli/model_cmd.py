@@ -132,7 +132,7 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
 
 @model_app.command("eval", help="Replay the model's refresh through the end of a trace and score what it would have answered, against baselines.")
 def eval_cmd(
-    trace: Annotated[Optional[str], typer.Option("--trace", help="sacct text or sacct -P dump (default: the cached history).")] = None,
+    trace: Annotated[Optional[str], typer.Option("--trace", help="sacct text or a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev (default: the cached history).")] = None,
     train_until: Annotated[Optional[str], typer.Option("--train-until", help="Train on jobs submitted before this date (default: 80 % of the span).")] = None,
     test_until: Annotated[Optional[str], typer.Option("--test-until", help="Test on jobs submitted from --train-until to this date (default: the end).")] = None,
     refit_every: Annotated[str, typer.Option("--refit-every", help="Refit the models this often through the test window (the cron refresh: 6h).")] = "1d",

@@ -38,7 +38,7 @@ def sim(
 
     from chainrun.durations import parse_duration
     from chainrun.sim import SimConfig, run_sim
-    from chainrun.sim.traces import load_trace as read_trace
+    from chainrun.traces import read_trace
 
     if chains or tune or shapes or efficiency:
         _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
@@ -120,7 +120,7 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
     from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
-    from chainrun.sim.traces import load_trace
+    from chainrun.traces import read_trace as load_trace
 
     if successor_limit not in ("shipped", "takeover", "handover"):
         raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or handover")

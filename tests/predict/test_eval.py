@@ -123,3 +123,27 @@ def test_eval_table_fits_a_terminal(ls6_slice, capsys, tmp_path, monkeypatch):
     assert rc == 0, out
     rows = [ln for ln in out.splitlines() if ln.startswith(("lightgbm ", "user_median", "global_median"))]
     assert len(rows) == 3 and all(len(ln) <= 80 for ln in rows) and "random_forest" not in out
+
+
+def test_eval_reads_what_sim_reads_compressed_and_built_in(ls6_slice, capsys, tmp_path, monkeypatch):
+    """One trace reader for every --trace: `model eval` takes .gz/.xz files and built-in names
+    as `sim` does, and a broken archive is a one-line error."""
+    import gzip
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
+    gz = tmp_path / "slice.log.gz"
+    gz.write_bytes(gzip.compress(ls6_slice.read_bytes()))
+    rc = main(["model", "eval", "--trace", str(gz), "--train-until", "2023-01-05", "--test-until", "2023-01-12",
+               "--refit-every", "7d", "--no-forest", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert json.loads(out)["data"]["test"]["n"] > 100
+    bad = tmp_path / "broken.log.xz"
+    bad.write_bytes(b"not an xz archive")
+    assert main(["model", "eval", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot read trace" in err
+    # the built-in trace is found (the error is about the window, not the file)
+    assert main(["model", "eval", "--trace", "ls6-a100-dev", "--train-until", "2030-01-01"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not found" not in err and "--test-until" in err

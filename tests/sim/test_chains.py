@@ -138,7 +138,7 @@ def test_cli_chains_json(tmp_path, chainrun_home):
 
 
 def test_builtin_trace_name():
-    from chainrun.sim.traces import builtin_path, load_trace
+    from chainrun.traces import builtin_path, read_trace as load_trace
 
     assert builtin_path("ls6-a100-dev").is_file()
     t = load_trace("ls6-a100-dev")
