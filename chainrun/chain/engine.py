@@ -19,7 +19,7 @@ from chainrun.chain.policies import PolicyView, WaitEstimate, cut_allowance, get
 from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape, pace_by_shape, shape_rate
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
-from chainrun.durations import to_slurm_minutes
+from chainrun.durations import format_duration, to_slurm_minutes
 from chainrun.errors import SlurmError, TransientSlurmError
 from chainrun.runner.base import Runner
 from chainrun.slurm import reasons
@@ -202,9 +202,50 @@ class Engine:
             if c.status != ACTIVE:
                 return
         outcomes.record_overlaps(segs)
+        self._stop_at_total(c, segs, now)
         handoff_plan.refresh(self.runner, c, segs)  # a queued successor's adaptive hand-off rule
         self.store.save(c, segs)
         self._plan(c, segs, report)
+
+    def _stop_at_total(self, c: Chain, segs: list[Segment], now: float) -> None:
+        """--total reached while a segment trains: send it the chain's signal now, as Slurm would before
+        its limit, so it checkpoints and exits; the chain then completes. A successor is sized for the work
+        left when it was asked for, and the segment before it may train until its hand-over point, so the
+        last segment's limit is often longer than the work left (by up to the lead the policy chose: hours
+        for `predicted`). Without this, a trainer that runs until signalled would train past --total to
+        that limit. Once per segment; a queued segment is no longer needed and is cancelled. The replay
+        (chainrun/sim/chains.py) ends a chain when its work is done: this is what makes that true here, to
+        within one watcher tick."""
+        running = [s for s in segs if s.phase == RUNNING and s.job_id]
+        if not running or c.total_s - work_done(c, segs, now) > 0:
+            return
+        for s in running:  # the exact payload start before acting on it (a hand-off wait is not training)
+            self._note_training_start(c, s, now, force=True)
+        if c.total_s - work_done(c, segs, now) > 0:
+            return
+        events = []
+        for s in running:
+            if s.extra.get("total_stop_at"):
+                continue
+            try:
+                self.slurm.signal(s.job_id, c.signal)
+            except SlurmRefused as e:  # it ended meanwhile: the next tick reads its end
+                log.info("scancel --signal %s: %s", s.job_id, e)
+                continue
+            s.extra["total_stop_at"] = now
+            events.append((s.idx, "total", f"--total {format_duration(c.total_s)} reached: segment {s.idx} "
+                                           f"(job {s.job_id}) was sent {c.signal} to checkpoint and stop"))
+        queued = [s for s in segs if s.phase == PENDING and s.job_id]
+        if queued:
+            try:
+                self.slurm.cancel([s.job_id for s in queued])
+            except SlurmRefused as e:
+                log.warning("scancel %s: %s", [s.job_id for s in queued], e)
+            for s in queued:
+                _mark_cancelled(s, "cancelled by chainrun: not needed, --total reached")
+                events.append((s.idx, "total", f"segment {s.idx} (job {s.job_id}) cancelled: --total reached"))
+        if events:
+            self.store.save(c, running + queued, events)
 
     def _from_queue(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         phase = _QUEUE_PHASE.get(q.state, s.phase)

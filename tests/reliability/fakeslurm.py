@@ -39,6 +39,8 @@ class FakeSlurm:
     land_late: bool = False
     squeue_text: str | None = None
     calls: list = field(default_factory=list)
+    signals: list = field(default_factory=list)  # (job id, signal) sent by scancel --signal: the job goes on
+    files: dict = field(default_factory=dict)  # path -> text that `cat` shows (e.g. a wrapper's outcome file)
     name = "fake"
 
     # ---------------------------------------------------------- Runner
@@ -47,6 +49,8 @@ class FakeSlurm:
         cmd = argv[0]
         self.calls.append(argv)
         if cmd == "cat":
+            if argv[1] in self.files:
+                return RunResult(argv, 0, self.files[argv[1]], "", 0.0)
             return RunResult(argv, 1, "", "no such file", 0.0)
         scripted = self.fail.get(cmd)
         if scripted:
@@ -81,6 +85,10 @@ class FakeSlurm:
         if cmd == "sbatch":
             jid = self._sbatch(argv)
             return RunResult(argv, 0, f"{jid}\n", "", 0.0)
+        if cmd == "scancel" and any(a.startswith("--signal=") for a in argv):
+            sig = next(a.split("=", 1)[1] for a in argv if a.startswith("--signal="))
+            self.signals += [(a, sig) for a in argv[1:] if a in self.jobs and self.jobs[a].state == "RUNNING"]
+            return RunResult(argv, 0, "", "", 0.0)
         if cmd == "scancel":
             for a in argv[1:]:
                 if a in self.jobs and self.jobs[a].state in ("PENDING", "RUNNING"):
