@@ -183,5 +183,23 @@ def _stop_agreed() -> bool:
     return bool(flag.item())
 
 
+def _leave(code: int) -> None:
+    """Several processes leave together and skip the interpreter's teardown. Every rank waits for the
+    others (rank 0 may still be saving), then exits at once: gloo's threads, torn down by the exit
+    handlers or by destroy_process_group while a peer is leaving, can abort a rank after a clean save
+    ("terminate called without an active exception", exit -6) and the step then fails. Everything
+    this script writes is closed by now; only stdout/stderr need a flush. Only on a normal return:
+    after an error a barrier would wait for the group's timeout."""
+    if WORLD > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    _leave(code)
+    sys.exit(code)
