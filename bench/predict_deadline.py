@@ -45,8 +45,6 @@ def replay(df, frm: float, until: float, refit_s: float) -> dict:
 
 
 def reliability(p, hit) -> list[dict]:
-    import numpy as np
-
     out = []
     for lo, hi in zip(BINS[:-1], BINS[1:]):
         m = (p >= lo) & (p < hi)

@@ -22,11 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+from _results import REPO, git, head_state  # bench/ is on sys.path when a bench runs
 
 
 def main() -> int:
@@ -57,7 +53,7 @@ def main() -> int:
         sys.stderr.write(p.stderr)
         return p.returncode
     env = json.loads(p.stdout)
-    dirty = False if args.from_head else bool(git("status", "--porcelain", "--", "chainrun"))
+    dirty = False if args.from_head else head_state()[1]
     doc = {"commit": commit, "dirty": dirty, "from_head": args.from_head,
            "seed": 0, "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
            "chainrun": env["chainrun"], "data": env["data"]}

@@ -25,17 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _results import REPO, git, head_state, sync_doc  # bench/ is on sys.path when a bench runs
+
 OUT = REPO / "docs" / "results" / "sim-chains-ls6-elastic.json"
 DOC = REPO / "docs" / "elastic.md"
 BEGIN, END = "<!-- elastic-replay:begin -->", "<!-- elastic-replay:end -->"
 ARGS = ["--chains", "--shapes", "4,2,1", "--efficiency", "1,0.8", "--tune-score-from", "2023-02-01",
         "--chains-every", "6h"]
 DEV_ARGS = ["--chains", "--shapes", "4,2,1", "--efficiency", "1,0.8"]  # the whole slice, in-sample
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def run(trace: str, extra: list[str], args: list[str] = ARGS, head: tuple[str, str] | None = None) -> dict:
@@ -48,7 +45,7 @@ def run(trace: str, extra: list[str], args: list[str] = ARGS, head: tuple[str, s
                                      "sys.exit(run())"]
         cwd, env = head[1], {**os.environ, "PYTHONPATH": head[1]}
     else:
-        commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--", "chainrun"))  # what runs
+        commit, dirty = head_state()  # what runs
         exe, cwd, env = [str(Path(sys.executable).with_name("chainrun"))], REPO, None
     t = time.monotonic()
     p = subprocess.run([*exe, *cmd[1:]], capture_output=True, text=True, cwd=cwd, env=env)
@@ -226,13 +223,7 @@ def main() -> int:
         if args.check:
             return 1
         DOC.write_text(f"# Elastic segments\n\n{BEGIN}\n{END}\n")
-    text = DOC.read_text()
-    new = rendered_doc(text, doc)
-    if args.check:
-        return 0 if new == text else 1
-    if new != text:
-        DOC.write_text(new)
-    return 0
+    return sync_doc(DOC, lambda text: rendered_doc(text, doc), args.check)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _results import REPO, head_state, sync_doc  # bench/ is on sys.path when a bench runs
+
 sys.path.insert(0, str(REPO))
 OUT = REPO / "docs" / "results" / "sim-elastic-bound.json"
 DOC = REPO / "docs" / "elastic.md"
@@ -31,10 +30,6 @@ BEGIN, END = "<!-- elastic-bound:begin -->", "<!-- elastic-bound:end -->"
 SHAPES = (4, 2, 1)
 EFFICIENCIES = (1.0, 0.8)
 SCORE_FROM = "2023-02-01"
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def measure(trace_name: str, score_from: str = SCORE_FROM) -> dict:
@@ -99,7 +94,8 @@ def main() -> int:
     args = ap.parse_args()
     if not (args.render or args.check):
         t = time.monotonic()
-        doc = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun")),
+        commit, dirty = head_state()
+        doc = {"commit": commit, "dirty": dirty,
                "command": "bench/sim_elastic_bound.py", "trace": args.trace, "shapes": list(SHAPES),
                "efficiencies": list(EFFICIENCIES), "score_from": args.score_from,
                "windows": measure(args.trace, args.score_from)}
@@ -107,12 +103,9 @@ def main() -> int:
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {OUT} ({doc['wall_s']} s)")
     doc = json.loads(OUT.read_text())
-    text = DOC.read_text()
-    new = rendered_doc(text, doc)
     if args.check:
-        return 0 if new == text else 1
-    if new != text:
-        DOC.write_text(new)
+        return sync_doc(DOC, lambda text: rendered_doc(text, doc), check=True)
+    sync_doc(DOC, lambda text: rendered_doc(text, doc), check=False)
     print(render(doc))
     return 0
 

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from _results import REPO, head_state  # bench/ is on sys.path when a bench runs
+
 sys.path.insert(0, str(REPO))
-
-
-def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def main() -> int:
@@ -43,7 +39,8 @@ def main() -> int:
             f = chains_fidelity(trace, ChainsConfig(nodes=n, priority=pr))
             rows.append({"priority": pr, **f})
             print(n, pr, round(f["spearman"], 3), round(f["spearman_without_holds"], 3), flush=True)
-    doc = {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--", "chainrun/sim")),
+    commit, dirty = head_state("chainrun/sim")
+    doc = {"commit": commit, "dirty": dirty,
            "seed": 0, "command": " ".join([".venv/bin/python bench/sim_fidelity.py", *sys.argv[1:]]),
            "wall_s": round(time.monotonic() - t0, 1), "data": {"trace": args.trace, "rows": rows}}
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
