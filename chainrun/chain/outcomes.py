@@ -96,7 +96,8 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
         return Result(HANDOFF, trained, "handed off", f"{what} handed off to its successor after {_fmt(trained)} of training")
     if outcome == CONTINUE:
         how = "checkpointed on the signal" if info.get("signaled") == "1" else "exited cleanly"
-        return Result(CONTINUE, trained, how, f"{what} {how} after {_fmt(trained)} of training; next segment continues")
+        then = "--total reached" if seg.extra.get("total_stop_at") else "next segment continues"  # engine._stop_at_total
+        return Result(CONTINUE, trained, how, f"{what} {how} after {_fmt(trained)} of training; {then}")
     if outcome == CHECKPOINT_CRASH:
         code = info.get("exit", str(row.exit_code))
         reason = f"crashed while checkpointing after the signal (exit {code})"

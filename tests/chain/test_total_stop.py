@@ -62,6 +62,8 @@ def test_the_segment_that_reaches_total_is_signalled_once_then_the_chain_complet
     chain = store.chain(c.id)
     assert chain.status == COMPLETED and chain.reason == "total time reached"
     assert len(fake.jobs) == 1  # no segment after it
+    ended = [e.message for _, e in store.events(c.id) if e.kind == "continue"]
+    assert len(ended) == 1 and ended[0].endswith("of training; --total reached")  # not "next segment continues"
 
 
 def test_a_queued_segment_is_cancelled_when_total_is_reached(tmp_path):
