@@ -213,9 +213,10 @@ class Engine:
         left when it was asked for, and the segment before it may train until its hand-over point, so the
         last segment's limit is often longer than the work left (by up to the lead the policy chose: hours
         for `predicted`). Without this, a trainer that runs until signalled would train past --total to
-        that limit. Once per segment; a queued segment is no longer needed and is cancelled. The replay
-        (chainrun/sim/chains.py) ends a chain when its work is done: this is what makes that true here, to
-        within one watcher tick."""
+        that limit. Once per segment. A segment not training (queued, or started and waiting for the
+        hand-off) is no longer needed and is cancelled: signalled, a waiting successor would only end
+        unstarted and be replaced. The replay (chainrun/sim/chains.py) ends a chain when its work is done:
+        this is what makes that true here, to within one watcher tick."""
         running = [s for s in segs if s.phase == RUNNING and s.job_id]
         if not running or c.total_s - work_done(c, segs, now) > 0:
             return
@@ -224,7 +225,8 @@ class Engine:
         if c.total_s - work_done(c, segs, now) > 0:
             return
         events = []
-        for s in running:
+        training = [s for s in running if not s.extra.get("handoff_waiting")]
+        for s in training:
             if s.extra.get("total_stop_at"):
                 continue
             try:
@@ -235,17 +237,17 @@ class Engine:
             s.extra["total_stop_at"] = now
             events.append((s.idx, "total", f"--total {format_duration(c.total_s)} reached: segment {s.idx} "
                                            f"(job {s.job_id}) was sent {c.signal} to checkpoint and stop"))
-        queued = [s for s in segs if s.phase == PENDING and s.job_id]
-        if queued:
+        unneeded = [s for s in segs if s.job_id and (s.phase == PENDING or (s.phase == RUNNING and s not in training))]
+        if unneeded:
             try:
-                self.slurm.cancel([s.job_id for s in queued])
+                self.slurm.cancel([s.job_id for s in unneeded])
             except SlurmRefused as e:
-                log.warning("scancel %s: %s", [s.job_id for s in queued], e)
-            for s in queued:
+                log.warning("scancel %s: %s", [s.job_id for s in unneeded], e)
+            for s in unneeded:
                 _mark_cancelled(s, "cancelled by chainrun: not needed, --total reached")
                 events.append((s.idx, "total", f"segment {s.idx} (job {s.job_id}) cancelled: --total reached"))
         if events:
-            self.store.save(c, running + queued, events)
+            self.store.save(c, running + [s for s in unneeded if s not in running], events)
 
     def _from_queue(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         phase = _QUEUE_PHASE.get(q.state, s.phase)
@@ -415,6 +417,8 @@ class Engine:
         live = [s for s in segs if s.phase in LIVE_PHASES]
         if any(s.phase == SUBMITTING for s in live):
             return  # an unconfirmed submission: wait for adoption before planning more
+        if any(s.extra.get("total_stop_at") for s in live):
+            return  # --total reached, the trainer told to stop (_stop_at_total): nothing more to ask for
         # --total counts training: a live segment is expected to train its limit less the signal lead
         overhead = segment_overhead(c, segs)
         expected = sum(expected_training(c, s, overhead) * segment_rate(c, s, segs) for s in live)

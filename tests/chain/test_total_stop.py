@@ -93,3 +93,53 @@ def test_no_signal_before_total_or_while_the_payload_waits_for_the_hand_off(tmp_
     fake2.now += 700
     eng2.tick()
     assert fake2.signals == []
+
+
+def test_a_trainer_that_ignores_the_stop_gets_no_successor_and_a_waiting_one_is_cancelled(tmp_path):
+    # what CI caught: the waiting successor was signalled too, ended unstarted, and the planner asked for
+    # another one each tick until "6 segments in a row could not take the chain over"
+    fake, store, eng, c, slurm = _world(tmp_path)
+    trainer, waiting = _submit(fake, store, slurm, c, 0), _submit(fake, store, slurm, c, 1)
+    fake.start(trainer.id)
+    fake.start(waiting.id)
+    fake.files[control_path(c.run_dir, 0, "state")] = f"phase=training\njob={trainer.id}\npayload_start={fake.now:.0f}\n"
+    fake.files[control_path(c.run_dir, 1, "state")] = f"phase=waiting\njob={waiting.id}\n"
+    fake.now += 620
+    eng.tick()
+    assert fake.signals == [(trainer.id, "USR2")]  # only the one that trains
+    assert fake.jobs[waiting.id].state == "CANCELLED"
+    assert "--total reached" in store.segments(c.id)[1].reason
+    for _ in range(10):  # it ignores the signal and trains on to its limit: nothing more is asked for
+        fake.now += 30
+        eng.tick()
+    assert len(fake.jobs) == 2 and len(fake.signals) == 1
+    fake.files[control_path(c.run_dir, 0, "outcome")] = (
+        f"outcome=continue\njob={trainer.id}\nexit=0\nsignaled=1\npayload_start={trainer.start:.0f}\n"
+        f"payload_end={fake.now:.0f}\n")
+    fake.finish(trainer.id, "COMPLETED")
+    fake.now += 5
+    eng.tick()
+    assert store.chain(c.id).status == COMPLETED and len(fake.jobs) == 2
+
+
+def test_no_successor_is_asked_for_once_the_trainer_was_told_to_stop(tmp_path):
+    # the planner counts a live segment as training its limit less the signal lead; one that ignores
+    # the signal trains past that, so --total can be reached while the plan still sees work left
+    fake, store, eng, c, slurm = _world(tmp_path)
+    c.credited_s, c.signal_lead_s = 100.0, 90
+    store.save(c, [])
+    trainer = _submit(fake, store, slurm, c, 0)
+    trainer.limit_s = 540  # expected 450 s of training: the plan sees 50 s left, above the 30 s tolerance
+    store.save(c, [s for s in store.segments(c.id)])
+    fake.start(trainer.id)
+    fake.files[control_path(c.run_dir, 0, "state")] = f"phase=training\njob={trainer.id}\npayload_start={fake.now:.0f}\n"
+    while not fake.signals and fake.now - trainer.start < 540:  # 500 s trained + 100 credited = --total
+        fake.now += 20
+        eng.tick()
+    assert fake.signals == [(trainer.id, "USR2")]
+    asked = len(fake.jobs)  # a successor asked for at the hand-over point, before --total, is cancelled
+    assert all(j.state == "CANCELLED" for j in fake.jobs.values() if j.id != trainer.id)
+    for _ in range(3):  # it ignores the signal and trains on toward its limit
+        fake.now += 10
+        eng.tick()
+    assert len(fake.jobs) == asked and len(fake.signals) == 1
