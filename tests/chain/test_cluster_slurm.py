@@ -104,7 +104,7 @@ def _pending(base: Path) -> dict:
         deadline = time.time() + 60
         while time.time() < deadline:
             seg = _detail(home, chain)["segments_detail"][0]
-            if seg["pending_reason"]:
+            if seg["pending_reason"] not in ("", "None"):  # "None": the scheduler has not looked at it yet
                 comment = subprocess.run(["squeue", "-h", "-j", seg["job_id"], "-o", "%k"], capture_output=True,
                                          text=True).stdout.strip()
                 return {"seg": seg, "comment": comment,
