@@ -35,6 +35,16 @@ def _submit(fake, store, slurm, c, idx):
     return job
 
 
+def _ends_checkpointed(fake, eng, c, job) -> None:
+    """Segment 0 checkpointed on the signal and exited (what the wrapper writes then); the next tick reads it."""
+    fake.files[control_path(c.run_dir, 0, "outcome")] = (
+        f"outcome=continue\njob={job.id}\nexit=0\nsignaled=1\npayload_start={job.start:.0f}\n"
+        f"payload_end={fake.now:.0f}\n")
+    fake.finish(job.id, "COMPLETED")
+    fake.now += 5
+    eng.tick()
+
+
 def test_the_segment_that_reaches_total_is_signalled_once_then_the_chain_completes(tmp_path):
     fake, store, eng, c, slurm = _world(tmp_path)
     # a segment longer than the work left (as an early successor is): 1 h limit for 10 min of work
@@ -52,13 +62,7 @@ def test_the_segment_that_reaches_total_is_signalled_once_then_the_chain_complet
     fake.now += 20
     eng.tick()
     assert len(fake.signals) == 1 and store.chain(c.id).status != COMPLETED  # once; it is still saving
-    # it checkpointed on the signal and exited: what the wrapper writes then
-    fake.files[control_path(c.run_dir, 0, "outcome")] = (
-        f"outcome=continue\njob={job.id}\nexit=0\nsignaled=1\npayload_start={job.start:.0f}\n"
-        f"payload_end={fake.now:.0f}\n")
-    fake.finish(job.id, "COMPLETED")
-    fake.now += 5
-    eng.tick()
+    _ends_checkpointed(fake, eng, c, job)
     chain = store.chain(c.id)
     assert chain.status == COMPLETED and chain.reason == "total time reached"
     assert len(fake.jobs) == 1  # no segment after it
@@ -113,12 +117,7 @@ def test_a_trainer_that_ignores_the_stop_gets_no_successor_and_a_waiting_one_is_
         fake.now += 30
         eng.tick()
     assert len(fake.jobs) == 2 and len(fake.signals) == 1
-    fake.files[control_path(c.run_dir, 0, "outcome")] = (
-        f"outcome=continue\njob={trainer.id}\nexit=0\nsignaled=1\npayload_start={trainer.start:.0f}\n"
-        f"payload_end={fake.now:.0f}\n")
-    fake.finish(trainer.id, "COMPLETED")
-    fake.now += 5
-    eng.tick()
+    _ends_checkpointed(fake, eng, c, trainer)
     assert store.chain(c.id).status == COMPLETED and len(fake.jobs) == 2
 
 
