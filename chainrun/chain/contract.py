@@ -109,6 +109,11 @@ def control_path(run_dir: str, idx: int, kind: str) -> str:
     return f"{run_dir}/control/seg-{idx}.{kind}"
 
 
+def done_file(chain) -> str:
+    """The payload's done marker, as the wrapper sets CHAINRUN_DONE_FILE: in the checkpoint folder."""
+    return f"{chain.checkpoint_dir}/{DONE_FILE_NAME}"
+
+
 def done_main(argv: list[str] | None = None) -> None:
     """``chainrun-done``: tell chainrun that training is finished (run inside a segment)."""
     ckpt = os.environ.get("CHAINRUN_CHECKPOINT_DIR")

@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from chainrun.chain import handoff_plan, outcomes, reconcile
-from chainrun.chain.contract import control_path, parse_outcome
-from chainrun.chain.policies import PolicyView, WaitEstimate, cut_allowance, get_policy
+from chainrun.chain import handoff_plan, outcomes, reconcile, sizing
+from chainrun.chain.contract import control_path, done_file, parse_outcome
+from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
+from chainrun.chain.sizing import MIN_SEGMENT_S
 from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape, pace_by_shape, shape_rate
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
-from chainrun.durations import format_duration, to_slurm_minutes
+from chainrun.durations import format_duration
 from chainrun.errors import SlurmError, TransientSlurmError
 from chainrun.runner.base import Runner
 from chainrun.slurm import reasons
@@ -35,7 +36,6 @@ from chainrun.state.records import SKIPPED
 
 log = logging.getLogger(__name__)
 
-MIN_SEGMENT_S = 60  # Slurm's --time granularity: the shortest segment worth planning
 ADOPT_AFTER_S = 60  # a SUBMITTING segment this old with no job in squeue is looked up in sacct
 LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is declared lost
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
@@ -413,32 +413,36 @@ class Engine:
 
     # ------------------------------------------------------------------ planning
     def _plan(self, c: Chain, segs: list[Segment], report: TickReport) -> None:
+        """The gate, the sizes and the slack come from chain/sizing.py, which the replay calls too."""
         now = self.clock()
         live = [s for s in segs if s.phase in LIVE_PHASES]
-        if any(s.phase == SUBMITTING for s in live):
-            return  # an unconfirmed submission: wait for adoption before planning more
-        if any(s.extra.get("total_stop_at") for s in live):
-            return  # --total reached, the trainer told to stop (_stop_at_total): nothing more to ask for
         # --total counts training: a live segment is expected to train its limit less the signal lead
         overhead = segment_overhead(c, segs)
-        expected = sum(expected_training(c, s, overhead) * segment_rate(c, s, segs) for s in live)
-        remaining = c.total_s - c.credited_s - expected
-        if not live:
-            if c.total_s - c.credited_s < total_tolerance(c):
-                self._finish(c, segs, COMPLETED, "total time reached")
-                return
+        expected = sum(sizing.expected_work(expected_training(c, s, overhead), rate=segment_rate(c, s, segs))
+                       for s in live)
+        remaining = sizing.work_after(c.total_s, c.credited_s, expected)
+        gate = dict(live=len(live), work_after_s=remaining, tolerance_s=total_tolerance(c),
+                    unconfirmed=any(s.phase == SUBMITTING for s in live),  # wait for adoption first
+                    stopping=any(s.extra.get("total_stop_at") for s in live))  # told to stop (_stop_at_total)
+        step = sizing.plan_gate(**gate)
+        if step == sizing.FIRST and self._done_marker(c):  # the payload said done: nothing more to run
+            step = sizing.plan_gate(**gate, done_marker=True)
+        if step == sizing.FINISH:
+            self._finish(c, segs, COMPLETED, "total time reached" if not live and remaining < gate["tolerance_s"]
+                         else "training finished (the payload's done marker exists)")
+            return
+        if step == sizing.FIRST:
             # the last prediction made while the predecessor ran stays beside the actual wait
             last = segs[-1].extra.get("last_prediction") if segs else None
             est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
             self._submit_next(c, segs, remaining, dependency="", note="", estimate=est)
             report.submitted += 1
             return
-        if len(live) > 1 or remaining < total_tolerance(c):
+        if step != sizing.ASK:
             return
         cur = live[0]
         if cur.extra.get("filler"):  # docs/elastic.md, "Filler": the reference is asked for the moment it runs
-            if cur.phase == RUNNING:
-                self._submit_after_filler(c, segs, cur, now)
+            if cur.phase == RUNNING and self._submit_after_filler(c, segs, cur, now):
                 report.submitted += 1
             return  # a queued filler: no policy may pre-queue behind it (a dependency would wait for its end)
         policy = get_policy(c.policy)
@@ -446,34 +450,58 @@ class Engine:
         predict = (lambda: self.predictor(c, cur, self._queue)) if self.predictor else None
         # the share of the chain's slack this boundary may spend (the `slack` rule): remaining is the work
         # left once cur trains to its hand-over point, a later full segment trains segment_s - overhead
-        allowance = cut_allowance(remaining, c.segment_s - overhead, handoff_plan.measured_handoff_s(c, segs))
+        allowance = sizing.slack_allowance(remaining, segment_s=c.segment_s, overhead_s=overhead,
+                                           handoff_s=handoff_plan.measured_handoff_s(c, segs))
         view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict,
                           cut_allowance_s=allowance)
         decision = policy.decide(view)
         if decision.estimate is not None:
             cur.extra["last_prediction"] = {"at": now, "wait_s": decision.estimate.seconds, "model": decision.estimate.model}
             self.store.save(c, [cur])
-        if decision.submit:
-            # sized to take over: if it starts early it cuts the live segment, so it must carry the work
-            # left as if that stopped now (sized for the hand-over point, early successors spiral)
-            self._note_training_start(c, cur, now, force=True)
-            left_if_cut = c.total_s - work_done(c, segs, now)  # cur is the one live segment here
-            self._submit_next(c, segs, left_if_cut, dependency=decision.dependency, note=decision.reason,
+        if decision.submit and (left := self._left_if_cut(c, segs, cur, now)) is not None:
+            self._submit_next(c, segs, left, dependency=decision.dependency, note=decision.reason,
                               estimate=decision.estimate, prob_in_time=decision.prob_in_time)
             report.submitted += 1
 
-    def _submit_after_filler(self, c: Chain, segs: list[Segment], cur: Segment, now: float) -> None:
+    def _left_if_cut(self, c: Chain, segs: list[Segment], cur: Segment, now: float) -> float | None:
+        """The size of an early successor of ``cur`` (the one live segment): it carries the work left as
+        if ``cur`` stopped now, since if it starts early it cuts ``cur`` (sized for the hand-over point,
+        early successors spiral). None when nothing may be submitted (sizing.may_submit): the work is
+        reached, or the payload's done marker exists (a segment that finished the chain a moment ago
+        still shows as running)."""
+        self._note_training_start(c, cur, now, force=True)
+        left = sizing.left_if_cut(c.total_s, c.credited_s, trained_so_far(cur, now), rate=segment_rate(c, cur, segs))
+        tolerance = total_tolerance(c)
+        if not sizing.may_submit(left_if_cut_s=left, tolerance_s=tolerance):
+            return None
+        return left if sizing.may_submit(left_if_cut_s=left, tolerance_s=tolerance,
+                                         done_marker=self._done_marker(c)) else None
+
+    def _done_marker(self, c: Chain) -> bool:
+        """Whether the payload said training is finished (CHAINRUN_DONE_FILE, in the checkpoint folder):
+        one file test, made only before a submission. Unreadable: not known to be done (the wrapper
+        checks the marker itself before it trains)."""
+        try:
+            return self.runner.run(["test", "-e", done_file(c)], 30).ok
+        except Exception as e:
+            log.info("done marker of %s not read: %s", c.id, e)
+            return False
+
+    def _submit_after_filler(self, c: Chain, segs: list[Segment], cur: Segment, now: float) -> bool:
         """A filler runs: ask for the reference shape at once, whatever the policy's timing, sized as an
         early successor (the work left as if the filler stopped now). When it starts, the hand-off stops
         the filler (no adaptive wait: handoff_plan writes no rule for a filler's successor); if the
-        filler reaches its own end first, the chain simply goes on with it."""
-        self._note_training_start(c, cur, now, force=True)
-        left_if_cut = c.total_s - work_done(c, segs, now)
+        filler reaches its own end first, the chain simply goes on with it. False if nothing may be
+        submitted (``_left_if_cut``)."""
+        left = self._left_if_cut(c, segs, cur, now)
+        if left is None:
+            return False
         ref = chain_shapes(c)[0]
         why = (f"{ref} nodes (reference), asked as soon as the filler (segment {cur.idx}, {cur.extra.get('nodes')} "
                "nodes) runs: it takes over when it starts")
-        self._submit_next(c, segs, left_if_cut, dependency="", estimate=None, choice=ShapeChoice(ref, why, ()),
+        self._submit_next(c, segs, left, dependency="", estimate=None, choice=ShapeChoice(ref, why, ()),
                           note=f"filler segment {cur.idx} is running: the reference shape is asked for now")
+        return True
 
     def _submit_next(self, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
                      estimate: WaitEstimate | None, choice: ShapeChoice | None = None,
@@ -484,9 +512,8 @@ class Engine:
         if choice is None:
             choice = self._choose_shape(c, segs, remaining, idx)  # None unless the chain has --shapes
         rate = chain_shape_rate(c, segs, choice.nodes) if choice else 1.0
-        # the training this segment needs at its shape's rate, plus the signal lead
-        wanted = max(remaining / rate, MIN_SEGMENT_S) + c.signal_lead_s
-        limit = min(c.segment_s, to_slurm_minutes(int(wanted)) * 60)  # what Slurm will really grant
+        # the training this segment needs at its shape's rate, plus the signal lead, as Slurm grants it
+        limit = sizing.segment_limit(remaining, segment_s=c.segment_s, signal_lead_s=c.signal_lead_s, rate=rate)
         prev_failed = bool(segs) and segs[-1].outcome == "crash"
         seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                       predicted_wait_s=estimate.seconds if estimate else None,

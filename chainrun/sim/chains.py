@@ -51,10 +51,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from chainrun.chain.engine import MIN_SEGMENT_S, expected_training, total_tolerance, trained_so_far
+from chainrun.chain import sizing
+from chainrun.chain.engine import expected_training, total_tolerance, trained_so_far
 from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
-from chainrun.chain.policies import cut_allowance, default_lead_s
-from chainrun.durations import to_slurm_minutes
+from chainrun.chain.policies import default_lead_s
 from chainrun.sim.scheduler import Scheduler
 
 NAN = float("nan")
@@ -207,15 +207,16 @@ class _Chain:
         minutes, at most a segment; plus the restart, which is the replay's (the watcher's --total
         counts it as training). ``rate``: the segment's shape's (the work left takes 1/rate as long)."""
         w = self.work
-        wanted = max(left_s / rate, MIN_SEGMENT_S) + w.restart_s + w.signal_lead_s
-        return min(w.segment_s, to_slurm_minutes(int(wanted)) * 60)
+        return sizing.segment_limit(left_s, segment_s=w.segment_s, signal_lead_s=w.signal_lead_s, rate=rate,
+                                    restart_s=w.restart_s)
 
     def expected(self, s: Seg) -> float:
         """Work a live segment should still deliver if it trains to its hand-over point
         (``expected_training``, less its restart)."""
         from chainrun.sim.adapter import engine_segment
 
-        return s.rate * max(0.0, expected_training(self.chain, engine_segment(s, False)) - self.work.restart_s)
+        return sizing.expected_work(expected_training(self.chain, engine_segment(s, False)), rate=s.rate,
+                                    restart_s=self.work.restart_s)
 
     def left_if_cut(self, cur: Seg, done_s: float, next_rate: float = 1.0) -> float:
         """Engine._plan's size for a successor submitted while ``cur`` is live: the work left as if
@@ -229,7 +230,15 @@ class _Chain:
         running = cur.start == cur.start and cur.start <= self.sim.now
         trained = trained_so_far(engine_segment(cur, running), self.sim.now)
         handoff = self.work.handoff_s if running else 0.0  # a pending segment is not cut
-        return self.work.work_s - done_s - cur.rate * max(0.0, trained - self.work.restart_s) + handoff * next_rate
+        return sizing.left_if_cut(self.work.work_s, done_s, trained, rate=cur.rate, restart_s=self.work.restart_s,
+                                  handoff_s=handoff, next_rate=next_rate)
+
+    def may_submit(self, cur: Seg, done_s: float) -> bool:
+        """``sizing.may_submit``, the watcher's last check before an early successor: the work done so
+        far has not reached the total. Always true while the replay polls (the work left if ``cur``
+        stopped now is at least the work left after its hand-over point, which the gate found above
+        the tolerance), so it changes no replayed chain; asked for the same code path as the watcher."""
+        return sizing.may_submit(left_if_cut_s=self.left_if_cut(cur, done_s, 0.0), tolerance_s=self.tolerance)
 
     def submit(self, left_s: float, dep: Seg | None = None, cur: Seg | None = None, done_s: float = 0.0,
                oracle: bool = False, reference: bool = False) -> Seg:
@@ -287,8 +296,8 @@ class _Chain:
         """The policy's decision now; ``left_after``: the work left once ``cur`` trains to its
         hand-over point (for the chain's slack, ``cut_allowance``, as Engine._plan computes it)."""
         w = self.work
-        allowance = None if left_after is None else \
-            cut_allowance(left_after, w.segment_s - w.signal_lead_s - w.restart_s, w.handoff_s)
+        allowance = None if left_after is None else sizing.slack_allowance(
+            left_after, segment_s=w.segment_s, overhead_s=w.signal_lead_s, handoff_s=w.handoff_s, restart_s=w.restart_s)
         return self.watcher.ask(self.policy, self.sim, self.sim.now, cur, self.segs, running=running,
                                 lead_s=self.lead_s, nodes=cur.nodes or self.nodes, work=self.work,
                                 target=self.spec.target, cut_allowance_s=allowance)
@@ -302,8 +311,10 @@ class _Chain:
         cur = self.submit(w.work_s)
         nxt: Seg | None = None
         # pending: dependency pre-queues (never behind a filler: the engine waits until it runs)
-        if w.work_s - self.expected(cur) >= self.tolerance and self.policy is not None and not cur.filler:
-            d = self.ask(cur, running=False)
+        after = sizing.work_after(w.work_s, 0.0, self.expected(cur))
+        if sizing.plan_gate(live=1, work_after_s=after, tolerance_s=self.tolerance) == sizing.ASK \
+                and self.policy is not None and not cur.filler:
+            d = self.ask(cur, running=False, left_after=after)
             if d.submit:
                 nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None, cur)
         b = self.sim.run_until_started(cur.jid, horizon)
@@ -317,8 +328,10 @@ class _Chain:
         while True:
             run.restart_s += w.restart_s
             h = cur.start + cur.limit - w.signal_lead_s  # hand-over point
-            left_after = w.work_s - done_s - cur.rate * max(0.0, h - cur.train_start - w.restart_s)
-            if left_after < self.tolerance:  # the last segment: the work is done before its hand-over point
+            left_after = sizing.work_after(w.work_s, done_s, sizing.expected_work(
+                h - cur.train_start, rate=cur.rate, restart_s=w.restart_s))
+            if sizing.plan_gate(live=1, work_after_s=left_after, tolerance_s=self.tolerance) != sizing.ASK:
+                # the last segment: the work is done before its hand-over point
                 run.finish = cur.train_start + w.restart_s + (w.work_s - done_s) / cur.rate
                 run.slow_s += (w.work_s - done_s) * (1.0 / cur.rate - 1.0)
                 run.segments = len([s for s in self.segs if s.start == s.start])
@@ -382,7 +395,7 @@ class _Chain:
         while t < h:
             self.sim.run_until(t)
             d = self.ask(cur, running=True, left_after=left_after)
-            if d.submit:
+            if d.submit and self.may_submit(cur, self.done_s):
                 return self.submit(left_after, cur if d.dependency else None, cur, self.done_s)
             t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
         self.sim.run_until(h + self.work.reactive_latency_s)

@@ -52,6 +52,8 @@ class FakeSlurm:
             if argv[1] in self.files:
                 return RunResult(argv, 0, self.files[argv[1]], "", 0.0)
             return RunResult(argv, 1, "", "no such file", 0.0)
+        if cmd == "test":  # `test -e PATH`: the files the test wrote (e.g. the payload's done marker)
+            return RunResult(argv, 0 if argv[-1] in self.files else 1, "", "", 0.0)
         scripted = self.fail.get(cmd)
         if scripted:
             rc, err = scripted.pop(0)
