@@ -166,7 +166,12 @@ def _print_submitted(res, json_out: bool) -> None:
                                        "time_min_s": ch.extra.get("time_min_s"),
                                        "warnings": list(res.warnings)}))
         return
-    n = -(-ch.total_s // ch.segment_s)
+    from chainrun.chain.engine import segment_overhead, total_tolerance
+    from chainrun.chain.sizing import planned_segments
+
+    # as the watcher will plan them: each segment trains its limit less the signal lead
+    n = planned_segments(ch.total_s, segment_s=ch.segment_s, overhead_s=segment_overhead(ch, []),
+                         tolerance_s=total_tolerance(ch))
     typer.echo(f"chain {ch.id}: {format_duration(ch.total_s)} in ~{n} segment(s) of {format_duration(ch.segment_s)} "
                f"on partition {ch.partition}, policy {ch.policy}")
     if ch.extra.get("shapes"):

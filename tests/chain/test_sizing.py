@@ -248,3 +248,35 @@ def test_no_successor_once_the_work_is_reached(tmp_path):
     fake.now += 45
     eng.tick()
     assert len(fake.jobs) == 1 and fake.signals == [(job.id, "USR2")]  # stopped at --total instead
+
+
+# ---------------------------------------------------------------- issue 23: the plan `submit` prints
+def test_submit_prints_the_plan_the_watcher_then_runs(tmp_path, capsys):
+    """`5m in ~3 segment(s)` needed more with 2 min segments and a 40 s lead. The printed count is
+    what the watcher does when every segment runs to its signal: driven here on the fake Slurm."""
+    from chainrun.cli.chains import _print_submitted
+
+    fake = FakeSlurm(now=time.time())
+    store = Store(tmp_path / "state.db")
+    slurm = SlurmClient(fake)
+    eng = Engine(store, slurm, fake, clock=lambda: fake.now, user="root")
+    c = Chain(id="n-0001", name="n", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+              total_s=300, segment_s=120, policy="reactive", lead_s=0, signal="USR2", signal_lead_s=40, retries=1,
+              sbatch_args=[], partition="short", created=time.time())
+    store.add_chain(c)
+    submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=120))
+    _print_submitted(SimpleNamespace(chain=c, first=SimpleNamespace(job_id="100"), warnings=[]), False)
+    assert "chain n-0001: 5m in ~4 segment(s) of 2m" in capsys.readouterr().out
+    for idx in range(10):  # every segment trains to its signal, checkpoints and exits
+        if store.chain(c.id).status != ACTIVE:
+            break
+        job = fake.jobs[str(fake.next_id - 1)]
+        fake.start(job.id)
+        fake.now += job.limit_s - 40
+        fake.files[control_path(c.run_dir, idx, "outcome")] = (
+            f"outcome=continue\njob={job.id}\nexit=0\nsignaled=1\npayload_start={job.start:.0f}\n"
+            f"payload_end={fake.now:.0f}\n")
+        fake.finish(job.id, "COMPLETED")
+        fake.now += 5
+        eng.tick()
+    assert store.chain(c.id).status == COMPLETED and len(fake.jobs) == 4
