@@ -11,19 +11,19 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
-    app.command("sim", help="Replay a job trace with injected chains; measure interruption and overlap per "
-                            "submission policy (reactive, dependency, fixed lead, avg, predicted, oracle).")(sim)
+    app.command("sim", help="Replay a job trace with injected chains of fixed work; what each submission policy "
+                            "(reactive, dependency, fixed lead, avg, predicted, oracle) costs them.")(sim)
 
 
 def sim(
     trace: Annotated[str, typer.Option("--trace", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev.")],
     nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes in the replayed partition (default: the trace's peak concurrent nodes).")] = None,
-    chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 4h (default 4h; 12h with --chains).")] = None,
+    chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 6h (default 12h).")] = None,
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
     priority: Annotated[str, typer.Option("--priority", help="fairshare (age + job size + fair share from the trace's users, LS6's weights), multifactor (age + job size) or age.")] = "fairshare",
     workers: Annotated[int, typer.Option("--workers", min=1, max=16, help="Worker processes.")] = 2,
     json_out: Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of tables.")] = False,
-    chains: Annotated[bool, typer.Option("--chains", help="Whole-chain replay: run every segment of chains of fixed work; completion overhead per policy and load level.")] = False,
+    chains: Annotated[bool, typer.Option("--chains", help="Whole-chain replay (what `sim` always runs; kept for scripts): every segment of chains of fixed work, completion overhead per policy and load level.")] = False,
     work: Annotated[str, typer.Option("--work", help="--chains: compute per chain (training time less restarts).")] = "168h",
     segment: Annotated[str, typer.Option("--segment", help="--chains: segment length (time limit).")] = "48h",
     restart_cost: Annotated[str, typer.Option("--restart-cost", help="--chains: compute lost at every segment start (model load, data loader warm-up).")] = "10m",
@@ -34,32 +34,12 @@ def sim(
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
 ) -> None:
-    from dataclasses import replace
-
-    from chainrun.durations import parse_duration
-    from chainrun.sim import SimConfig, run_sim
-    from chainrun.traces import read_trace
-
-    if chains or tune or shapes or efficiency:
-        _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
-                json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
-                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune,
-                shapes=shapes, efficiency=efficiency)
-        return
-    every = parse_duration(chains_every or "4h", what="--chains-every")
-    if every <= 0:
-        from chainrun.errors import UsageError
-
-        raise UsageError("--chains-every must be positive")
-    cfg = SimConfig(nodes=nodes, chains_every_s=float(every), priority=priority, workers=workers)
-    cfg.spec = replace(cfg.spec, handoff_s=float(parse_duration(handoff, what="--handoff")))
-    res = run_sim(read_trace(trace), cfg)
-    if json_out:  # the versioned envelope, like every --json; the object itself is under "data"
-        from chainrun.cli.render import envelope
-
-        typer.echo(envelope("sim", res.as_json()))
-        return
-    render(res)
+    # the per-transition replay (its own copies of the rules) was retired: `sim` is the whole-chain replay,
+    # which runs the shipped policy classes and reports every boundary's gap too ("transitions")
+    _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
+            json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
+            successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune,
+            shapes=shapes, efficiency=efficiency)
 
 
 def _h(v) -> str:
@@ -70,36 +50,6 @@ def _h(v) -> str:
 
 def _pct(v, digits: int = 0) -> str:
     return "-" if v is None else f"{v * 100:.{digits}f}%"
-
-
-def render(res) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    import sys
-
-    con = Console(highlight=False, width=None if sys.stdout.isatty() else 180)  # a pipe gets the whole table
-    f, m = res.fidelity, res.meta
-    con.print(
-        f"[bold]Fidelity[/bold] (trace replayed alone on {m['nodes']} nodes, {m['fidelity_jobs']} jobs compared): "
-        f"Spearman {f.spearman:.2f}, median sim/real wait {f.median_ratio:.2f}, within x2 {f.within_2x * 100:.0f}%"
-    )
-    t = Table(title=f"{m['injections']} injected chains (every {m['chains_every_h']:g} h, {'/'.join(map(str, m['chain_nodes']))} "
-                    f"nodes, 48 h segments); predictor: {', '.join(m['predictor']) or '-'}; {m['seconds']:.0f}s")
-    for c in ("policy", "n", "interruption", "overlap", "zero-int", "GPU-h twice", "cut", "low", "medium", "heavy"):
-        t.add_column(c, justify="left" if c == "policy" else "right", no_wrap=c == "policy")
-    for name, p in res.policies.items():
-        bl = p["by_load"]
-        t.add_row(name, str(p["transitions"]), _h(p["mean_interruption_h"]), _h(p["mean_overlap_h"]),
-                  _pct(p["zero_interruption_share"]), f"{p['gpu_hours_twice']:.0f}", _h(p["mean_cut_h"]),
-                  *(f"{_h(bl[lv]['mean_interruption_h'])} ({bl[lv]['transitions']})" for lv in ("low", "medium", "heavy")))
-    if m["injections"] == 0:
-        con.print("[yellow]no chain injected: the trace is too short for the 7-day warm-up plus a 48 h segment "
-                  "and 3 days of background[/yellow]")
-    else:
-        con.print(t)
-    con.print("interruption/overlap: mean per transition; zero-int: gap <= 60 s; cut: predecessor time handed to a "
-              "later segment; low/medium/heavy: mean interruption (transitions) by reactive gap <=2h / <=12h / more.")
 
 
 def _date(value: str | None, what: str) -> float | None:
@@ -156,7 +106,7 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         data = {"fidelity": res.fidelity, **res.as_json()}
     if json_out:
         from chainrun.cli.render import envelope
-        from chainrun.sim.replay import _finite
+        from chainrun.sim.jsonsafe import finite as _finite
 
         typer.echo(envelope("sim", _finite(data)))
         return

@@ -55,7 +55,7 @@ class ChainsResult:
     fidelity: dict = field(default_factory=dict)
 
     def as_json(self) -> dict:
-        from chainrun.sim.replay import _finite
+        from chainrun.sim.jsonsafe import finite as _finite
 
         return _finite({**self.summary, "meta": self.meta})
 

@@ -1,15 +1,17 @@
 """Whole-chain replay: what a user pays, per chain, under each submission policy.
 
 A chain of fixed work (default 168 h of compute on k nodes, 48 h segments) is injected into the
-trace replayed alone (the replay is forked at the injection time, as in experiment.py, so chains
+trace replayed alone (the replay is forked at the injection time, so chains
 never queue behind each other) and every segment is run until the work is done:
 
 - A segment of limit L gets its signal ``signal_lead_s`` before the limit; its payload trains from
   its start (or, at a hand-off, from the moment its predecessor released the chain) until then.
   The first ``restart_s`` of every segment's training are lost compute (model load, data loader
   warm-up): **work** is training minus restarts, the chain's ``--total`` less those minutes.
-- Segments are planned as the watcher plans them (``Engine._plan``, through its own helpers
-  ``expected_training``, ``trained_so_far`` and ``total_tolerance``): the next one is asked for only
+- Segments are planned as the watcher plans them: the gate, the sizes and the slack allowance are
+  ``chainrun.chain.sizing``'s, which ``Engine._plan`` calls too, on the engine's own
+  ``expected_training``, ``trained_so_far`` and ``total_tolerance`` (tests/chain/test_sizing.py
+  drives both on random chain states and checks they agree): the next one is asked for only
   while exactly one segment is live and more than the tolerance (a minute) of work is left after it;
   its limit is the work left *as if the live segment stopped now* (so an early start takes over;
   before a segment starts, all the work left), plus the restart and the signal lead, in whole

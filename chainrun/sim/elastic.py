@@ -95,7 +95,7 @@ def _candidate_name(m: float | None) -> str:
 def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int, ...], efficiencies=(1.0,),
                  margins=FILLER_MARGINS) -> dict:
     """Pick the filler margin on chains that end before ``score_from``; score every policy after it."""
-    from chainrun.sim.replay import _finite
+    from chainrun.sim.jsonsafe import finite as _finite
 
     life = cfg.work.work_s * 1.5 + 2 * 86400.0
     shipped = elastic_specs(shapes, ())[1]  # fixed-shape predicted, as `chainrun submit --policy predicted`

@@ -263,3 +263,56 @@ def test_the_guard_stops_the_spiral_of_a_model_that_always_says_longer_than_the_
     # successor exists: 30 h in a handful (a 5-min reactive tail: the hand-off wait, see evaluation.md)
     assert g.segments <= 8 < runs["no_guard"].segments
     assert all(cut <= 0.5 * 12 * H + 60 for _, cut in g.boundaries)
+
+
+class Recorder:
+    """A predictor that checks what it is given, and answers with the mean of every wait it can
+    see -- so any leaked future fact would also change its answer (moved here with the
+    per-transition replay's retirement: the whole-chain replay is the one that runs)."""
+
+    calls: list = []
+
+    def __init__(self, history, until):
+        self._check(history, until, "fit")
+
+    @classmethod
+    def _check(cls, df, now, what):
+        cls.calls.append(what)
+        assert (df["submit"] < now).all(), f"{what}: a job submitted after now"
+        for c in ("start", "end"):
+            v = df[c].dropna()
+            assert (v <= now).all(), f"{what}: a {c} after now"
+
+    def predict(self, req, snapshot, history):
+        from chainrun.predict import Prediction
+
+        now = req.submit
+        self._check(history, now, "history")
+        assert (snapshot["submit"] <= now).all(), "snapshot: a job submitted after now"
+        assert (snapshot["start"].dropna() <= now).all()
+        w = (history["start"] - history["submit"]).dropna()
+        m = float(w.mean()) if len(w) else 0.0
+        return Prediction(m / 2, m, 2 * m + 600 * len(history), "recorder")
+
+
+def test_no_policy_sees_the_future():
+    from .tracegen import T0
+
+    rows = steady(16, every_s=4 * H, run_s=3 * H)
+    cut = 10 * DAY
+    # the same trace until `cut`; afterwards a flood of long jobs (the future a policy must not see)
+    flood = rows + [{"submit": cut + i * 60.0, "start": cut + i * 60.0, "end": cut + i * 60.0 + 20 * H,
+                     "limit_s": 40 * H, "nodes": 1, "user": "flood"} for i in range(30)]
+    flood.sort(key=lambda r: r["submit"])
+    Recorder.calls = []
+    # with fair share: the flood's user must not change anyone's priority before it submits
+    a = run_chains(frame(rows), cfg(predictor=Recorder, chains_every_s=1 * DAY, priority="fairshare"))
+    b = run_chains(frame(flood), cfg(predictor=Recorder, chains_every_s=1 * DAY, priority="fairshare"))
+    assert "fit" in Recorder.calls and "history" in Recorder.calls
+
+    def before_cut(res):  # chains whose whole life (every decision and start) ended before the cut
+        return {(r.policy, r.t0, r.nodes): (r.finish, r.segments, r.queue_s, r.handoff_s, tuple(r.boundaries))
+                for r in res.runs if r.policy != "oracle" and r.done and r.finish < T0 + cut}
+
+    assert len(before_cut(a)) >= 10 and {p for p, _, _ in before_cut(a)} >= {"reactive", "predicted", "avg"}
+    assert before_cut(a) == before_cut(b)  # the future changed nothing

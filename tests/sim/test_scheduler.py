@@ -96,11 +96,10 @@ def test_multifactor_job_size_lets_a_wide_job_overtake_a_slightly_older_narrow_o
 
 
 def test_json_has_no_nan():
-    from chainrun.sim.fidelity import Fidelity
-    from chainrun.sim.replay import SimResult
+    from chainrun.sim.jsonsafe import finite
 
-    r = SimResult(Fidelity(float("nan"), 1.0, 0.5, 3), {"p": {"x": float("nan")}}, {}, {}, [])
-    assert r.as_json()["fidelity"]["spearman"] is None and r.as_json()["policies"]["p"]["x"] is None
+    assert finite({"fidelity": {"spearman": float("nan")}, "p": [{"x": float("nan"), "y": 1.0}], "t": (2, "a")}) == \
+        {"fidelity": {"spearman": None}, "p": [{"x": None, "y": 1.0}], "t": [2, "a"]}
 
 
 def _fs(users, n_users, **kw):
