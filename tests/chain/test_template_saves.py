@@ -116,3 +116,19 @@ def test_every_template_carries_the_same_checkpoint_block():
         blocks[name] = text[text.index(BEGIN):text.index(END)]
     assert len(set(blocks.values())) == 1, "the checkpoint block differs between templates: copy the fix to all"
     assert re.search(r"def latest_checkpoint\(\)", blocks["pytorch"])
+
+
+def test_the_toy_trainer_keeps_the_same_generation_rule(tmp_path):
+    def toy(gen: int | None, total: int) -> str:
+        env = _env(tmp_path, gen, TOY_STEP_SECONDS=0.01, TOY_TOTAL_STEPS=total)
+        p = subprocess.run([sys.executable, str(TEMPLATES / "toy_trainer.py")], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return re.search(r"resumes at step (\d+)", p.stdout).group(1)
+
+    assert toy(0, 10) == "0"
+    assert toy(2, 30) == "10"  # generation 2 resumes from generation 0
+    assert toy(1, 20) == "10"  # the fenced generation 1 never reads generation 2's file ...
+    assert toy(3, 40) == "30"  # ... and its later save (step 20) never outranks it
+    assert toy(None, 50) == "40"  # outside chainrun: the newest of all
+    assert json.loads((tmp_path / "ckpt.g1.json").read_text())["step"] == 20
