@@ -138,6 +138,11 @@ def publish(tmp: Path, step: int) -> Path:
     """Make a written folder the latest checkpoint: fsync every file and folder, rename it into place,
     fsync the parent, then replace this generation's marker the same way. Killed at any point before
     the marker's rename, the previous marker stays and names the previous, whole checkpoint."""
+    final = CKPT_DIR / f"step-{step:09d}{_TAG}"
+    mine = _read_marker(_marker(GENERATION))
+    if mine and mine["folder"] == final.name:  # this step is saved already (periodic, then on the signal)
+        shutil.rmtree(tmp)
+        return final
     if SAVE_SECONDS:
         time.sleep(SAVE_SECONDS)
     files = {}
@@ -147,11 +152,6 @@ def publish(tmp: Path, step: int) -> Path:
             files[str(p.relative_to(tmp))] = p.stat().st_size
     for d in [*(p for p in tmp.rglob("*") if p.is_dir()), tmp]:
         _fsync(d)
-    final = CKPT_DIR / f"step-{step:09d}{_TAG}"
-    mine = _read_marker(_marker(GENERATION))
-    if mine and mine["folder"] == final.name:  # this step is saved already (periodic, then on the signal)
-        shutil.rmtree(tmp)
-        return final
     shutil.rmtree(final, ignore_errors=True)  # a killed save's folder that no marker names
     os.rename(tmp, final)
     _fsync(CKPT_DIR)
