@@ -200,7 +200,8 @@ def _prune() -> None:
         if gen != GENERATION and (_read_marker(_marker(gen)) or {}).get("folder") == p.name:
             _marker(gen).unlink(missing_ok=True)  # first the marker, so it never names a missing folder
         shutil.rmtree(p, ignore_errors=True)
-    for p in [*CKPT_DIR.glob(".tmp-*"), *CKPT_DIR.glob(".latest*")]:  # a killed save's leftovers, from an earlier generation
+    # a killed save's leftovers (staging folders, marker temp files), from an earlier generation
+    for p in [*CKPT_DIR.glob(".tmp-*"), *CKPT_DIR.glob(".latest*")]:
         gen = gen_of(p.name)
         if GENERATION is not None and (gen is None or gen < GENERATION):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
