@@ -2,7 +2,8 @@
 """A toy trainer that follows chainrun's checkpoint contract, with no dependencies.
 
 It counts steps (one every TOY_STEP_SECONDS), saves a checkpoint every TOY_SAVE_EVERY
-steps and whenever CHAINRUN_SIGNAL (or TERM) arrives, resumes from the last checkpoint,
+steps and whenever CHAINRUN_SIGNAL (or TERM) arrives (ckpt.g<CHAINRUN_GENERATION>.json, atomically),
+resumes from the newest checkpoint of a lower generation,
 and says "done" once it reaches TOY_TOTAL_STEPS (0 = never: the chain ends by --total).
 Every step is appended to steps.log in the checkpoint folder, so a test can check that
 no step was lost or trained twice and that no two segments trained at once.
@@ -30,7 +31,31 @@ from pathlib import Path
 
 ckpt_dir = Path(os.environ.get("CHAINRUN_CHECKPOINT_DIR", "./toy-ckpt"))
 ckpt_dir.mkdir(parents=True, exist_ok=True)
-ckpt = ckpt_dir / "ckpt.json"
+# one checkpoint file per ownership generation (CHAINRUN_GENERATION; absent: ckpt.json, ranked below every
+# generation): a fenced old owner that saves late writes its own generation's file, never the newer owner's
+_gen = os.environ.get("CHAINRUN_GENERATION", "").strip()
+generation = int(_gen) if _gen.isdigit() else None
+
+
+def ckpt_of(gen: int | None) -> Path:
+    return ckpt_dir / ("ckpt.json" if gen is None else f"ckpt.g{gen}.json")
+
+
+def resume_step() -> int:
+    """The step of the newest checkpoint of a generation below ours: highest generation, then step.
+    Known names are opened (a network filesystem may list stale); outside chainrun, every file there is."""
+    paths = (list(ckpt_dir.glob("ckpt*.json")) if generation is None
+             else [ckpt_of(g) for g in range(generation)] + [ckpt_of(None)])
+    best = (-2, 0)
+    for p in paths:
+        try:
+            d = json.loads(p.read_text())
+            best = max(best, (-1 if d.get("generation") is None else int(d["generation"]), int(d["step"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # only a whole file is ever renamed into place; anything else is not a checkpoint
+    return best[1]
+
+
 steps_log = ckpt_dir / "steps.log"
 segment = os.environ.get("CHAINRUN_SEGMENT", "?")
 step_s = float(os.environ.get("TOY_STEP_SECONDS", "0.5"))
@@ -96,12 +121,22 @@ signal.signal(signal.SIGTERM, on_signal)
 def save(step: int) -> None:
     if rank:
         return  # rank 0 keeps the checkpoint
-    tmp = ckpt.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": step, "segment": segment, "time": time.time()}))
+    ckpt = ckpt_of(generation)
+    tmp = ckpt.with_name(f".{ckpt.name}.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(json.dumps({"step": step, "segment": segment, "generation": generation, "job": job,
+                            "time": time.time()}))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, ckpt)  # atomic: a checkpoint is either the old one or the new one
+    fd = os.open(ckpt_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # and the rename reaches the disk
+    finally:
+        os.close(fd)
 
 
-step = json.loads(ckpt.read_text())["step"] if ckpt.exists() else 0
+step = resume_step()
 print(f"toy: segment {segment} resumes at step {step} on {socket.gethostname()}", flush=True)
 if rank == 0:  # what each segment's shape did to the batch: the global batch must never change
     with (ckpt_dir / "batch.log").open("a") as f:

@@ -40,7 +40,11 @@ def _free_port() -> int:
 
 
 def _weights(ckpt: Path) -> dict:
-    return torch.load(ckpt / "latest.pt", map_location="cpu")["model"]
+    """The model of the newest complete checkpoint: the one the newest marker names (no generation here)."""
+    import json
+
+    marker = json.loads((ckpt / "latest.json").read_text())
+    return torch.load(ckpt / marker["folder"] / "state.pt", map_location="cpu")["model"]
 
 
 def test_a_segment_on_half_the_nodes_continues_the_same_optimisation(tmp_path):

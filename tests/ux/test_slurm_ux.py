@@ -8,6 +8,11 @@ limit, up to a minute early); the torch
 models are tiny and train on a CPU with a short sleep per step. The segment-0 checkpoint
 must come from the real signal and segment 1 must resume from exactly that step. After the
 chain, one more local run of each trainer resumes from the last checkpoint and says done.
+
+Beside them, under the same watcher, one more chain per template has every save take 20 s
+(SAVE_SECONDS: a big model); once a save is under way past a complete checkpoint, every process of
+the job that saves is SIGKILLed (as when a node dies mid-save): the next segment must resume from
+the previous, complete checkpoint, and the chain must finish.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import shutil
 import subprocess
 import sys
@@ -33,7 +39,62 @@ pytestmark = pytest.mark.slurm
 PY = sys.executable
 NODES = "--exclude=n1,n2"  # n1/n2 are pinned by other tests
 TEMPLATES = {"pytorch": "reactive", "lightning": "dependency", "hf": "dependency"}  # reactive: a real gap
-WATCH_TIMEOUT_S = 480
+WATCH_TIMEOUT_S = 600
+# where a save writes before the marker makes it complete (the job id ends the folder's name), and
+# the file each template's save writes last
+STAGED = {"pytorch": ".tmp-step-*/state.pt", "lightning": ".tmp-step-*/model.ckpt",
+          "hf": ".tmp-hf*/checkpoint-*/trainer_state.json"}
+
+
+@dataclass
+class SaveKill:
+    name: str
+    chain: str = ""
+    ckpt: Path = Path()
+    killed_job: str = ""
+    killed_at: float = 0.0
+    complete_step: int = -1  # the newest complete checkpoint when the save was killed
+    staged_step: int = -1  # the step of the save that was killed
+    result: dict = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+
+
+def _newest_marker_step(ckpt: Path) -> int | None:
+    steps = []
+    for m in ckpt.glob("latest*.json"):
+        try:
+            steps.append(json.loads(m.read_text())["step"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return max(steps, default=None)
+
+
+def _kill_job_processes(job: str) -> int:
+    """SIGKILL every process of a Slurm job on this host (found by SLURM_JOB_ID in its environment):
+    the wrapper and the trainer die at once, as when a node fails; nothing is released or saved."""
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"SLURM_JOB_ID={job}\0".encode() in (proc / "environ").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ProcessLookupError):
+            pass
+    return killed
+
+
+def _kill_mid_save(k: SaveKill) -> None:
+    """Once a save is under way past a complete checkpoint, kill the job that writes it."""
+    if k.killed_job:
+        return
+    complete = _newest_marker_step(k.ckpt)
+    for f in k.ckpt.glob(STAGED[k.name]):
+        staging = next(p for p in f.parents if p.name.startswith(".tmp-"))
+        step = int(re.search(r"(?:step|checkpoint)-(\d+)", f.parent.name).group(1))  # step-000000040, checkpoint-40
+        if complete is not None and step > complete and _kill_job_processes(staging.name.rsplit(".", 1)[1]):
+            k.killed_job, k.killed_at = staging.name.rsplit(".", 1)[1], time.time()
+            k.complete_step, k.staged_step = complete, step
+            return
 
 
 @dataclass
@@ -75,6 +136,17 @@ def ux(slurm_cluster, tmp_path_factory):
                     home=home, cwd=work)
         assert p.returncode == 0, p.stderr
         r.chain = json.loads(p.stdout)["data"]["chain"]
+    kills = {name: SaveKill(name) for name in TEMPLATES}
+    for k in kills.values():  # 4-minute segments: the first save under way comes before Slurm's signal
+        work = tmp_path_factory.mktemp(f"ux-kill-{k.name}")
+        p = run_cli("submit", str(REPO / "templates" / k.name / "train.sh"), "--name", f"uxkill-{k.name}",
+                    "--total", "10m", "--segment", "4m", "--signal", "USR2@50", "--policy", "dependency",
+                    "--retries", "2", "--json", "--", "--partition=long", NODES, "--mem=500M",
+                    f"--export=ALL,PYTHON={PY},STEP_SECONDS=0.05,SAVE_EVERY=20,SAVE_SECONDS=20,MAX_STEPS=60,"
+                    "HF_HUB_OFFLINE=1", home=home, cwd=work)
+        assert p.returncode == 0, p.stderr
+        k.chain = json.loads(p.stdout)["data"]["chain"]
+        k.ckpt = work / "chainrun-runs" / k.chain / "checkpoint"
     sock = f"chainrun-ux-{os.getpid()}"
     screens: list[str] = []
     with webhook_server() as (url, hooks):
@@ -89,6 +161,8 @@ def ux(slurm_cluster, tmp_path_factory):
             deadline = time.time() + WATCH_TIMEOUT_S
             while time.time() < deadline:
                 time.sleep(2)
+                for k in kills.values():
+                    _kill_mid_save(k)
                 s = _screen(sock)
                 if running_seen is None and "running" in s and all(r.chain in s for r in runs.values()):
                     running_seen = s
@@ -99,7 +173,7 @@ def ux(slurm_cluster, tmp_path_factory):
             (home / "screens.txt").write_text(f"{running_seen}\n=====\n{final}")  # for a failing run
         finally:
             _tmux(sock, "kill-server", check=False)
-            for r in runs.values():  # nothing of ours left queued if the watcher did not finish
+            for r in [*runs.values(), *kills.values()]:  # nothing of ours left queued if the watcher did not finish
                 run_cli("cancel", r.chain, home=home)
         received = list(hooks)
     for r in runs.values():
@@ -108,6 +182,12 @@ def ux(slurm_cluster, tmp_path_factory):
         r.result = json.loads(st.stdout)["data"][0]
         log = Path(r.result["checkpoint_dir"]) / "progress.log"
         r.log = log.read_text().splitlines() if log.exists() else []
+    for k in kills.values():
+        st = run_cli("status", k.chain, "--json", home=home)
+        assert st.returncode == 0, st.stderr
+        k.result = json.loads(st.stdout)["data"][0]
+        log = k.ckpt / "progress.log"
+        k.log = log.read_text().splitlines() if log.exists() else []
     # after the chain: one more run of each trainer resumes from the last checkpoint and finishes
     finishers = {}
     for r in runs.values():
@@ -118,7 +198,7 @@ def ux(slurm_cluster, tmp_path_factory):
         finishers[r.name] = subprocess.Popen([PY, str(REPO / "templates" / r.name / "train.py")], env=env,
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     finished = {name: (p.communicate(timeout=180)[0], p.returncode) for name, p in finishers.items()}
-    return {"home": home, "runs": runs, "screens": screens, "hooks": received, "mails": mails(mail_log),
+    return {"home": home, "runs": runs, "kills": kills, "screens": screens, "hooks": received, "mails": mails(mail_log),
             "finished": finished}
 
 
@@ -199,3 +279,14 @@ def test_report_of_a_real_chain_has_segments_and_gaps(ux, tmp_path):
     assert html.count('class="segment ') == len(ran) and 'class="gap"' in html
     if os.environ.get("CHAINRUN_UX_KEEP_PNG"):  # keep the picture of this run to look at
         shutil.copyfile(png, os.environ["CHAINRUN_UX_KEEP_PNG"])
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_template_save_killed_mid_write_resumes_from_the_previous_checkpoint(ux, name):
+    k = ux["kills"][name]
+    assert k.killed_job, f"no save was seen under way past a complete checkpoint: {k.log}"
+    assert k.staged_step > k.complete_step >= 0
+    after = [ln for ln in k.log if float(ln.split()[0]) > k.killed_at]
+    assert _step(after, r"resumed from step (\d+)") == k.complete_step, (k.complete_step, k.staged_step, k.log)
+    assert k.result["status"] == "COMPLETED", (k.result["reason"], k.log)
+    assert (k.ckpt / "CHAINRUN_DONE").exists() and any("finished at step 60" in ln for ln in k.log), k.log
