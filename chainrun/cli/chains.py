@@ -185,9 +185,11 @@ def status(
     plain: PlainOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
+    from chainrun import clusters
     from chainrun.chain.summary import view_chain
     from chainrun.context import open_context
 
+    clusters.load()  # a config.toml chainrun cannot read is an error here too, not a silent "no chains"
     c = open_context(cluster or "local")  # reads the store only: no connection is opened
     try:
         chains = [c.store.chain(chain)] if chain else c.store.chains(active_only=not all_chains)
