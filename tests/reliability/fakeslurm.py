@@ -41,6 +41,9 @@ class FakeSlurm:
     calls: list = field(default_factory=list)
     signals: list = field(default_factory=list)  # (job id, signal) sent by scancel --signal: the job goes on
     files: dict = field(default_factory=dict)  # path -> text that `cat` shows (e.g. a wrapper's outcome file)
+    acct_only: list = field(default_factory=list)  # Jobs only accounting knows (older jobs of a reused id)
+    nodes: dict = field(default_factory=dict)  # node -> State, for `scontrol show node` (empty: not answered)
+    reservations: str = ""  # what `scontrol show reservation --oneliner` prints (empty: not answered)
     name = "fake"
 
     # ---------------------------------------------------------- Runner
@@ -74,7 +77,7 @@ class FakeSlurm:
             if "--name" in argv:
                 names = set(argv[argv.index("--name") + 1].split(","))
             rows = [SA_HEAD]
-            for j in self.jobs.values():
+            for j in [*self.acct_only, *self.jobs.values()]:
                 if not j.in_acct or (ids and j.id not in ids) or (names and j.name not in names):
                     continue
                 el = int((j.end or self.now) - j.start) if j.start else 0
