@@ -305,7 +305,7 @@ class Engine:
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
         info = outcomes.read_outcome_file(self.runner, c, s)
-        result = outcomes.classify(c, s, row, info)
+        result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c))
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
         s.exit_code, s.credit_s = row.exit_code, result.credit_s
