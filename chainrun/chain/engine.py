@@ -298,10 +298,30 @@ class Engine:
         what = f"segment {s.idx} (job {s.job_id})"
         if why.hopeless:
             self._fail(c, segs, f"{what} can never start: {why.words} ({why.code})" + (f"; {why.hint}" if why.hint else ""))
-        elif why.code in ("ReqNodeNotAvail", "JobHeldUser", "JobHeldAdmin") and s.extra.get("warned_reason") != why.code:
+        elif why.code in (*reasons.UNAVAILABLE, "JobHeldUser", "JobHeldAdmin") and s.extra.get("warned_reason") != why.code:
             s.extra["warned_reason"] = why.code
+            if why.code in reasons.UNAVAILABLE:  # Slurm's catch-all: say which nodes, or which reservation
+                why = self._explain_unavailable(c, s, q.reason)
+                s.extra["pending_explained"] = {"reason": q.reason, "words": why.words}
             self.store.add_event(c.id, s.idx, "warning", f"{what} is pending: {why.words}"
                                  + (f" ({why.hint})" if why.hint else ""))
+
+    def _explain_unavailable(self, c: Chain, s: Segment, reason: str) -> reasons.Reason:
+        """What the nodes and reservations say (two scontrol calls, once per segment and reason)."""
+        from chainrun.chain.contract import option_value
+        from chainrun.slurm.reservations import expand_nodes
+
+        if self._reservations is None:
+            self._reservations = read_reservations(self.slurm)
+        try:
+            states = self.slurm.node_states(c.partition)
+        except SlurmError as e:  # without them, Slurm's own words
+            log.info("scontrol show node: %s", e)
+            return reasons.explain(reason)
+        pinned = set(expand_nodes(option_value(c.sbatch_args, "--nodelist", "-w") or ""))
+        return reasons.explain_unavailable(reason, node_states=states, reservations=self._reservations,
+                                           now=self.clock(), limit_s=s.time_limit_s, pinned=pinned,
+                                           partition=c.partition)
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
         info = outcomes.read_outcome_file(self.runner, c, s)

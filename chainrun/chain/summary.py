@@ -157,8 +157,10 @@ def segment_note(s: Segment, now: float) -> str:
     parts = []
     if s.phase == PENDING:
         why = explain(s.extra.get("pending_reason", ""))
-        if why.words:
-            parts.append(f"pending: {why.words}")
+        told = s.extra.get("pending_explained") or {}
+        words = told.get("words") if told.get("reason") == s.extra.get("pending_reason") else why.words
+        if words:  # Slurm's reason, or what the nodes and reservations said about it (engine._pending)
+            parts.append(f"pending: {words}")
         since = s.eligible or s.submit
         if since:
             waited = f"waited {dur(max(0.0, now - since))}"

@@ -85,6 +85,11 @@ class FakeSlurm:
                             f"{int(j.start) if j.start else 'Unknown'}|{int(j.end) if j.end else 'Unknown'}|"
                             f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|0:0|None")
             return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
+        if argv[:3] == ("scontrol", "show", "node") and self.nodes:
+            text = "".join(f"NodeName={n} State={st} Partitions=short,long\n" for n, st in self.nodes.items())
+            return RunResult(argv, 0, text, "", 0.0)
+        if argv[:3] == ("scontrol", "show", "reservation") and self.reservations:
+            return RunResult(argv, 0, self.reservations, "", 0.0)
         if cmd == "sbatch":
             jid = self._sbatch(argv)
             return RunResult(argv, 0, f"{jid}\n", "", 0.0)
