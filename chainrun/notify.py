@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 
 EVENT_KINDS = {"created", "submitted", "started", "continue", "handoff", "done", "crash", "retry", "completed",
                "failed", "cancelled", "warning", "adopted", "lost", "shape",  # shape: an elastic segment's node count changed
-               "total"}  # total: --total reached, the training segment was signalled to stop
+               "total",  # total: --total reached, the training segment was signalled to stop
+               "settled"}  # settled: a cancelled segment's end and training read from Slurm (chain/settle.py)
 DEFAULT_ON = ("completed", "failed", "gap")
 DEFAULT_GAP_S = 1800
 MARK_KEY = "notify.last_event"

@@ -60,7 +60,11 @@ def test_a_user_cancel_is_settled_from_sacct_and_the_wrapper(world):
     job.state, job.in_queue = "RUNNING", True  # scancel returned; the trainer saves on TERM, the job still ends
     seg = store.segments(c.id)[0]
     assert seg.phase == ENDED and seg.end is None and seg.credit_s == 0.0  # nothing invented meanwhile
-    assert "read from Slurm" in view_chain(store.chain(c.id), store.segments(c.id), fake.now).segment_views[0].note
+    view = view_chain(store.chain(c.id), store.segments(c.id), fake.now)
+    assert "read from Slurm" in view.segment_views[0].note and view.allocated_s == 0
+    from chainrun.report.timeline import build_timeline
+
+    assert build_timeline(view, fake.now + 600).bars == []  # no bar drawn to "now" for an unknown end
     eng.tick()  # still in squeue: not settled yet
     assert store.segments(c.id)[0].extra.get("settle") is not None
     fake.now += 6  # it saved and ended 6 s after the cancel
