@@ -6,7 +6,10 @@ that are new since its high-water mark (kept in the store's ``meta`` table, so a
 short text to every target: a Slack/Mattermost-compatible webhook (``{"text": ...}``) or a
 mail address (through the local ``sendmail``, else ``mail``). A long interruption is
 noticed while it lasts: the chain's last segment ended more than ``gap`` ago and no
-successor runs yet. Sending never stops the watcher: a failure is logged and dropped.
+successor runs yet. Sending never stops the watcher and costs a tick at most ``SEND_BUDGET_S`` in total: every
+message goes out at once on worker threads; what has not finished by then is reported by a
+later tick (or when the watcher stops), and a failed send is tried again on the next ticks, up
+to ``MAX_ATTEMPTS`` times, then logged as dropped. Nothing is lost without a log line.
 
 Defaults come from the ``[notify]`` table of ``config.toml`` in the chainrun home::
 
@@ -17,7 +20,15 @@ Defaults come from the ``[notify]`` table of ``config.toml`` in the chainrun hom
     gap = "30m"                                         # what counts as long
     mail_command = "sendmail"                           # or "mail"; default: whichever exists
 
-``chainrun watch --notify TARGET`` adds targets for that watcher (a URL or an address).
+Named targets live in the ``[notifiers]`` table, so a secret webhook URL never appears on a
+command line (where ``ps`` shows it to every user of a shared login node)::
+
+    [notifiers]
+    team = "https://hooks.slack.com/services/..."
+    me = "me@example.org"
+
+``chainrun watch --notify NAME`` adds that target for this watcher (a mail address may also be
+given directly; a URL is refused with a hint).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -41,12 +53,17 @@ log = logging.getLogger(__name__)
 
 EVENT_KINDS = {"created", "submitted", "started", "continue", "handoff", "done", "crash", "retry", "completed",
                "failed", "cancelled", "warning", "adopted", "lost", "shape",  # shape: an elastic segment's node count changed
-               "total"}  # total: --total reached, the training segment was signalled to stop
+               "total",  # total: --total reached, the training segment was signalled to stop
+               "settled"}  # settled: a cancelled segment's end and training read from Slurm (chain/settle.py)
 DEFAULT_ON = ("completed", "failed", "gap")
 DEFAULT_GAP_S = 1800
 MARK_KEY = "notify.last_event"
 GAP_KEY = "notify.gaps_sent"
-TIMEOUT_S = 10.0
+TIMEOUT_S = 10.0  # one send
+SEND_BUDGET_S = 3.0  # what one tick waits for all its sends together
+MAX_ATTEMPTS = 3  # a failed send is tried again on the next ticks, then dropped with a log line
+SEND_THREADS = 8
+_NAME_RE = __import__("re").compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
 
 @dataclass
@@ -84,12 +101,14 @@ def load_config(home: Path | None = None, extra_targets: Iterable[str] = ()) -> 
         import tomllib
 
         try:
-            table = tomllib.loads(path.read_text(encoding="utf-8")).get("notify", {})
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise UsageError(f"cannot read {path}: {e}") from None
+        table = data.get("notify", {})
         if not isinstance(table, dict):
             raise UsageError(f"{path}: [notify] must be a table")
     cfg = NotifyConfig()
+    named = _notifiers(data, path) if path.exists() else {}
     unknown = set(table) - {"webhook", "mail", "on", "gap", "mail_command"}
     if unknown:
         raise UsageError(f"{path}: unknown key(s) in [notify]: {', '.join(sorted(unknown))}",
@@ -113,11 +132,42 @@ def load_config(home: Path | None = None, extra_targets: Iterable[str] = ()) -> 
             raise UsageError(f"{path}: [notify] mail_command must be \"sendmail\" or \"mail\"")
         cfg.mail_command = table["mail_command"]
     for target in extra_targets:
-        if target.startswith(("http://", "https://")):
-            cfg.webhooks.append(_check_url(target))
+        resolved = _resolve(target, named, path)
+        if resolved.startswith(("http://", "https://")):
+            cfg.webhooks.append(resolved)
         else:
-            cfg.mails.append(_check_mail(target))
+            cfg.mails.append(resolved)
     return cfg
+
+
+def _notifiers(data: dict, path: Path) -> dict[str, str]:
+    """The ``[notifiers]`` table: name -> webhook URL or mail address, each checked."""
+    table = data.get("notifiers", {})
+    if not isinstance(table, dict):
+        raise UsageError(f"{path}: [notifiers] must be a table of NAME = \"URL or address\"")
+    out = {}
+    for name, target in table.items():
+        if not isinstance(target, str):
+            raise UsageError(f"{path}: [notifiers] {name} must be a webhook URL or a mail address")
+        out[name] = _check_url(target) if target.startswith(("http://", "https://")) else _check_mail(target)
+    return out
+
+
+def _resolve(target: str, named: dict[str, str], path: Path) -> str:
+    """A ``--notify`` value: a notifier's name, or a mail address; a URL is refused (``ps`` shows it)."""
+    if "://" in target:
+        raise UsageError(f"a webhook URL on the command line is visible to every user of this machine ({redact(target)})",
+                         hint=f'put it in {path} as [notifiers] NAME = "<url>" and pass --notify NAME')
+    if target in named:
+        return named[target]
+    if "@" in target:
+        return _check_mail(target)
+    if not _NAME_RE.match(target):
+        raise UsageError(f"not a notifier name or a mail address: {target!r}",
+                         hint=f"name a notifier of the [notifiers] table in {path}, or give me@example.org")
+    known = ", ".join(sorted(named)) or "none yet"
+    raise UsageError(f"no notifier named {target!r}", hint=f'known: {known}; add one to {path} as '
+                     f'[notifiers] {target} = "https://..." (or a mail address)')
 
 
 def _as_list(value, path: Path, key: str) -> list[str]:
@@ -140,7 +190,7 @@ def _check_mail(addr: str) -> str:
     addr = addr.removeprefix("mailto:")
     if "@" not in addr or addr.startswith("-") or any(c.isspace() or c in ",;<>" for c in addr):
         raise UsageError(f"not a webhook URL or a mail address: {addr!r}",
-                         hint="--notify https://hooks.example/... or --notify me@example.org")
+                         hint="a mail address looks like me@example.org")
     return addr
 
 
@@ -190,10 +240,14 @@ class Notifier:
     """Turns new store events into messages after every watcher tick. Never raises."""
 
     def __init__(self, store, cfg: NotifyConfig, *, clock: Callable[[], float] = time.time,
-                 webhook: Callable = send_webhook, mail: Callable = send_mail) -> None:
+                 webhook: Callable = send_webhook, mail: Callable = send_mail, budget_s: float = SEND_BUDGET_S) -> None:
         self.store, self.cfg, self.clock = store, cfg, clock
         self._webhook, self._mail = webhook, mail
+        self.budget_s = budget_s
         self.sent: list[tuple[Message, str, bool]] = []  # (message, target, ok), for the views and tests
+        self._pool: ThreadPoolExecutor | None = None  # made on the first send
+        self._inflight: dict[Future, _Delivery] = {}
+        self._retry: list[_Delivery] = []
         try:
             if self._meta(MARK_KEY) is None:  # first run: start from now, not from the whole history
                 recent = store.events(limit=1)
@@ -212,16 +266,29 @@ class Notifier:
                        (key, value))
 
     def after_tick(self) -> list[tuple[Message, str, bool]]:
-        """Read new events, send what is wanted, advance the mark. Returns what was sent."""
-        out: list[tuple[Message, str, bool]] = []
+        """Read new events and send what is wanted, all at once, waiting at most ``budget_s``.
+        Returns the sends that finished meanwhile (ok or not), this tick's or earlier ones'."""
         try:
             messages = self._collect()
         except Exception:  # noqa: BLE001
             log.warning("notify: cannot read new events", exc_info=True)
-            return out
-        for msg in messages:
-            out += self._deliver(msg)
-        self.sent += out
+            messages = []
+        todo, self._retry = self._retry, []
+        todo += [d for msg in messages for d in self._deliveries(msg)]
+        for d in todo:
+            self._start(d)
+        return self._finished(self.budget_s)
+
+    def close(self, timeout: float = TIMEOUT_S) -> list[tuple[Message, str, bool]]:
+        """The watcher stops: wait for the sends still going (at most ``timeout``), log what is left."""
+        out = self._finished(timeout) if self._inflight else []
+        for d in list(self._inflight.values()) + self._retry:
+            log.warning("notify: not sent %s %s to %s: the watcher stopped before it went out", d.msg.chain_id,
+                        d.msg.kind, d.shown)
+        self._inflight, self._retry = {}, []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         return out
 
     def _collect(self) -> list[Message]:
@@ -306,26 +373,59 @@ class Notifier:
         return [Message(chain_id, "gap", f"chainrun: {chain_id} resumed after {dur(gap)}",
                         f"chainrun: chain {chain_id}: segment {idx} started after an interruption of {dur(gap)}")]
 
-    def _deliver(self, msg: Message) -> list[tuple[Message, str, bool]]:
+    def _deliveries(self, msg: Message) -> list["_Delivery"]:
+        out = [_Delivery(msg, "webhook", url, redact(url)) for url in self.cfg.webhooks]
+        return out + [_Delivery(msg, "mail", addr, addr) for addr in self.cfg.mails]
+
+    def _start(self, d: "_Delivery") -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(SEND_THREADS, thread_name_prefix="chainrun-notify")
+        d.attempts += 1
+        if d.how == "webhook":
+            fut = self._pool.submit(self._webhook, d.target, d.msg)
+        else:
+            fut = self._pool.submit(self._mail, d.target, d.msg, self.cfg.mail_command)
+        self._inflight[fut] = d
+
+    def _finished(self, timeout: float) -> list[tuple[Message, str, bool]]:
+        """Wait up to ``timeout`` for the sends in flight; what finished, in the order they were started."""
+        if not self._inflight:
+            return []
+        done, _ = wait(list(self._inflight), timeout=timeout)
         out = []
-        for url in self.cfg.webhooks:
-            out.append((msg, redact(url), self._try(self._webhook, url, msg, redact(url))))
-        for addr in self.cfg.mails:
-            out.append((msg, addr, self._try(lambda a, m: self._mail(a, m, self.cfg.mail_command), addr, msg, addr)))
+        for fut in [f for f in self._inflight if f in done]:
+            d = self._inflight.pop(fut)
+            ok = self._outcome(fut, d)
+            out.append((d.msg, d.shown, ok))
+        self.sent += out
         return out
 
-    @staticmethod
-    def _try(fn, target: str, msg: Message, shown: str) -> bool:
-        try:
-            fn(target, msg)
-            log.info("notify: sent %s %s to %s", msg.chain_id, msg.kind, shown)
+    def _outcome(self, fut: Future, d: "_Delivery") -> bool:
+        e = fut.exception()
+        if e is None:
+            log.info("notify: sent %s %s to %s", d.msg.chain_id, d.msg.kind, d.shown)
             return True
-        except (OSError, urllib.error.URLError, subprocess.SubprocessError, ValueError) as e:
-            log.warning("notify: could not send %s %s to %s: %s", msg.chain_id, msg.kind, shown, e)
-        except Exception as e:  # noqa: BLE001 - never fatal
-            log.warning("notify: could not send %s %s to %s: %s: %s", msg.chain_id, msg.kind, shown,
-                        type(e).__name__, e)
+        what = e if isinstance(e, (OSError, urllib.error.URLError, subprocess.SubprocessError, ValueError)) \
+            else f"{type(e).__name__}: {e}"
+        if d.attempts < MAX_ATTEMPTS:
+            log.warning("notify: could not send %s %s to %s: %s; trying again next tick (attempt %d of %d)",
+                        d.msg.chain_id, d.msg.kind, d.shown, what, d.attempts, MAX_ATTEMPTS)
+            self._retry.append(d)
+        else:
+            log.warning("notify: could not send %s %s to %s: %s; dropped after %d attempts",
+                        d.msg.chain_id, d.msg.kind, d.shown, what, d.attempts)
         return False
+
+
+@dataclass
+class _Delivery:
+    """One message to one target, as it is tried."""
+
+    msg: Message
+    how: str  # "webhook" or "mail"
+    target: str  # the URL (secret) or the address
+    shown: str  # what logs and views may show
+    attempts: int = 0
 
 
 def watch_notifier(store, targets: Iterable[str] | None = None) -> Notifier:

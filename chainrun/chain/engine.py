@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from chainrun.chain import handoff_plan, outcomes, reconcile, sizing
+from chainrun.chain import handoff_plan, outcomes, reconcile, settle, sizing
 from chainrun.chain.contract import control_path, done_file, parse_outcome
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
 from chainrun.chain.sizing import MIN_SEGMENT_S
@@ -76,8 +76,9 @@ class Engine:
     def tick(self) -> TickReport:
         report = TickReport()
         before = dict(self.slurm.calls)
-        chains = self.store.chains(active_only=True)
-        report.chains = len(chains)
+        # finished chains too while a cancelled segment's accounting is still to be read (chain/settle.py)
+        chains = [c for c in self.store.chains() if settle.needs_tick(c)]
+        report.chains = sum(1 for c in chains if c.status == ACTIVE)
         if chains:
             try:
                 self._tick(chains, report)
@@ -101,14 +102,16 @@ class Engine:
         queue = self.slurm.queue(all_users=everyone)
         self._queue = queue
         self._reservations = None
-        # a recorded job id that now names another job (ids restart after a controller reset) is not ours
-        recorded = {s.job_id: (c, s) for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id}
-        by_id = {}
-        for q in queue:
-            if q.job_id in recorded and not reconcile.is_ours(recorded[q.job_id][0].id, recorded[q.job_id][1], q):
-                self._note_reuse(*recorded[q.job_id], q)
-                continue
-            by_id[q.job_id] = q
+        # each row goes to the segment it belongs to, by id, name and submit time: a recorded id that now
+        # names a later job (ids restart after a controller reset) is not ours, and never the other way round
+        recorded: dict[str, list[tuple[Chain, Segment]]] = {}
+        for c in chains:
+            for s in segs[c.id]:
+                if s.job_id and (s.phase in (PENDING, RUNNING) or s.extra.get("settle") is not None):
+                    recorded.setdefault(s.job_id, []).append((c, s))
+        by_seg, foreign = reconcile.match_rows(queue, recorded)
+        for c, s, q in foreign:
+            self._note_reuse(c, s, q)
         by_name = {q.name: q for q in queue if not everyone or q.user == self.user}
 
         # adopt jobs whose submission we did not get to record
@@ -120,17 +123,16 @@ class Engine:
 
         # one sacct for every live job that left squeue, plus old unconfirmed submissions
         now = self.clock()
-        gone = [s for c in chains for s in segs[c.id] if s.phase in (PENDING, RUNNING) and s.job_id not in by_id]
+        gone = [s for c in chains for s in segs[c.id]
+                if s.job_id and any(o is s for _, o in recorded.get(s.job_id, ())) and (c.id, s.idx) not in by_seg]
         orphans = [(c, s) for c in chains for s in segs[c.id]
                    if s.phase == SUBMITTING and now - s.intent_at > ADOPT_AFTER_S]
-        acct: dict[str, AcctRow] = {}
+        acct: dict[tuple[str, int], AcctRow] = {}
         if gone:
             since = min((s.submit or s.intent_at or now) for s in gone)
-            for r in self.slurm.accounting([s.job_id for s in gone], since=since):
-                if r.job_id in recorded and not reconcile.is_ours(recorded[r.job_id][0].id, recorded[r.job_id][1], r):
-                    self._note_reuse(*recorded[r.job_id], r)
-                    continue
-                acct[r.job_id] = r
+            acct, foreign = reconcile.match_rows(self.slurm.accounting([s.job_id for s in gone], since=since), recorded)
+            for c, s, r in foreign:
+                self._note_reuse(c, s, r)
         elif orphans:  # rare; on its own sacct call so a tick never needs more than one
             since = min(s.intent_at for _, s in orphans)
             rows = self.slurm.accounting_by_name([job_name(c.id, s.idx) for c, s in orphans], since=since)
@@ -140,7 +142,7 @@ class Engine:
                     s.job_id, s.phase = r.job_id, PENDING
                     self.store.save(c, [s], [(s.idx, "adopted", f"found job {r.job_id} for segment {s.idx}")])
                     gone.append(s)
-                    acct[r.job_id] = r
+                    acct[(c.id, s.idx)] = r
                 else:  # sbatch never created it: plan it again
                     s.phase = ENDED
                     s.outcome = CANCELLED_OUT
@@ -149,12 +151,36 @@ class Engine:
 
         self._cancel_strays(segs, queue)
         for c in chains:
+            if c.status != ACTIVE:  # finished: only its cancelled segments' accounting is left to read
+                self._settle(c, segs[c.id], by_seg, acct)
+                continue
             try:
-                self._advance(c, segs[c.id], by_id, acct, report)
+                self._advance(c, segs[c.id], by_seg, acct, report)
             except SlurmRefused as e:  # this chain's request was refused: stop it, keep the others going
                 self._fail(c, segs[c.id], f"Slurm refused a request: {e}")
                 report.warnings.append(f"{c.id}: {e}")
             # any other SlurmError means Slurm is unwell, not that the chain is wrong: it ends the tick
+
+    def _settle(self, c: Chain, segs: list[Segment], by_seg: dict, acct: dict) -> None:
+        """Cancelled segments whose job has ended: their figures from sacct and the wrapper (chain/settle.py)."""
+        now = self.clock()
+        for s in settle.unsettled(segs):
+            row = acct.get((c.id, s.idx))
+            if row is None or not outcomes.is_final(row.state):
+                if (c.id, s.idx) not in by_seg and now - float(s.extra["settle"]) > settle.GIVE_UP_S:
+                    self.store.save(c, [s], [(s.idx, "warning", settle.give_up(s))])
+                continue
+            trained, text = settle.settle(c, s, row, outcomes.read_outcome_file(self.runner, c, s))
+            s.credit_s = trained
+            if trained > 0:
+                self._read_progress(c, s)
+            s.extra["rate"] = segment_rate(c, s, segs, final=True)
+            s.extra["work_s"] = trained * s.extra["rate"]
+            c.credited_s += s.extra["work_s"]
+            self.store.save(c, [s], [(s.idx, "settled", text)])
+        if c.extra.get("settling") and not settle.unsettled(segs):
+            settle.done_settling(c, segs)
+            self.store.save(c)
 
     def _note_reuse(self, c: Chain, s: Segment, row) -> None:
         if s.extra.get("reused_id_seen") != row.job_id + (row.name or ""):
@@ -177,12 +203,13 @@ class Engine:
         log.warning("cancelled stray jobs %s", [q.job_id for _, _, q in found])
 
     # ------------------------------------------------------------------ one chain
-    def _advance(self, c: Chain, segs: list[Segment], by_id: dict, acct: dict, report: TickReport) -> None:
+    def _advance(self, c: Chain, segs: list[Segment], by_seg: dict, acct: dict, report: TickReport) -> None:
         now = self.clock()
+        self._settle(c, segs, by_seg, acct)
         for s in segs:
             if s.phase not in (PENDING, RUNNING):
                 continue
-            q = by_id.get(s.job_id)
+            q = by_seg.get((c.id, s.idx))
             if q is not None:
                 self._from_queue(c, segs, s, q)
                 if s.phase == RUNNING:
@@ -192,10 +219,10 @@ class Engine:
                     self._read_progress(c, s)
                 if s.phase == RUNNING:
                     self._note_training_start(c, s, now)
-            elif (row := acct.get(s.job_id)) is not None and outcomes.is_final(row.state):
+            elif (row := acct.get((c.id, s.idx))) is not None and outcomes.is_final(row.state):
                 self._ended(c, segs, s, row)
                 report.ended += 1
-            elif now - max(s.submit or 0, s.intent_at) > LOST_AFTER_S and s.job_id not in acct:
+            elif now - max(s.submit or 0, s.intent_at) > LOST_AFTER_S and (c.id, s.idx) not in acct:
                 s.phase, s.outcome, s.reason = ENDED, "crash", "Slurm has no record of this job"
                 self.store.save(c, [s], [(s.idx, "lost", f"segment {s.idx} (job {s.job_id}): {s.reason}")])
                 self._count_failure(c, segs, s)
@@ -244,7 +271,7 @@ class Engine:
             except SlurmRefused as e:
                 log.warning("scancel %s: %s", [s.job_id for s in unneeded], e)
             for s in unneeded:
-                _mark_cancelled(s, "cancelled by chainrun: not needed, --total reached")
+                settle.mark_cancelled(c, s, "cancelled by chainrun: not needed, --total reached", now)
                 events.append((s.idx, "total", f"segment {s.idx} (job {s.job_id}) cancelled: --total reached"))
         if events:
             self.store.save(c, running + [s for s in unneeded if s not in running], events)
@@ -271,14 +298,34 @@ class Engine:
         what = f"segment {s.idx} (job {s.job_id})"
         if why.hopeless:
             self._fail(c, segs, f"{what} can never start: {why.words} ({why.code})" + (f"; {why.hint}" if why.hint else ""))
-        elif why.code in ("ReqNodeNotAvail", "JobHeldUser", "JobHeldAdmin") and s.extra.get("warned_reason") != why.code:
+        elif why.code in (*reasons.UNAVAILABLE, "JobHeldUser", "JobHeldAdmin") and s.extra.get("warned_reason") != why.code:
             s.extra["warned_reason"] = why.code
+            if why.code in reasons.UNAVAILABLE:  # Slurm's catch-all: say which nodes, or which reservation
+                why = self._explain_unavailable(c, s, q.reason)
+                s.extra["pending_explained"] = {"reason": q.reason, "words": why.words}
             self.store.add_event(c.id, s.idx, "warning", f"{what} is pending: {why.words}"
                                  + (f" ({why.hint})" if why.hint else ""))
 
+    def _explain_unavailable(self, c: Chain, s: Segment, reason: str) -> reasons.Reason:
+        """What the nodes and reservations say (two scontrol calls, once per segment and reason)."""
+        from chainrun.chain.contract import option_value
+        from chainrun.slurm.reservations import expand_nodes
+
+        if self._reservations is None:
+            self._reservations = read_reservations(self.slurm)
+        try:
+            states = self.slurm.node_states(c.partition)
+        except SlurmError as e:  # without them, Slurm's own words
+            log.info("scontrol show node: %s", e)
+            return reasons.explain(reason)
+        pinned = set(expand_nodes(option_value(c.sbatch_args, "--nodelist", "-w") or ""))
+        return reasons.explain_unavailable(reason, node_states=states, reservations=self._reservations,
+                                           now=self.clock(), limit_s=s.time_limit_s, pinned=pinned,
+                                           partition=c.partition)
+
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
         info = outcomes.read_outcome_file(self.runner, c, s)
-        result = outcomes.classify(c, s, row, info)
+        result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c))
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
         s.exit_code, s.credit_s = row.exit_code, result.credit_s
@@ -664,7 +711,7 @@ class Engine:
             except SlurmRefused as e:  # the jobs are gone already; nothing left to stop
                 log.warning("scancel %s: %s", ids, e)
         for s in live:
-            _mark_cancelled(s, "cancelled by chainrun: chain finished")
+            settle.mark_cancelled(c, s, "cancelled by chainrun: chain finished", self.clock())
 
 
 def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "cancelled by the user") -> list[str]:
@@ -675,10 +722,14 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
     live = [s for s in segs if s.phase in LIVE_PHASES]
     ids = [s.job_id for s in live if s.job_id]
     if ids:
-        slurm.cancel(ids)
+        try:
+            slurm.cancel(ids)
+        except SlurmRefused as e:  # some ended meanwhile: the watcher reads how (chain/settle.py)
+            log.warning("scancel %s: %s", ids, e)
+    now = time.time()
     for s in live:
-        _mark_cancelled(s, reason)
-    c.status, c.reason, c.finished = CANCELLED, reason, time.time()
+        settle.mark_cancelled(c, s, reason, now)
+    c.status, c.reason, c.finished = CANCELLED, reason, now
     store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
     return ids
 
@@ -770,13 +821,6 @@ def _streak(segs: list[Segment], outcome: str) -> int:
             break
         n += 1
     return n
-
-
-def _mark_cancelled(s: Segment, reason: str) -> None:
-    """A segment chainrun cancelled: never shown with the live Slurm state it had before scancel."""
-    s.phase, s.outcome, s.reason = ENDED, CANCELLED_OUT, reason
-    s.slurm_state = "CANCELLED"
-    s.extra["cancel_requested"] = True
 
 
 __all__ = ["Engine", "TickReport", "cancel_chain", "parse_job_name"]

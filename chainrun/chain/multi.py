@@ -15,6 +15,7 @@ import logging
 from typing import Callable
 
 from chainrun.chain.engine import Engine, TickReport
+from chainrun.chain.settle import needs_tick
 from chainrun.clusters import LOCAL
 from chainrun.errors import ChainrunError
 from chainrun.state.store import Store
@@ -61,7 +62,7 @@ class MultiEngine:
 
     def tick(self) -> TickReport:
         total = TickReport()
-        names = sorted({c.cluster for c in self.store.chains(active_only=True)})
+        names = sorted({c.cluster for c in self.store.chains() if needs_tick(c)})
         failed = 0
         for name in names:
             label = "" if name == LOCAL else f"{name}: "

@@ -7,7 +7,10 @@ killed before it could write, or the node died) the Slurm state decides.
 
 from __future__ import annotations
 
+import signal
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.runner.base import Runner
@@ -72,7 +75,11 @@ def payload_window(info: dict[str, str], row: AcctRow | None) -> tuple[float, fl
     return start, end
 
 
-def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> Result:
+def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
+             checkpoint_time: Callable[[], float | None] | None = None) -> Result:
+    """How the segment ended. ``checkpoint_time`` (asked only for a payload killed after the signal)
+    gives the time of its newest checkpoint, so the message says what is known instead of
+    "checkpointed"."""
     elapsed = _elapsed(row)
     what = f"segment {seg.idx} (job {row.job_id})"
     outcome = info.get("outcome")
@@ -95,8 +102,14 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
     if outcome == HANDOFF:
         return Result(HANDOFF, trained, "handed off", f"{what} handed off to its successor after {_fmt(trained)} of training")
     if outcome == CONTINUE:
-        how = "checkpointed on the signal" if info.get("signaled") == "1" else "exited cleanly"
         then = "--total reached" if seg.extra.get("total_stop_at") else "next segment continues"  # engine._stop_at_total
+        killed = killed_by(info)
+        if info.get("signaled") == "1" and killed:  # the wrapper counts it as stopped, but nothing says it saved
+            how = _killed_text(chain, row, killed, info.get("exit", ""))
+            saved = _checkpoint_note(checkpoint_time() if checkpoint_time else None, window, checkpoint_time is not None)
+            return Result(CONTINUE, trained, how,
+                          f"{what} {how} after {_fmt(trained)} of training" + (f"; {saved}" if saved else "") + f"; {then}")
+        how = "checkpointed on the signal" if info.get("signaled") == "1" else "exited cleanly"
         return Result(CONTINUE, trained, how, f"{what} {how} after {_fmt(trained)} of training; {then}")
     if outcome == CHECKPOINT_CRASH:
         code = info.get("exit", str(row.exit_code))
@@ -120,6 +133,57 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
         return Result(CRASH, trained, reason, f"{what} failed: {reason}")
     return Result(CONTINUE, trained if window else elapsed, f"ended {row.state} without an outcome file",
                   f"{what} ended ({row.state})")
+
+
+def killed_by(info: dict[str, str]) -> str:
+    """The signal that killed the payload (``TERM``...) from the wrapper's exit code (128 + n), or ""."""
+    code = _num(info.get("exit"))
+    if code is None or not 128 < code < 128 + 65:
+        return ""
+    try:
+        return signal.Signals(int(code) - 128).name.removeprefix("SIG")
+    except ValueError:
+        return f"signal {int(code) - 128}"
+
+
+def _killed_text(chain: Chain, row: AcctRow, sig: str, code: str) -> str:
+    if sig == chain.signal.removeprefix("SIG"):
+        return f"was killed by the {sig} signal itself (exit {code}): it has no handler that saves and exits"
+    if row.state == "TIMEOUT":
+        return f"stopped at its time limit without reacting to the {chain.signal} signal (killed by {sig}, exit {code})"
+    return f"was killed by {sig} (exit {code}) without having exited on the {chain.signal} signal"
+
+
+def _checkpoint_note(mtime: float | None, window: tuple[float, float | None] | None, asked: bool) -> str:
+    """What the checkpoint folder says about the last save; "" when it could not be asked."""
+    if not asked:
+        return ""
+    if mtime is None:
+        return "no checkpoint was found in its checkpoint folder"
+    at = time.strftime("%H:%M:%S", time.localtime(mtime))
+    end = window[1] if window else None
+    if end is not None and mtime <= end:
+        return f"the last checkpoint is from {at}, {_fmt(end - mtime)} before it stopped"
+    return f"the last checkpoint is from {at}"
+
+
+_NOT_CHECKPOINTS = ("*.log", "*.tmp", "*.tmp.*", ".*", "CHAINRUN_DONE")  # logs, temporary files, our marker
+
+
+def newest_checkpoint(runner: Runner, chain: Chain) -> float | None:
+    """The modification time of the newest file or folder in the checkpoint folder (two levels: a
+    checkpoint may be a folder of shards), leaving out logs, temporary files and the done marker;
+    None when there is none or it cannot be read. One ``find`` through the runner."""
+    argv = ["find", chain.checkpoint_dir, "-mindepth", "1", "-maxdepth", "2"]
+    for pattern in _NOT_CHECKPOINTS:
+        argv += ["-not", "-name", pattern]
+    argv += ["-printf", "%T@\\n"]
+    try:
+        res = runner.run(argv, 30)
+    except Exception:  # an unreachable cluster: the message just says less
+        return None
+    times = [v for v in map(_num, res.stdout.split()) if v is not None] if res.ok else []
+    return max(times) if times else None
 
 
 def payload_overlaps(windows: dict[str, tuple[float, float | None]], now: float) -> list[tuple[str, str, float]]:

@@ -15,6 +15,7 @@ from chainrun.chain.segments import job_name, parse_job_name
 from chainrun.state.records import ENDED, LIVE_PHASES, Segment
 
 REUSE_SLACK_S = 3600  # a recorded job whose Slurm submit time is this far from ours is another job
+EARLIER_S = 60  # a job with our id submitted this long before ours held the id before us (our clock may lag)
 UNCONFIRMED = "submission was not confirmed and no such job exists"
 _LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING"}
 
@@ -31,6 +32,33 @@ def is_ours(chain_id: str, seg: Segment, row: JobRow) -> bool:
         return False
     ref = seg.submit or seg.intent_at
     return not (ref and row.submit and abs(row.submit - ref) > REUSE_SLACK_S)
+
+
+def match_rows(rows: Iterable, recorded: dict[str, list[tuple[object, Segment]]]) -> tuple[dict, list]:
+    """Give each Slurm row (squeue or sacct) to the recorded segment it belongs to.
+
+    ``recorded``: job id -> the (chain, segment) pairs that recorded it (after an id reuse two
+    segments may hold one id). Returns ``{(chain id, idx): row}`` and the (chain, segment, row)
+    triples where a *later* job now holds a segment's id. A row is matched per segment, never by
+    id alone: the chain's own job is never taken for another's, and a job that held the id
+    *before* ours (sacct keeps older jobs of a reused id) is history, not a warning.
+    """
+    mine: dict[tuple[str, int], object] = {}
+    foreign = []
+    for row in rows:
+        holders = recorded.get(row.job_id) or []
+        owners = [(c, s) for c, s in holders if is_ours(c.id, s, row)]
+        for c, s in owners:
+            key = (c.id, s.idx)
+            if key not in mine or (row.submit or 0) >= (mine[key].submit or 0):  # a requeued job: its last run
+                mine[key] = row
+        for c, s in holders:
+            if any(o is s for _, o in owners):
+                continue
+            ref = s.submit or s.intent_at
+            if not (ref and row.submit and row.submit < ref - EARLIER_S):
+                foreign.append((c, s, row))
+    return mine, foreign
 
 
 def reuse_note(chain_id: str, seg: Segment, row: JobRow) -> str:

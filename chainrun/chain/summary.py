@@ -48,6 +48,7 @@ class SegmentView:
     rate: float | None = None  # reference-seconds of work per second of its training
     work_s: float | None = None  # its training times its rate: what it counts toward --total
     granted_s: float | None = None  # the limit Slurm granted when --time-min made it shorter than asked
+    settling: bool = False  # cancelled by chainrun, its end and training not yet read from Slurm (chain/settle.py)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def _segment_view(s: Segment, now: float) -> SegmentView:
         shape_nodes=s.extra.get("nodes"), shape_reason=(s.extra.get("shape") or {}).get("reason", ""),
         shape_options=tuple((s.extra.get("shape") or {}).get("options") or ()), rate=s.extra.get("rate"),
         work_s=s.extra.get("work_s"), granted_s=s.extra.get("granted_s"),
+        settling=s.extra.get("settle") is not None,
     )
 
 
@@ -155,8 +157,10 @@ def segment_note(s: Segment, now: float) -> str:
     parts = []
     if s.phase == PENDING:
         why = explain(s.extra.get("pending_reason", ""))
-        if why.words:
-            parts.append(f"pending: {why.words}")
+        told = s.extra.get("pending_explained") or {}
+        words = told.get("words") if told.get("reason") == s.extra.get("pending_reason") else why.words
+        if words:  # Slurm's reason, or what the nodes and reservations said about it (engine._pending)
+            parts.append(f"pending: {words}")
         since = s.eligible or s.submit
         if since:
             waited = f"waited {dur(max(0.0, now - since))}"
@@ -174,4 +178,8 @@ def segment_note(s: Segment, now: float) -> str:
         parts.append(f"Slurm granted {dur(float(s.extra['granted_s']))} of {dur(s.time_limit_s)} (--time-min)")
     if s.outcome in _EXPLAINED and s.reason:
         parts.append(s.reason)
+    if s.extra.get("settle") is not None:  # chain/settle.py: nothing is shown that Slurm has not said
+        parts.append("its end and training are read from Slurm by the next `chainrun watch` tick")
+    elif s.extra.get("settle_unknown"):
+        parts.append("Slurm kept no final record of it: its end and training are unknown")
     return "; ".join(parts)

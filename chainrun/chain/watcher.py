@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from chainrun.chain.engine import Engine, TickReport
+from chainrun.chain.settle import needs_tick
 from chainrun.errors import StateError
 from chainrun.slurm.client import Backoff
 
@@ -80,6 +81,7 @@ def run_watch(
             return report
         if once or (max_ticks is not None and ticks >= max_ticks):
             return report
-        if stop_when_idle and not report.failed and not engine.store.chains(active_only=True):
+        # idle: no chain active, and no cancelled segment's accounting left to read (chain/settle.py)
+        if stop_when_idle and not report.failed and not any(needs_tick(c) for c in engine.store.chains()):
             return report
         sleep(delay)

@@ -190,9 +190,11 @@ def status(
     plain: PlainOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
+    from chainrun import clusters
     from chainrun.chain.summary import view_chain
     from chainrun.context import open_context
 
+    clusters.load()  # a config.toml chainrun cannot read is an error here too, not a silent "no chains"
     c = open_context(cluster or "local")  # reads the store only: no connection is opened
     try:
         chains = [c.store.chain(chain)] if chain else c.store.chains(active_only=not all_chains)
@@ -224,8 +226,9 @@ def watch(
     cluster: ClusterOpt = None,
     json_out: JsonOpt = False,
     notify: Annotated[Optional[list[str]], typer.Option(
-        "--notify", metavar="URL|ADDRESS", help="Notify this webhook URL or mail address on completion, failure "
-        "and long interruptions (repeatable; defaults: [notify] in config.toml).")] = None,
+        "--notify", metavar="NAME|ADDRESS", help="Notify this notifier (a name from [notifiers] in config.toml, "
+        "where its webhook URL stays out of `ps`) or mail address on completion, failure and long interruptions "
+        "(repeatable; defaults: [notify] in config.toml).")] = None,
 ) -> None:
     from chainrun import paths
     from chainrun.chain.multi import MultiEngine
@@ -295,7 +298,12 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
         for msg, target, ok in sent:
             say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
-    run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
+    try:
+        run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
+    finally:  # sends still going out get a last chance; what is left is logged (notify.py)
+        for msg, target, ok in notifier.close():
+            if not json_out:
+                say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
 
 def cancel(

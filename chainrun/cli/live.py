@@ -53,5 +53,11 @@ def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: lis
         live.update(frame(), refresh=True)
 
     with Live(frame(), console=console, auto_refresh=False, transient=False) as live:
-        run_watch(engine, interval=interval, once=False, on_tick=on_tick, stop_when_idle=until_done, sleep=sleep,
-                  max_ticks=max_ticks)
+        try:
+            run_watch(engine, interval=interval, once=False, on_tick=on_tick, stop_when_idle=until_done, sleep=sleep,
+                      max_ticks=max_ticks)
+        finally:  # sends still going out get a last chance; what is left is logged (notify.py)
+            for msg, target, ok in notifier.close():
+                events.append(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}"
+                              + ("" if ok else " (failed)"))
+            live.update(frame(), refresh=True)

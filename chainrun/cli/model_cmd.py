@@ -78,56 +78,76 @@ def refresh(
 
 
 @model_app.command("status", help="Show the saved model: when trained, on what, which model answers for you.")
-def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
-    import time
-
+def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False,
+           plain: Annotated[bool, typer.Option("--plain", help="Plain `key: value` lines instead of a table; the "
+                                               "default when the output is not a terminal.")] = False) -> None:
     from chainrun.cli.render import console, envelope
+    from chainrun.errors import NotFoundError
     from chainrun.predict import service
 
     st = service.status(cluster)
     if json_out:
         typer.echo(envelope("model status", st))
         return
-    m = st["model"]
-    if m is None:
-        typer.echo(f"{cluster}: no model yet (run: chainrun model refresh --cluster {cluster})")
-        raise typer.Exit(3)
+    if st["model"] is None:  # an error line on stderr, exit 3 (docs/exit-codes.md), as for any missing thing
+        raise NotFoundError(f"no queue-delay model for cluster {cluster} yet",
+                            hint=f"run: chainrun model refresh --cluster {cluster}")
+    rows = _status_rows(st)
+    out = console()
+    if plain or not out.is_terminal:  # pipes, cron mail, CI logs: plain lines, as every command prints there
+        from chainrun.cli.tables import print_lines, wrap_text
+
+        print_lines(out, [ln for k, v in rows for ln in wrap_text(v, out.width, first=f"{k}: ")])
+        return
     from rich.table import Table
 
-    w = m["training_window"] or {}
     t = Table(title=f"queue-delay model for {cluster}", show_header=False)
-    t.add_row("trained", time.strftime("%Y-%m-%d %H:%M", time.localtime(m["trained_at"])) + f" ({m['fit_seconds']}s)")
-    t.add_row("training jobs", f"{w.get('rows')} from {w.get('users')} users, "
-              f"{time.strftime('%Y-%m-%d', time.gmtime(w.get('since', 0)))} .. {time.strftime('%Y-%m-%d', time.gmtime(w.get('until', 0)))}")
-    t.add_row("history", f"{st['history'].get('rows', 0)} jobs, " + ("all users" if m["all_users"] else "own jobs only (no queue features)"))
+    for k, v in rows:
+        t.add_row(k, v)
+    out.print(t)
+
+
+def _status_rows(st: dict) -> list[tuple[str, str]]:
+    """What `model status` says, one (label, text) a line, for the table and the plain lines alike."""
+    import time
+
+    m = st["model"]
+    w = m["training_window"] or {}
+    rows = [("trained", time.strftime("%Y-%m-%d %H:%M", time.localtime(m["trained_at"])) + f" ({m['fit_seconds']}s)"),
+            ("training jobs", f"{w.get('rows')} from {w.get('users')} users, "
+             f"{time.strftime('%Y-%m-%d', time.gmtime(w.get('since', 0)))} .. "
+             f"{time.strftime('%Y-%m-%d', time.gmtime(w.get('until', 0)))}"),
+            ("history", f"{st['history'].get('rows', 0)} jobs, "
+             + ("all users" if m["all_users"] else "own jobs only (no queue features)"))]
     src = {"scontrol": "from scontrol show node", "history": "estimated from history: no node list was readable"}
-    t.add_row("capacity", f"{m['capacity_nodes']:.0f} nodes ({src.get(m.get('capacity_source'), m.get('capacity_source'))})")
+    rows.append(("capacity", f"{m['capacity_nodes']:.0f} nodes "
+                             f"({src.get(m.get('capacity_source'), m.get('capacity_source'))})"))
     if m.get("quantiles"):
         cal = m.get("calibration") or {}
-        t.add_row("quantiles", ", ".join(f"q{int(round(q * 100))}" for q in m["quantiles"]) +
-                  (" (calibrated on the most recent jobs: shifts " +
-                   ", ".join(f"{k} {v:+.2f}" for k, v in cal.items()) + " log10 s" +
-                   ("; then refit on every job)" if m.get("refit") else ")") if cal else
-                   " (not calibrated: too few recent jobs)"))
-    t.add_row("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)")
-    t.add_row("answers for you", f"{m['answers_for_you']} ({m['user']})")
+        rows.append(("quantiles", ", ".join(f"q{int(round(q * 100))}" for q in m["quantiles"]) +
+                     (" (calibrated on the most recent jobs: shifts " +
+                      ", ".join(f"{k} {v:+.2f}" for k, v in cal.items()) + " log10 s" +
+                      ("; then refit on every job)" if m.get("refit") else ")") if cal else
+                      " (not calibrated: too few recent jobs)")))
+    rows.append(("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)"))
+    rows.append(("answers for you", f"{m['answers_for_you']} ({m['user']})"))
     le = st.get("live_error") or {"n": 0}
-    t.add_row("acted on", "no predicted segment has started yet" if not le["n"] else
-              f"{le['n']} segments: {le['acted_quantile_coverage'] * 100:.0f} % waited at most the acted-on "
-              f"quantile (nominal {le['acted_quantile'] * 100:.0f} %)")
+    rows.append(("acted on", "no predicted segment has started yet" if not le["n"] else
+                 f"{le['n']} segments: {le['acted_quantile_coverage'] * 100:.0f} % waited at most the acted-on "
+                 f"quantile (nominal {le['acted_quantile'] * 100:.0f} %)"))
     if le.get("deadline_n"):
-        t.add_row("deadline", f"{le['deadline_hit_rate'] * 100:.0f} % of {le['deadline_n']} segments started "
-                              "before their predecessor ended")
+        rows.append(("deadline", f"{le['deadline_hit_rate'] * 100:.0f} % of {le['deadline_n']} segments started "
+                                 "before their predecessor ended"))
     if le.get("acted_prob_n"):
-        t.add_row("acted-on chance", f"{le['acted_prob_n']} segments were submitted at a mean "
-                                     f"{le['acted_prob_mean'] * 100:.0f} % chance of starting in time; "
-                                     f"{le['acted_prob_hit_rate'] * 100:.0f} % did")
+        rows.append(("acted-on chance", f"{le['acted_prob_n']} segments were submitted at a mean "
+                                        f"{le['acted_prob_mean'] * 100:.0f} % chance of starting in time; "
+                                        f"{le['acted_prob_hit_rate'] * 100:.0f} % did"))
     if le["n"]:
-        t.add_row("live error", f"MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
-                                f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted")
-    t.add_row("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items()))
-    t.add_row("files", st["model_dir"])
-    console().print(t)
+        rows.append(("live error", f"MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
+                                   f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted"))
+    rows.append(("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items())))
+    rows.append(("files", st["model_dir"]))
+    return rows
 
 
 @model_app.command("eval", help="Replay the model's refresh through the end of a trace and score what it would have answered, against baselines.")

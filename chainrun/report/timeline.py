@@ -111,6 +111,8 @@ def build_timeline(view: ChainView, now: float | None = None) -> Timeline:
         if s.start is None:
             continue
         running = s.outcome is None and s.phase == "RUNNING"
+        if not running and s.end is None:  # cancelled, its end not read from Slurm yet: no bar is invented
+            continue
         end = min(now, s.end) if (running and s.end) else (now if running or s.end is None else s.end)
         tl.bars.append(Bar(s.idx, s.job_id, s.start, max(end, s.start), "running" if running else (s.outcome or "?"),
                            s.is_retry))

@@ -207,6 +207,12 @@ class SlurmClient:
         res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")
         return sum(1 for rec in parsers.parse_scontrol_oneliners(res.stdout) if rec.get("NodeName"))
 
+    def node_states(self, partition: str = "") -> dict[str, str]:
+        """Node -> its ``State`` (``IDLE+DRAIN``, ``DOWN*``...), only the nodes of ``partition`` when given."""
+        res = self._call(["scontrol", "show", "node", "--oneliner"], what="scontrol show node")
+        return {rec["NodeName"]: rec.get("State", "") for rec in parsers.parse_scontrol_oneliners(res.stdout)
+                if rec.get("NodeName") and (not partition or partition in rec.get("Partitions", "").split(","))}
+
     def is_privileged(self) -> bool:
         """Whether the account the commands run as (here or on the remote cluster) is root."""
         res = self._call(["id", "-u"], what="id -u")

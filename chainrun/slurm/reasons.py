@@ -7,6 +7,7 @@ with a hint instead of waiting forever. Pure data and one function.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 
@@ -18,6 +19,8 @@ class Reason:
     hint: str = ""
 
 
+NODES_UNAVAILABLE = "NodesUnavailable"
+_NODES_SENTENCE = "nodes required for job are down"  # "... DOWN, DRAINED or reserved for jobs in higher priority partitions"
 _WORDS: dict[str, tuple[str, bool, str]] = {
     "Priority": ("waiting for higher-priority jobs", False, ""),
     "Resources": ("waiting for free nodes (next in line)", False, ""),
@@ -34,8 +37,9 @@ _WORDS: dict[str, tuple[str, bool, str]] = {
     "AssocMaxJobsLimit": ("your account allows no more running jobs now", False, ""),
     "AssocGrpGRES": ("your account's GPU allowance is in use", False, ""),
     "QOSGrpGRES": ("the QOS's GPU allowance is in use", False, ""),
-    "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions":
-        ("the nodes it needs are down, drained or reserved", False, ""),
+    # Slurm's own sentence (a state description, not a code): too few of the nodes it may use are free of
+    # DOWN, DRAIN, reservations and higher-priority partitions' jobs; ``explain_unavailable`` says which
+    NODES_UNAVAILABLE: ("the nodes it needs are down, drained or reserved", False, ""),
     "DependencyNeverSatisfied": ("its dependency can never be met", True, "cancel the chain and resubmit"),
     "PartitionTimeLimit": ("its time limit is longer than the partition allows", True,
                            "resubmit with a shorter --segment (see `scontrol show partition`)"),
@@ -57,6 +61,8 @@ _WORDS: dict[str, tuple[str, bool, str]] = {
 def explain(reason: str) -> Reason:
     """The words for a pending reason (unknown codes are shown as Slurm wrote them)."""
     text = (reason or "").strip()
+    if text.replace("_", " ").lower().startswith(_NODES_SENTENCE):
+        return Reason(NODES_UNAVAILABLE, _WORDS[NODES_UNAVAILABLE][0])
     code = text.split(",", 1)[0].strip()
     if not code or code == "None":
         return Reason(code or "", "")
@@ -67,4 +73,64 @@ def explain(reason: str) -> Reason:
     return Reason(code, words, hopeless, hint)
 
 
+UNAVAILABLE = ("ReqNodeNotAvail", NODES_UNAVAILABLE)  # explained from the nodes and reservations
 HOPELESS = frozenset(code for code, (_, hopeless, _) in _WORDS.items() if hopeless)
+
+
+# node state flags (scontrol show node: State=IDLE+DRAIN, DOWN*+NOT_RESPONDING, ...) that keep jobs off a node
+_UNUSABLE = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "POWERED_DOWN",
+             "POWER_DOWN", "POWERING_DOWN", "REBOOT_ISSUED", "REBOOT_REQUESTED", "FUTURE", "UNKNOWN", "INVAL"}
+
+
+def node_unusable(state: str) -> str:
+    """The first flag of a node state that keeps jobs off it (``DOWN``, ``DRAIN``...), or ""."""
+    for flag in state.replace("*", "+NOT_RESPONDING").split("+"):
+        if flag.upper() in _UNUSABLE:
+            return flag.upper()
+    return ""
+
+
+def explain_unavailable(reason: str, *, node_states: dict[str, str], reservations: list, now: float, limit_s: float,
+                        pinned: set[str] | frozenset = frozenset(), partition: str = "") -> Reason:
+    """Why nodes a pending job needs are "unavailable", from what ``scontrol show node`` and
+    ``scontrol show reservation`` say, instead of Slurm's catch-all sentence: which nodes are down
+    or drained, which reservation (maintenance or not) its time window runs into, or, with every
+    node up and none reserved, that they are kept for jobs of higher priority. ``node_states``:
+    node -> state for the nodes of its partition; ``pinned``: its --nodelist, if any. The hint
+    suggests --exclude only when some node it may use is left."""
+    base = explain(reason)
+    scope = set(pinned) or set(node_states)
+    if not scope:
+        return base
+    bad = {n: node_unusable(node_states.get(n, "")) for n in sorted(scope)}
+    bad = {n: why for n, why in bad.items() if why}
+    if bad:
+        some = ", ".join(f"{n} ({why})" for n, why in list(bad.items())[:8]) + (" ..." if len(bad) > 8 else "")
+        if len(bad) < len(scope):
+            return Reason(base.code, f"node(s) it needs are unavailable: {some}", False,
+                          "wait, or let it run elsewhere: " + ("drop --nodelist or " if pinned else "")
+                          + "add them to --exclude")
+        return Reason(base.code, f"every node it may use is unavailable: {some}", False,
+                      "it starts when one comes back; ask your site if they stay down")
+    in_way = sorted((r for r in reservations if r.start < now + limit_s and r.end > now
+                     and not (r.partition and partition and r.partition != partition)
+                     and (r.all_nodes or r.nodes & scope)), key=lambda r: r.start)
+    if in_way:
+        r = in_way[0]
+        whole = r.all_nodes or set(node_states) <= r.nodes  # the whole partition: nowhere else to go
+        held = sorted(r.nodes & scope) if not r.all_nodes else sorted(scope)
+        what = f"maintenance {r.name}" if r.is_maintenance else f"reservation {r.name}"
+        where = "every node it may use" if whole or (not pinned and set(held) >= scope) else ", ".join(held)
+        words = (f"{what} holds {where} until {_hm(r.end)}" if r.start <= now else
+                 f"its time limit would run into {what} on {where} ({_hm(r.start)}-{_hm(r.end)})")
+        if whole:
+            return Reason(base.code, words, False, "nothing to change: it starts when the window allows")
+        if pinned:
+            return Reason(base.code, words, False, "wait, or drop --nodelist so it may run on other nodes")
+        return Reason(base.code, words, False, f"wait, or add {', '.join(held)} to --exclude")
+    return Reason(base.code, "every node it may use is up and none is reserved: they are kept for jobs of higher "
+                             "priority (or of a higher-priority partition)", False, "")
+
+
+def _hm(epoch: float) -> str:
+    return time.strftime("%a %H:%M", time.localtime(epoch))

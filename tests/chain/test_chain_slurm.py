@@ -207,6 +207,11 @@ def test_payload_done_completes_chain_and_cancels_queued_successor(chains):
     assert segs(sc)[0]["outcome"] == "done"
     assert len(segs(sc)) == 2 and segs(sc)[1]["outcome"] == "cancelled"
     assert steps_of(sc)[-1][0] == "done"
+    # the successor chainrun cancelled when the chain finished: its end is sacct's, read after the cancel
+    s1 = segs(sc)[1]
+    end = subprocess.run(["sacct", "-X", "-n", "-P", "-j", s1["job_id"], "--format=End"], capture_output=True,
+                         text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split()
+    assert not s1["settling"] and s1["end"] == float(end[0]), (s1, end)
 
 
 def test_predicted_policy_completes_and_records_predictions(chains):

@@ -86,3 +86,50 @@ def test_a_segment_that_never_trained_is_not_a_boundary():
     b = Segment(chain_id="c", idx=2, phase=RUNNING, start=95)
     record_overlaps([a, w, b])
     assert "gap_s" not in w.extra and b.extra["gap_s"] == -5 and b.overlap_s == 5
+
+
+# ------------------------------------------------------------------ killed after the signal: say what is known
+@pytest.mark.parametrize("state,code,said", [
+    ("TIMEOUT", "143", "stopped at its time limit without reacting to the USR2 signal (killed by TERM, exit 143)"),
+    ("COMPLETED", "137", "was killed by KILL (exit 137) without having exited on the USR2 signal"),
+    ("TIMEOUT", "140", "was killed by the USR2 signal itself (exit 140)"),
+])
+def test_a_payload_killed_after_the_signal_is_not_said_to_have_checkpointed(state, code, said):
+    ch = chain()
+    info = {"outcome": "continue", "signaled": "1", "exit": code, **TRAINED}
+    r = classify(ch, Segment(chain_id="c", idx=0, job_id="7", time_limit_s=3600), row(state), info,
+                 checkpoint_time=lambda: 60.0)
+    assert r.outcome == "continue" and r.credit_s == 80
+    assert "checkpointed" not in r.message and said in r.message
+    assert "the last checkpoint is from" in r.message and "30s before it stopped" in r.message
+
+
+def test_no_checkpoint_found_is_said_and_a_clean_exit_still_checkpointed():
+    seg = Segment(chain_id="c", idx=0, job_id="7", time_limit_s=3600)
+    killed = {"outcome": "continue", "signaled": "1", "exit": "143", **TRAINED}
+    assert "no checkpoint was found" in classify(chain(), seg, row("TIMEOUT"), killed, checkpoint_time=lambda: None).message
+    asked = []
+    clean = {"outcome": "continue", "signaled": "1", "exit": "0", **TRAINED}
+    r = classify(chain(), seg, row("COMPLETED"), clean, checkpoint_time=lambda: asked.append(1))
+    assert "checkpointed on the signal" in r.message and not asked  # no folder read for a clean exit
+
+
+def test_newest_checkpoint_reads_the_folder_through_the_runner(tmp_path):
+    import os
+
+    from chainrun.chain.outcomes import newest_checkpoint
+    from chainrun.runner.local import LocalRunner
+
+    ch = chain()
+    ch.checkpoint_dir = str(tmp_path)
+    runner = LocalRunner()
+    assert newest_checkpoint(runner, ch) is None  # empty folder
+    (tmp_path / "ckpt-10").mkdir()
+    (tmp_path / "ckpt-10" / "model.pt").write_text("x")
+    os.utime(tmp_path / "ckpt-10" / "model.pt", (1_700_000_100, 1_700_000_100))
+    os.utime(tmp_path / "ckpt-10", (1_700_000_000, 1_700_000_000))
+    for name in ("steps.log", "ckpt.json.tmp", "CHAINRUN_DONE"):  # written later, but not checkpoints
+        (tmp_path / name).write_text("x")
+    assert newest_checkpoint(runner, ch) == 1_700_000_100
+    ch.checkpoint_dir = str(tmp_path / "missing")
+    assert newest_checkpoint(runner, ch) is None

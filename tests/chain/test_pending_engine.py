@@ -106,3 +106,48 @@ def test_segment_overhead_is_learnt_from_segments_that_ran_to_their_signal():
     live = Segment(chain_id="o", idx=5, phase="RUNNING", time_limit_s=120)
     assert expected_training(c, live, segment_overhead(c, segs)) == 50
     assert segment_overhead(c, [ended(0, 100)]) == 50  # never below the signal lead
+
+
+SLURM_SENTENCE = "Nodes required for job are DOWN, DRAINED or reserved for jobs in higher priority partitions"
+
+
+def _pending_words(store, c, fake) -> tuple[list[str], str]:
+    from chainrun.chain.summary import view_chain
+
+    warnings = [e.message for _, e in store.events(c.id) if e.kind == "warning"]
+    return warnings, view_chain(store.chain(c.id), store.segments(c.id), now=fake.now).segment_views[0].note
+
+
+def test_slurms_catch_all_sentence_is_explained_when_every_node_is_up(tmp_path):
+    fake, store, eng, c = _world(tmp_path)
+    fake.nodes = {f"n{i}": "IDLE" for i in range(1, 5)}
+    _pending_as(fake, SLURM_SENTENCE)
+    eng.tick()
+    eng.tick()
+    warnings, note = _pending_words(store, c, fake)
+    assert len(warnings) == 1 and "DOWN, DRAINED" not in warnings[0] + note  # not Slurm's raw sentence
+    assert "every node it may use is up and none is reserved" in warnings[0] and "--exclude" not in warnings[0]
+    assert note.startswith("pending: every node it may use is up")
+
+
+def test_down_nodes_are_named_and_exclude_is_suggested_only_while_others_are_left(tmp_path):
+    fake, store, eng, c = _world(tmp_path)
+    fake.nodes = {"n1": "DOWN*", "n2": "IDLE+DRAIN", "n3": "IDLE", "n4": "MIXED"}
+    _pending_as(fake, SLURM_SENTENCE)
+    eng.tick()
+    warnings, _ = _pending_words(store, c, fake)
+    assert "n1 (DOWN), n2 (DRAIN)" in warnings[0] and "--exclude" in warnings[0]
+
+
+def test_a_maintenance_window_on_every_node_suggests_no_exclude(tmp_path):
+    fake, store, eng, c = _world(tmp_path)
+    fake.nodes = {f"n{i}": "IDLE+MAINT+RESERVED" for i in range(1, 5)}
+    fake.reservations = (f"ReservationName=m1 StartTime={int(fake.now - 60)} EndTime={int(fake.now + 3600)} "
+                         "Duration=01:00:00 Nodes=n[1-4] NodeCnt=4 PartitionName=(null) Flags=MAINT,SPEC_NODES "
+                         "State=ACTIVE\n")
+    _pending_as(fake, "ReqNodeNotAvail, Reserved for maintenance")
+    eng.tick()
+    warnings, note = _pending_words(store, c, fake)
+    assert "maintenance m1 holds every node it may use until" in warnings[0]
+    assert "--exclude" not in warnings[0] and "nothing to change" in warnings[0]
+    assert note.startswith("pending: maintenance m1 holds every node")

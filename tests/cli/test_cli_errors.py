@@ -71,3 +71,31 @@ def test_help_does_not_import_heavy_libraries():
             "print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "", f"imported on the --help path: {out}"
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["status", "--plain"]])
+def test_status_on_an_unreadable_config_is_a_one_line_error(args, chainrun_home):
+    chainrun_home.mkdir(parents=True)
+    (chainrun_home / "config.toml").write_text("garbage [[[ =\n")
+    p = run_cli(*args, home=chainrun_home)
+    assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout)
+    errors = no_traceback(p)
+    assert len(errors) == 1 and "cannot read" in errors[0] and "config.toml" in errors[0], p.stderr
+
+
+def test_model_status_without_a_model_is_an_error_line(chainrun_home):
+    p = run_cli("model", "status", home=chainrun_home)
+    assert p.returncode == 3 and p.stdout == ""
+    errors = no_traceback(p)
+    assert len(errors) == 1 and "no queue-delay model for cluster local" in errors[0], p.stderr
+    assert "chainrun model refresh --cluster local" in errors[0]
+
+
+def test_model_status_in_a_pipe_is_plain_lines(chainrun_home):
+    from chainrun.predict import fit_predictor
+    from tests.predict.predict_helpers import synthetic_history
+
+    fit_predictor(synthetic_history(900, seed=5), per_user="never").save(chainrun_home / "models" / "local")
+    p = run_cli("model", "status", home=chainrun_home)  # stdout is a pipe here
+    assert p.returncode == 0, p.stderr
+    assert not any(c in p.stdout for c in "┃┏━│─╭") and "trained: " in p.stdout and "files: " in p.stdout

@@ -41,6 +41,9 @@ class FakeSlurm:
     calls: list = field(default_factory=list)
     signals: list = field(default_factory=list)  # (job id, signal) sent by scancel --signal: the job goes on
     files: dict = field(default_factory=dict)  # path -> text that `cat` shows (e.g. a wrapper's outcome file)
+    acct_only: list = field(default_factory=list)  # Jobs only accounting knows (older jobs of a reused id)
+    nodes: dict = field(default_factory=dict)  # node -> State, for `scontrol show node` (empty: not answered)
+    reservations: str = ""  # what `scontrol show reservation --oneliner` prints (empty: not answered)
     name = "fake"
 
     # ---------------------------------------------------------- Runner
@@ -76,7 +79,7 @@ class FakeSlurm:
             if "--name" in argv:
                 names = set(argv[argv.index("--name") + 1].split(","))
             rows = [SA_HEAD]
-            for j in self.jobs.values():
+            for j in [*self.acct_only, *self.jobs.values()]:
                 if not j.in_acct or (ids and j.id not in ids) or (names and j.name not in names):
                     continue
                 el = int((j.end or self.now) - j.start) if j.start else 0
@@ -84,6 +87,11 @@ class FakeSlurm:
                             f"{int(j.start) if j.start else 'Unknown'}|{int(j.end) if j.end else 'Unknown'}|"
                             f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|0:0|None")
             return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
+        if argv[:3] == ("scontrol", "show", "node") and self.nodes:
+            text = "".join(f"NodeName={n} State={st} Partitions=short,long\n" for n, st in self.nodes.items())
+            return RunResult(argv, 0, text, "", 0.0)
+        if argv[:3] == ("scontrol", "show", "reservation") and self.reservations:
+            return RunResult(argv, 0, self.reservations, "", 0.0)
         if cmd == "sbatch":
             jid = self._sbatch(argv)
             return RunResult(argv, 0, f"{jid}\n", "", 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -11,14 +12,16 @@ from typing import Iterator
 
 
 @contextmanager
-def webhook_server(status: int = 200) -> Iterator[tuple[str, list[dict]]]:
-    """Yields (url, received): every POSTed JSON body lands in ``received``."""
+def webhook_server(status: int = 200, delay: float = 0.0) -> Iterator[tuple[str, list[dict]]]:
+    """Yields (url, received): every POSTed JSON body lands in ``received``; each answer after ``delay`` s."""
     received: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
             n = int(self.headers.get("Content-Length", 0))
             body = self.rfile.read(n)
+            if delay:
+                time.sleep(delay)
             received.append({"path": self.path, "type": self.headers.get("Content-Type"), **json.loads(body)})
             self.send_response(status)
             self.end_headers()

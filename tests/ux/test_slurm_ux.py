@@ -126,7 +126,6 @@ def ux(slurm_cluster, tmp_path_factory):
     bin_dir = tmp_path_factory.mktemp("ux-bin")
     mail_log = fake_sendmail(bin_dir)
     # defaults from config.toml (beside another engineer's [clusters] table, which must be left alone)
-    (home / "config.toml").write_text('[notify]\non = ["completed", "failed", "gap"]\ngap = "5s"\n')
     runs = {name: Run(name, policy) for name, policy in TEMPLATES.items()}
     for r in runs.values():
         work = tmp_path_factory.mktemp(f"ux-{r.name}")
@@ -150,12 +149,15 @@ def ux(slurm_cluster, tmp_path_factory):
     sock = f"chainrun-ux-{os.getpid()}"
     screens: list[str] = []
     with webhook_server() as (url, hooks):
+        # the webhook has a name in config.toml: a URL on the command line would show in `ps`
+        (home / "config.toml").write_text('[notify]\non = ["completed", "failed", "gap"]\ngap = "5s"\n\n'
+                                          f'[notifiers]\nops-hook = "{url}"\n')
         try:
             _tmux(sock, "new-session", "-d", "-s", "ux", "-x", "160", "-y", "48", "bash --norc --noprofile")
             q = shlex.quote
             path = f"{bin_dir}:{os.environ['PATH']}"  # the fake sendmail first
             cmd = (f"env CHAINRUN_HOME={q(str(home))} PATH={q(path)} LANG=C.UTF-8 {q(PY)} -m chainrun.cli.main "
-                   f"watch --interval 3 --until-done --notify {q(url)} --notify ops@example.org; echo WATCH-EXIT=$?")
+                   f"watch --interval 3 --until-done --notify ops-hook --notify ops@example.org; echo WATCH-EXIT=$?")
             _tmux(sock, "send-keys", "-t", "ux", cmd, "Enter")
             running_seen = None
             deadline = time.time() + WATCH_TIMEOUT_S
