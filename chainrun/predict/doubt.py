@@ -252,8 +252,14 @@ def assess(model_only: Prediction, support: Support, slurm: SlurmView | None) ->
 
 def answer(predictor, request, snapshot: "pd.DataFrame | None", history: "pd.DataFrame | None",
            slurm: SlurmView | None) -> Answer:
-    """The model's answer to ``request`` (a :class:`chainrun.predict.model.WaitRequest`), assessed."""
+    """The model's answer to ``request`` (a :class:`chainrun.predict.model.WaitRequest`), assessed.
+
+    A predictor without ``predict_with_features`` (the replay's stand-ins and its caching wrapper,
+    chainrun/sim/adapter.py) answers alone: no meta to measure its support against."""
     from chainrun.predict.features import FEATURES
 
+    if not hasattr(predictor, "predict_with_features"):
+        p = predictor.predict(request, snapshot, history)
+        return Answer(prediction=p, model_only=p, support=Support(rows=0, short=False), slurm=slurm, leaned=False)
     p, x = predictor.predict_with_features(request, snapshot, history)
     return assess(p, support_of(predictor.meta, x, FEATURES), slurm)
