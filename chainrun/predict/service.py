@@ -28,6 +28,11 @@ def model_dir(cluster: str) -> Path:
     return models_dir() / safe
 
 
+def has_model(cluster: str) -> bool:
+    """A saved queue-delay model for this cluster (what the `predicted` policy needs)."""
+    return (model_dir(cluster) / "meta.json").exists()
+
+
 def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = None,
             lookback_days: float | None = None, slurm_cluster: str | None = None,
             window_days: float | None = None) -> dict:
