@@ -124,3 +124,45 @@ def test_a_long_history_of_the_same_queue_is_trusted():
     assert not a.support.short and not a.leaned and not a.reasons
     # widened by the binomial spread of ~1600 waits: a few percent of the level, not a decade
     assert a.prediction.values == pytest.approx(a.model_only.values, rel=0.25)
+
+
+def test_the_watcher_leans_on_the_queue_ahead_from_its_own_squeue_rows(tmp_path):
+    """chain.prediction._estimate: the tick's squeue rows give the jobs ahead and their
+    squeue --start; a model of 30 idle jobs acts on them instead of on its 1-2 s answer."""
+    import time
+
+    import pandas as pd
+
+    from chainrun.chain.prediction import _estimate
+    from chainrun.state.records import RUNNING, Chain, Segment
+
+    now = time.time()
+    n = 30
+    submit = now - 86400 + np.arange(n) * 600.0
+    hist = pd.DataFrame({
+        "job_id": [str(i) for i in range(n)], "user": [f"u{i % 3}" for i in range(n)], "name": "j",
+        "partition": "short", "qos": "", "account": "", "submit": submit, "eligible": submit,
+        "start": submit + 1.0, "end": submit + 60.0, "timelimit_s": 120.0, "nodes": 1, "gpus": 0, "cpus": 1,
+        "state": "COMPLETED", "exit_code": "0:0", "eligible_known": True, "priority": np.nan,
+    })
+    model = fit_predictor(hist, capacity=4)
+    chain = Chain(id="c", name="c", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+                  total_s=600, segment_s=120, policy="predicted", lead_s=60, signal="USR2", signal_lead_s=30,
+                  retries=1, sbatch_args=[], partition="short")
+    seg = Segment(chain_id="c", idx=0, phase=RUNNING, job_id="900", start=now - 30)
+
+    def row(i, state, start, reason="None"):
+        return QueueRow(job_id=str(i), user="v", state=state, reason=reason, submit=now - 60, start=start,
+                        end=None, time_limit_s=600.0, elapsed_s=None, partition="short", qos="", nodes=1, cpus=4,
+                        gpus=0, dependency="", comment="", name="x")
+
+    mine = QueueRow(job_id="900", user="u1", state="RUNNING", reason="None", submit=now - 40, start=now - 30,
+                    end=now + 90, time_limit_s=120.0, elapsed_s=30.0, partition="short", qos="", nodes=1, cpus=1,
+                    gpus=0, dependency="", comment="", name="cr.c.0")
+    busy = [row(i, "RUNNING", now - 100) for i in range(4)] + \
+        [row(10 + i, "PENDING", now + 500 + 10 * i, "Priority") for i in range(4)] + [mine]
+    est = _estimate(model, hist, chain, seg, busy)
+    # the latest squeue --start ahead is 530 s from when the rows were read
+    assert est.p50 >= 520 and est.p90 > est.p50 and est.seconds >= est.p50
+    idle = _estimate(model, hist, chain, seg, [mine])
+    assert idle.p50 < 60  # nothing ahead and nothing to lean on: the (widened) model's answer
