@@ -138,15 +138,15 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False) -> None:
 def _support_text(sup: dict) -> str:
     """What the model's history covers, and what predict and the watcher do beyond it."""
     seen = sup.get("busiest_queue_seen") or {}
-    busiest = ", ".join(f"{k.removeprefix('q_')} {v[0]:.3g}" if k == "q_free_nodes_frac" else
-                        f"{k.removeprefix('q_')} {v[1]:.3g}" for k, v in seen.items()
-                        if k in ("q_pending_jobs", "q_pending_nodes", "q_free_nodes_frac"))
+    parts = [f"{seen['q_pending_jobs'][1]:.3g} pending jobs" if "q_pending_jobs" in seen else "",
+             f"{seen['q_pending_nodes'][1]:.3g} pending nodes" if "q_pending_nodes" in seen else "",
+             f"free-node share down to {seen['q_free_nodes_frac'][0]:.2g}" if "q_free_nodes_frac" in seen else ""]
+    busiest = ", ".join(x for x in parts if x)
     head = (f"short history: {sup['training_rows']} jobs, q{sup['acted_level'] * 100:.0f} needs "
             f"{sup['rows_for_full_support']}; predictions are widened and lean on Slurm's estimate"
             if sup["short_history"] else
             f"{sup['training_rows']} jobs (q{sup['acted_level'] * 100:.0f} needs {sup['rows_for_full_support']})")
-    tail = (f"; busiest queue seen: {busiest} (free share: least seen); a busier live queue leans on Slurm's estimate"
-            if busiest else "")
+    tail = f"; busiest queue seen: {busiest}; a busier live queue leans on Slurm's estimate" if busiest else ""
     return head + tail
 
 
