@@ -99,5 +99,6 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
                  f"; leaning on Slurm's estimate {a.slurm.wait_s:.0f}s" if a.leaned and a.slurm else "")
     p = a.prediction
     q = predict_quantile(chain.segment_s)
-    return WaitEstimate(seconds=p.quantile(q), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
+    name = f"{p.model}, leaning on Slurm's squeue --start" if a.leaned else p.model  # named in the decision
+    return WaitEstimate(seconds=p.quantile(q), model=name, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
                         prob_within=p.prob_within)
