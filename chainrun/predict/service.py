@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chainrun.errors import ModelError, SlurmError, UsageError
+from chainrun.errors import ChainrunError, ModelError, SlurmError, UsageError
 
 if TYPE_CHECKING:
     from chainrun.predict.doubt import Answer, SlurmView
@@ -237,7 +237,7 @@ def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes:
         res = runner.run([*argv, "--wrap", "true"], 30)
         start = parse_test_only(res.stderr + "\n" + res.stdout)
         test_only = None if start is None else max(0.0, start - now)
-    except OSError:
+    except (ChainrunError, OSError):  # e.g. a dropped SSH connection: the model answers without it
         pass
     return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start)
 
