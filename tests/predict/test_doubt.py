@@ -167,3 +167,28 @@ def test_the_watcher_leans_on_the_queue_ahead_from_its_own_squeue_rows(tmp_path)
     assert est.model == "cluster, leaning on Slurm's squeue --start"
     idle = _estimate(model, hist, chain, seg, [mine])
     assert idle.p50 < 60 and idle.model == "cluster"  # nothing ahead and nothing to lean on: the (widened) model's answer
+
+
+def test_the_validation_table_in_model_md_is_the_benchs_json():
+    """docs/model.md quotes bench/predict_doubt.py's results: every row as the JSON has it."""
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "model.md").read_text()
+    d = json.loads((repo / "docs" / "results" / "predict_doubt.json").read_text())
+    for n, r in d["sizes"].items():
+        a, w = r["alone"], r["widened"]
+        cov = lambda c: " / ".join(f"{c[k]:.3f}" for k in ("q50", "q90", "q98"))  # noqa: E731
+        row = (f"| {n} | {'yes' if r['short_history'] else 'no'} | {r['jobs']} | {cov(a['coverage'])} | "
+               f"{a['mean_pinball']:.4f} | {cov(w['coverage'])} | {w['mean_pinball']:.4f} |")
+        assert row in doc, row
+        assert r["short_history"] == short_history(int(n))
+    short = [r for r in d["sizes"].values() if r["short_history"]]
+    # the claims in the prose: widening lifts q98 coverage and lowers the loss where the history is short
+    assert all(r["widened"]["coverage"]["q98"] > r["alone"]["coverage"]["q98"] + 0.1 for r in short)
+    assert all(r["widened"]["mean_pinball"] < r["alone"]["mean_pinball"] for r in short)
+    assert all(abs(r["widened"]["coverage"]["q98"] - 0.98) < 0.05 for r in short)
+    rest = [r for r in d["sizes"].values() if not r["short_history"]]
+    assert rest and all(abs(r["widened"]["mean_pinball"] - r["alone"]["mean_pinball"]) < 0.005 and
+                        abs(r["widened"]["coverage"]["q98"] - r["alone"]["coverage"]["q98"]) < 0.03 for r in rest)
