@@ -42,14 +42,23 @@ def _cpus() -> int:
     return sum(int(c) for _, c in {tuple(ln.split()) for ln in out.splitlines() if ln.strip()})
 
 
-def test_a_model_of_30_idle_jobs_leans_on_slurm_when_every_cpu_is_busy(slurm, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+@pytest.fixture(scope="module")
+def idle_history(slurm_cluster) -> float:
+    """~30 jobs of history on an idle cluster, each waiting a second or two; returns when it began."""
     t0 = time.time()
-    # ~30 jobs of history on an idle cluster: each waits a second or two
     hist = [_sbatch("-J", f"crdoubt-h{i}", "-t", "1", "--wrap", "sleep 1") for i in range(30)]
     _wait_until(lambda: not _states(hist), 180, "the history jobs to end")
     time.sleep(3)  # sacct fills Start/End a moment after the end
-    lookback = f"{int(time.time() - t0) + 120}s"
+    return t0
+
+
+def _lookback(t0: float) -> str:
+    return f"{int(time.time() - t0) + 120}s"  # the idle history, and what ran just before it
+
+
+def test_a_model_of_30_idle_jobs_leans_on_slurm_when_every_cpu_is_busy(idle_history, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    lookback = _lookback(idle_history)
     assert main(["model", "refresh", "--cluster", "local", "--lookback", lookback, "--json"]) == 0
     trained = json.loads(capsys.readouterr().out)["data"]["train_rows"]
     assert 20 <= trained < 221  # a short history by the rule (doubt.rows_backing)
@@ -93,3 +102,63 @@ def test_a_model_of_30_idle_jobs_leans_on_slurm_when_every_cpu_is_busy(slurm, tm
     finally:
         if fill:
             subprocess.run(["scancel", *fill], timeout=30)
+
+
+def test_a_predicted_chain_on_the_busy_cluster_acts_on_slurms_estimate(idle_history, tmp_path):
+    """The issue's chain: with the same short-history model and the cluster full, the watcher's
+    estimate for the successor leans on the squeue --start of the jobs ahead, and the segment
+    it submits records so (its predicted wait is minutes, not a second)."""
+    import os
+    import sys
+
+    from tests.conftest import REPO, run_cli
+
+    home = tmp_path / "home"
+    r = run_cli("model", "refresh", "--lookback", _lookback(idle_history), "--json", home=home)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["data"]["train_rows"] < 221  # short
+
+    jobs: list[str] = []
+    chain = ""
+    watcher = None
+    try:
+        # 3-minute segments: the guard lets the watcher ask from 60 s in, the floor (10 s) is far off
+        p = run_cli("submit", str(REPO / "templates" / "toy_train.sh"), "--name", "busy", "--total", "5m",
+                    "--segment", "3m", "--policy", "predicted", "--lead", "10s", "--signal", "USR2@30", "--json",
+                    "--", "--partition=long", "--nodelist=n4", "-n", "1", home=home, cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        data = json.loads(p.stdout)["data"]
+        chain, first = data["chain"], data["first_job"]
+        _wait_until(lambda: _states([first]).get(first, ("",))[0] == "RUNNING", 120, "segment 0 to run")
+        # every other CPU busy for 10 minutes, then 4 jobs pending in the chain's partition behind them
+        jobs = [_sbatch("-J", f"crdoubt-f{i}", "-p", "long", "-n", "1", "-t", "10", "--wrap", "sleep 600")
+                for i in range(_cpus() - 1)]
+        _wait_until(lambda: sum(st == "RUNNING" for st, _ in _states(jobs).values()) == len(jobs), 120,
+                    "every CPU to be busy")
+        pend = [_sbatch("-J", f"crdoubt-p{i}", "-p", "long", "-n", "1", "-t", "2", "--wrap", "sleep 1")
+                for i in range(4)]
+        jobs += pend
+        _wait_until(lambda: len(_states(pend)) == 4 and all(st == "PENDING" and start not in ("N/A", "")
+                                                            for st, start in _states(pend).values()),
+                    60, "Slurm's start estimate of the pending jobs")
+        watcher = subprocess.Popen([sys.executable, "-m", "chainrun.cli.main", "watch", "--plain", "--interval", "3"],
+                                   env={**os.environ, "CHAINRUN_HOME": str(home)}, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+
+        def successor():
+            s = run_cli("status", chain, "--json", home=home)
+            segs = json.loads(s.stdout)["data"][0]["segments_detail"] if s.returncode == 0 else []
+            return next((x for x in segs if x["idx"] == 1 and x.get("job_id")), None)
+
+        _wait_until(lambda: successor() is not None, 240, "the watcher to submit segment 1")
+        seg1 = successor()
+        assert seg1["predicted_model"] == "cluster, leaning on Slurm's squeue --start", seg1
+        assert seg1["predicted_wait_s"] > 300  # the jobs ahead start when the fill ends, minutes away
+    finally:
+        if watcher is not None:
+            watcher.terminate()
+            watcher.wait(timeout=30)
+        if chain:
+            run_cli("cancel", chain, home=home)
+        if jobs:
+            subprocess.run(["scancel", *jobs], timeout=30)
