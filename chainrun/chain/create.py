@@ -6,7 +6,7 @@ import re
 import secrets
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
@@ -34,7 +34,7 @@ class SubmitRequest:
     total_s: int
     workdir: str
     segment_s: int | None = None
-    policy: str = "lead"
+    policy: str | None = None  # None: `predicted` where the cluster has a queue-delay model, else `lead`
     lead_s: int | None = None  # None: the policy's default (policies.default_lead_s)
     signal: str = DEFAULT_SIGNAL
     name: str | None = None
@@ -56,6 +56,7 @@ class SubmitResult:
     first: Segment
     partition_max_s: float | None
     warnings: tuple[str, ...] = ()  # e.g. #SBATCH lines chainrun overrides; the CLI prints them on stderr
+    policy_note: str | None = None  # how the default policy was chosen, when it was (default_policy)
 
 
 def parse_signal(text: str) -> tuple[str, int]:
@@ -77,7 +78,23 @@ def make_chain_id(name: str) -> str:
     return f"{base}-{secrets.token_hex(2)}"
 
 
+def default_policy(cluster: str) -> tuple[str, str]:
+    """The policy a chain gets without ``--policy``, and one line saying why: `predicted` where
+    this cluster has a queue-delay model (``chainrun model refresh``), else `lead` and how to get one."""
+    from chainrun.predict.service import has_model
+
+    if has_model(cluster):
+        return "predicted", f"policy predicted: the default where the cluster has a queue-delay model ({cluster})"
+    opt = "" if cluster == "local" else f" --cluster {cluster}"
+    return "lead", (f"policy lead: no queue-delay model for {cluster} yet; get one with "
+                    f"`chainrun model refresh{opt} --install-cron` (later chains then default to predicted)")
+
+
 def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRequest) -> SubmitResult:
+    policy_note = None
+    if req.policy is None:
+        policy, policy_note = default_policy(req.cluster)
+        req = replace(req, policy=policy)
     get_policy(req.policy)  # validates the name
     signal, signal_lead = parse_signal(req.signal)
     if req.retries < 0 or req.retries > 100:
@@ -171,7 +188,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         raise
     if shape_event:
         store.add_event(chain.id, 0, "shape", shape_event)
-    return SubmitResult(chain, first, max_s, tuple(warnings))
+    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note)
 
 
 def _elastic(req: SubmitRequest, user_args: list[str], script_opts: list[str],

@@ -86,8 +86,19 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
         cpus=mine.cpus if mine else 0, timelimit_s=float(chain.segment_s), partition=chain.partition,
         qos=mine.qos if mine else "", submit=time.time(),
     )
-    snapshot = snapshot_from_rows([r for r in rows if r.job_id != seg.job_id])
-    p = model.predict(req, snapshot, history)
+    others = [r for r in rows if r.job_id != seg.job_id]
+    # widened by what the model has not seen, leaning on the squeue --start of the jobs ahead when
+    # it is out of its depth (chainrun/predict/doubt.py); no extra Slurm call: the tick's rows
+    from chainrun.predict.doubt import SlurmView, answer, queue_ahead
+
+    jobs, nodes, latest = queue_ahead(others, chain.partition, req.submit)
+    a = answer(model, req, snapshot_from_rows(others), history,
+               SlurmView(ahead_jobs=jobs, ahead_nodes=nodes, ahead_start_s=latest))
+    if a.reasons:
+        log.info("chain %s: queue-delay model not sure (%s)%s", chain.id, "; ".join(a.reasons),
+                 f"; leaning on Slurm's estimate {a.slurm.wait_s:.0f}s" if a.leaned and a.slurm else "")
+    p = a.prediction
     q = predict_quantile(chain.segment_s)
-    return WaitEstimate(seconds=p.quantile(q), model=p.model, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
+    name = f"{p.model}, leaning on Slurm's squeue --start" if a.leaned else p.model  # named in the decision
+    return WaitEstimate(seconds=p.quantile(q), model=name, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
                         prob_within=p.prob_within)

@@ -39,7 +39,7 @@ def submit(
     script: Annotated[Path, typer.Argument(help="The batch script to run in every segment (#SBATCH lines honoured).")],
     total: Annotated[str, typer.Option("--total", help=f"Total run time of the chain: {DURATION_HELP}.")],
     segment: Annotated[Optional[str], typer.Option("--segment", help="Length of one segment (default: the partition's MaxTime).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="When to submit the next segment: reactive, dependency, lead, predicted.")] = "lead",
+    policy: Annotated[Optional[str], typer.Option("--policy", help="When to submit the next segment: reactive, dependency, lead, predicted (default: predicted where the cluster has a queue-delay model, see `chainrun model refresh`; else lead).")] = None,
     lead: Annotated[Optional[str], typer.Option("--lead", help="Submit the next segment this long before the current one stops (lead; default 1h); the least lead the model may choose (predicted; default 1h, its own constant).")] = None,
     signal: Annotated[str, typer.Option("--signal", help="Signal sent before the limit, and how many seconds before: SIG@SECONDS.")] = "USR2@300",
     name: Annotated[Optional[str], typer.Option("--name", help="A name for the chain (default: the script's name).")] = None,
@@ -164,7 +164,7 @@ def _print_submitted(res, json_out: bool) -> None:
                                        "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
                                        "shapes": ch.extra.get("shapes") or [],
                                        "time_min_s": ch.extra.get("time_min_s"),
-                                       "warnings": list(res.warnings)}))
+                                       "policy_note": res.policy_note, "warnings": list(res.warnings)}))
         return
     from chainrun.chain.engine import segment_overhead, total_tolerance
     from chainrun.chain.sizing import planned_segments
@@ -178,6 +178,8 @@ def _print_submitted(res, json_out: bool) -> None:
         sh = ch.extra["shapes"]
         typer.echo(f"elastic: each next segment asks for {', '.join(map(str, sh))} nodes, whichever finishes first; "
                    f"--total counted at {sh[0]} nodes")
+    if res.policy_note:  # no --policy given: which default, and (for lead) how to get the model
+        typer.echo(res.policy_note)
     typer.echo(f"segment 0 submitted as job {res.first.job_id}")
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")

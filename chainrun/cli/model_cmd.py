@@ -131,10 +131,14 @@ def _status_rows(st: dict) -> list[tuple[str, str]]:
                       " (not calibrated: too few recent jobs)")))
     rows.append(("per-user models", ", ".join(m["user_models"]) or "none (cluster model for everyone)"))
     rows.append(("answers for you", f"{m['answers_for_you']} ({m['user']})"))
+    sup = m.get("support") or {}
+    if sup:
+        rows.append(("support", _support_text(sup)))
     le = st.get("live_error") or {"n": 0}
     rows.append(("acted on", "no predicted segment has started yet" if not le["n"] else
-                 f"{le['n']} segments: {le['acted_quantile_coverage'] * 100:.0f} % waited at most the acted-on "
-                 f"quantile (nominal {le['acted_quantile'] * 100:.0f} %)"))
+                 f"{le['verdict']}: {le['n']} segments, {le['acted_quantile_coverage'] * 100:.0f} % waited at most "
+                 f"the acted-on quantile (nominal {le['acted_quantile'] * 100:.0f} %; waits compared to the "
+                 f"{le['resolution_s']:.0f} s watcher tick)"))
     if le.get("deadline_n"):
         rows.append(("deadline", f"{le['deadline_hit_rate'] * 100:.0f} % of {le['deadline_n']} segments started "
                                  "before their predecessor ended"))
@@ -143,11 +147,27 @@ def _status_rows(st: dict) -> list[tuple[str, str]]:
                                         f"{le['acted_prob_mean'] * 100:.0f} % chance of starting in time; "
                                         f"{le['acted_prob_hit_rate'] * 100:.0f} % did"))
     if le["n"]:
-        rows.append(("live error", f"MAE {le['mae_log10']:.2f} log10, {le['within_2x'] * 100:.0f} % within 2x, "
-                                   f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer than predicted"))
+        rows.append(("live error", f"against the acted-on quantile: MAE {le['mae_log10']:.2f} log10, "
+                                   f"{le['within_2x'] * 100:.0f} % within 2x, "
+                                   f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer"))
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items())))
     rows.append(("files", st["model_dir"]))
     return rows
+
+
+def _support_text(sup: dict) -> str:
+    """What the model's history covers, and what predict and the watcher do beyond it."""
+    seen = sup.get("busiest_queue_seen") or {}
+    parts = [f"{seen['q_pending_jobs'][1]:.3g} pending jobs" if "q_pending_jobs" in seen else "",
+             f"{seen['q_pending_nodes'][1]:.3g} pending nodes" if "q_pending_nodes" in seen else "",
+             f"free-node share down to {seen['q_free_nodes_frac'][0]:.2g}" if "q_free_nodes_frac" in seen else ""]
+    busiest = ", ".join(x for x in parts if x)
+    head = (f"short history: {sup['training_rows']} jobs, q{sup['acted_level'] * 100:.0f} needs "
+            f"{sup['rows_for_full_support']}; predictions are widened and lean on Slurm's estimate"
+            if sup["short_history"] else
+            f"{sup['training_rows']} jobs (q{sup['acted_level'] * 100:.0f} needs {sup['rows_for_full_support']})")
+    tail = f"; busiest queue seen: {busiest}; a busier live queue leans on Slurm's estimate" if busiest else ""
+    return head + tail
 
 
 @model_app.command("eval", help="Replay the model's refresh through the end of a trace and score what it would have answered, against baselines.")
@@ -209,21 +229,45 @@ def predict(
                             json_out=json_out)
     runner = _runner(cluster)
     try:
-        p = service.predict_now(runner, cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
+        a = service.predict_now(runner, cluster=cluster, nodes=nodes, gpus=gpus, cpus=cpus, timelimit_s=limit,
                                 partition=partition, qos=qos, user=getattr(runner, "user", None))
         note = service.time_limit_note(runner, timelimit_s=limit, partition=partition)
     finally:
         runner.close()
+    p = a.prediction
     within = {h: p.prob_within(s) for h, s in (("10m", 600), ("1h", 3600), ("6h", 21600), ("24h", 86400))}
     if json_out:
         typer.echo(envelope("predict", {"p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model,
                                         "quantiles_s": p.as_dict()["quantiles_s"], "p_start_within": within,
-                                        "warnings": [note] if note else []}))
+                                        "support": a.as_dict(), "warnings": [note] if note else []}))
         return
     if note:
         typer.echo(f"warning: {note}", err=True)
+    soon = f"starts within 10m: {within['10m'] * 100:.0f} %, 1h: {within['1h'] * 100:.0f} %" if p.p50 < 3600 else \
+        f"starts within 1h: {within['1h'] * 100:.0f} %, 24h: {within['24h'] * 100:.0f} %"
     typer.echo(f"expected wait {_fmt(p.p50)} (80 % between {_fmt(p.p10)} and {_fmt(p.p90)}, "
-               f"98 % within {_fmt(p.quantile(0.98))}); starts within 1h: {within['1h'] * 100:.0f} %; model: {p.model}")
+               f"98 % within {_fmt(p.quantile(0.98))}); {soon}; model: {p.model}")
+    for line in _support_lines(a):
+        typer.echo(line)
+
+
+def _support_lines(a) -> list[str]:
+    """What the answer rests on, when the model alone is not enough (chainrun/predict/doubt.py)."""
+    s = a.slurm
+    lines = []
+    if a.reasons:
+        lines.append("the model alone is not sure: " + "; ".join(a.reasons))
+    if s is not None and (a.reasons or s.ahead_jobs):
+        said = f"Slurm's estimate ({s.source}): start in {_fmt(s.wait_s)}" if s.wait_s is not None else \
+            "Slurm gave no start estimate"
+        lines.append(f"{said}; {s.ahead_jobs} job(s) pending ahead in the partition ({s.ahead_nodes} nodes)")
+    if a.leaned:
+        lines.append(f"so the answer leans on Slurm's estimate (the model alone said {_fmt(a.model_only.p50)}, "
+                     f"98 % within {_fmt(a.model_only.quantile(0.98))})")
+    elif a.reasons:
+        lines.append("so the answer is only widened by the short history (no Slurm estimate to lean on)"
+                     if a.support.short else "no Slurm estimate to lean on: the model's answer stands")
+    return lines
 
 
 def _predict_all(*, json_out: bool, **job) -> None:
@@ -238,7 +282,7 @@ def _predict_all(*, json_out: bool, **job) -> None:
         try:
             runner = _runner(name)
             try:
-                p = service.predict_now(runner, cluster=name, user=getattr(runner, "user", None), **job)
+                p = service.predict_now(runner, cluster=name, user=getattr(runner, "user", None), **job).prediction
             finally:
                 runner.close()
         except ChainrunError as e:  # no model yet, or unreachable: say so, rank the others

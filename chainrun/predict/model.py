@@ -231,15 +231,18 @@ class Predictor:
                      history: "pd.DataFrame | None" = None) -> "list[Prediction]":
         """Distributions for several request shapes asked at the same moment (elastic shapes,
         ``--exclusive`` or not, one partition or another): one feature pass per shape."""
-        out = []
-        for request in requests:
-            X = self.features_for(request, snapshot, history)
-            name = self.model_for(request.user)
-            row = self.predict_matrix(X, [name])[0]
-            vals = tuple(float(10**v) for v in row)
-            by = dict(zip(QUANTILES, vals))
-            out.append(Prediction(by[0.1], by[0.5], by[0.9], name, tuple(QUANTILES), vals))
-        return out
+        return [self.predict_with_features(request, snapshot, history)[0] for request in requests]
+
+    def predict_with_features(self, request: WaitRequest, snapshot: "pd.DataFrame | None" = None,
+                              history: "pd.DataFrame | None" = None) -> "tuple[Prediction, np.ndarray]":
+        """:meth:`predict` and the feature row it answered (chainrun.predict.doubt reads it
+        against the training ranges in ``meta["feature_ranges"]``)."""
+        X = self.features_for(request, snapshot, history)
+        name = self.model_for(request.user)
+        row = self.predict_matrix(X, [name])[0]
+        vals = tuple(float(10**v) for v in row)
+        by = dict(zip(QUANTILES, vals))
+        return Prediction(by[0.1], by[0.5], by[0.9], name, tuple(QUANTILES), vals), X[0]
 
     def predict_matrix(self, X, models: list[str], *, calibrated: bool = True) -> "np.ndarray":
         """log10-wait quantiles (rows x len(QUANTILES)) for a feature matrix; ``models`` per row
@@ -445,6 +448,10 @@ def fit_predictor(history: "pd.DataFrame", *, since: float | None = None, until:
     now = until if until is not None else _last_fact(p)
     y = np.concatenate([log_wait(p["wait"].to_numpy(float)[idx]), censored_lb(p, cens, now)])
     observed = np.r_[np.ones(len(idx), bool), np.zeros(len(cens), bool)]
+    from chainrun.predict.doubt import feature_ranges
+
+    # the queue the model has seen: a busier live queue is out of its depth (predict/doubt.py)
+    meta["feature_ranges"] = feature_ranges(X[observed], FEATURES)
     t = np.concatenate([t_all[idx], t_q[cens]])
     users = p["user"].astype(str).to_numpy()[rows_all]
     meta["anchor_fallback"] = float(np.mean(y[observed]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import shlex
 import shutil
 import sys
@@ -11,10 +12,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chainrun.errors import ModelError, SlurmError, UsageError
+from chainrun.errors import ChainrunError, ModelError, SlurmError, UsageError
 
 if TYPE_CHECKING:
-    from chainrun.predict.model import Prediction
+    from chainrun.predict.doubt import Answer, SlurmView
     from chainrun.runner.base import Runner
 
 CRON_MARK = "# chainrun-model-refresh"
@@ -25,6 +26,11 @@ def model_dir(cluster: str) -> Path:
 
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster) or "default"
     return models_dir() / safe
+
+
+def has_model(cluster: str) -> bool:
+    """A saved queue-delay model for this cluster (what the `predicted` policy needs)."""
+    return (model_dir(cluster) / "meta.json").exists()
 
 
 def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = None,
@@ -84,8 +90,21 @@ def status(cluster: str = "default", user: str | None = None) -> dict:
         "answers_for_you": f"user:{user}" if user in meta.get("user_models", {}) else "cluster",
         "user": user,
     }
+    out["model"]["support"] = support_summary(meta)
     out["live_error"] = live_error(cluster)
     return out
+
+
+def support_summary(meta: dict) -> dict:
+    """What the model's history covers (chainrun/predict/doubt.py): how many waits it learned
+    from against the rows the acted-on level needs, and the busiest queue it has seen. Beyond
+    either, ``predict`` and the watcher lean on Slurm's own estimate."""
+    from chainrun.predict.doubt import ACTED_LEVEL, backed_level, rows_backing, short_history
+
+    n = int((meta.get("training_window") or {}).get("rows") or 0)
+    return {"training_rows": n, "short_history": short_history(n), "rows_for_full_support": rows_backing(),
+            "acted_level": ACTED_LEVEL, "backed_level": round(backed_level(n), 4),
+            "busiest_queue_seen": meta.get("feature_ranges") or None}
 
 
 def live_error(cluster: str) -> dict:
@@ -94,13 +113,13 @@ def live_error(cluster: str) -> dict:
     Read from the state store: every segment submitted under the `predicted` policy keeps the
     wait it acted on (the target quantile, see chain.policies.predict_quantile) beside its
     measured wait (start - eligible). Scored as it was used: the share of waits at or below
-    the acted-on quantile (ties half; nominal = the target), and the deadline hit rate (the
-    segment started before its predecessor ended), beside the chance of it that the policy
-    acted on when it submitted (``prob_in_time``: the slack rule decides on the whole
-    distribution, not on one quantile); MAE and within 2x for comparison.
+    the acted-on quantile (nominal = the target) and its ``verdict`` (:func:`coverage_verdict`),
+    and the deadline hit rate (the segment started before its predecessor ended), beside the
+    chance of it that the policy acted on when it submitted (``prob_in_time``: the slack rule
+    decides on the whole distribution, not on one quantile); MAE and within 2x of the acted-on
+    quantile for comparison. Every comparison is at one resolution (RESOLUTION_S): waits under
+    a watcher tick count as one tick, so the verdicts cannot disagree about a 2 s wait.
     """
-    import math
-
     from chainrun.chain.policies import predict_quantile
     from chainrun.paths import state_db
     from chainrun.state.store import Store
@@ -130,7 +149,7 @@ def live_error(cluster: str) -> dict:
                             acted.append((float(seg.extra["prob_in_time"]), deadline[-1]))
         finally:
             store.close()
-    out: dict = {"n": len(pairs)}
+    out: dict = {"n": len(pairs), "resolution_s": RESOLUTION_S}
     if deadline:
         out.update(deadline_n=len(deadline), deadline_hit_rate=sum(deadline) / len(deadline))
     if acted:
@@ -138,31 +157,106 @@ def live_error(cluster: str) -> dict:
                    acted_prob_hit_rate=sum(hit for _, hit in acted) / len(acted))
     if not pairs:
         return out
-    errs = [abs(math.log10(max(p, 1.0)) - math.log10(max(a, 1.0))) for p, a in pairs]
-    hits = [(p < 60 and a < 60) or (max(p, 1.0) / max(a, 1.0) <= 2 and max(a, 1.0) / max(p, 1.0) <= 2)
-            for p, a in pairs]
-    late = [a > p for p, a in pairs]  # waited longer than predicted: the start came late
-    below = [1.0 if a < p else 0.5 if a == p else 0.0 for p, a in pairs]
+    # every verdict compares waits at one resolution: the watcher's tick (RESOLUTION_S), so a
+    # 2 s wait against a predicted 1 s is neither "late" nor "outside 2x"
+    r = [(max(p, RESOLUTION_S), max(a, RESOLUTION_S)) for p, a in pairs]
+    errs = [abs(math.log10(p) - math.log10(a)) for p, a in r]
+    hits = [p / a <= 2 and a / p <= 2 for p, a in r]
+    covered = [a <= p for p, a in r]
+    nominal = sum(targets) / len(targets)
+    cov = sum(covered) / len(covered)
     out.update(mae_log10=sum(errs) / len(errs), within_2x=sum(hits) / len(hits),
-               waited_longer_than_predicted=sum(late) / len(late),
-               acted_quantile=sum(targets) / len(targets), acted_quantile_coverage=sum(below) / len(below))
+               waited_longer_than_predicted=1.0 - cov, acted_quantile=nominal, acted_quantile_coverage=cov,
+               verdict=coverage_verdict(cov, nominal, len(covered)))
     return out
 
 
+# the watcher's default tick (`chainrun watch --interval`): a wait shorter than one tick cannot
+# change what it does, so `model status` compares waits at this resolution in every verdict
+RESOLUTION_S = 60.0
+
+
+def coverage_verdict(coverage: float, nominal: float, n: int) -> str:
+    """'too optimistic', 'too cautious' or 'as promised': the coverage of the acted-on quantile
+    against its nominal level, beyond the binomial spread of n segments (one-sided 95 %)."""
+    from chainrun.predict.doubt import Z
+
+    spread = Z * math.sqrt(nominal * (1.0 - nominal) / n) + 1.0 / n
+    if coverage < nominal - spread:
+        return "too optimistic"
+    if coverage > nominal + spread:
+        return "too cautious"
+    return "as promised"
+
+
 def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: int, timelimit_s: float,
-                partition: str = "", qos: str = "", user: str | None = None, live: bool = True) -> "Prediction":
-    """One prediction for a job submitted now: saved model + cached history + live squeue."""
+                partition: str = "", qos: str = "", user: str | None = None, live: bool = True) -> "Answer":
+    """One prediction for a job submitted now: saved model + cached history + live squeue, widened
+    by what the model has not seen and leaning on Slurm's own estimate where the model is out of
+    its depth (chainrun/predict/doubt.py). ``live=False``: no Slurm call at all (the model alone)."""
     from chainrun.predict import ingest
+    from chainrun.predict.doubt import answer
     from chainrun.predict.model import WaitRequest, load_predictor
 
     if nodes < 1 or gpus < 0 or cpus < 0 or timelimit_s <= 0:
         raise UsageError("--nodes must be >= 1, --gpus and --cpus >= 0, --time > 0")
     predictor = load_predictor(model_dir(cluster))
     history, _ = ingest.load_cache(cluster)
-    snapshot = ingest.live_snapshot(runner) if live else None
+    now = time.time()
     req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,
-                      timelimit_s=timelimit_s, partition=partition, qos=qos, submit=time.time())
-    return predictor.predict(req, snapshot, history)
+                      timelimit_s=timelimit_s, partition=partition, qos=qos, submit=now)
+    if not live:
+        return answer(predictor, req, None, history, None)
+    from chainrun.predict.snapshot import snapshot_from_rows
+    from chainrun.slurm.client import SlurmClient
+
+    rows = SlurmClient(runner, timeout=60.0).queue(all_users=True)
+    view = slurm_view(runner, rows, cluster=cluster, now=now, nodes=nodes, gpus=gpus, cpus=cpus,
+                      timelimit_s=timelimit_s, partition=partition, qos=qos)
+    return answer(predictor, req, snapshot_from_rows(rows), history, view)
+
+
+def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes: int, gpus: int, cpus: int,
+               timelimit_s: float, partition: str = "", qos: str = "") -> "SlurmView":
+    """Slurm's own view of this request: ``sbatch --test-only`` (submits nothing; it uses up a job
+    id) and the jobs pending ahead of it in its partition (from the squeue rows we already have).
+    A part Slurm cannot answer is left empty: the prediction stands without it."""
+    from chainrun.clusters import site_options
+    from chainrun.durations import to_slurm_time
+    from chainrun.predict.doubt import SlurmView, queue_ahead
+    from chainrun.slurm.parsers import parse_test_only
+
+    jobs, ahead_nodes, ahead_start = queue_ahead(rows, sharing_partitions(runner, partition), now)
+    argv = ["sbatch", "--test-only", *site_options(cluster), "-N", str(nodes), "-t", to_slurm_time(int(timelimit_s))]
+    argv += ["-p", partition] if partition else []
+    argv += ["--qos", qos] if qos else []
+    argv += ["--gpus", str(gpus)] if gpus else []
+    argv += ["-n", str(cpus)] if cpus else []
+    test_only = None
+    try:
+        res = runner.run([*argv, "--wrap", "true"], 30)
+        start = parse_test_only(res.stderr + "\n" + res.stdout)
+        test_only = None if start is None else max(0.0, start - now)
+    except (ChainrunError, OSError):  # e.g. a dropped SSH connection: the model answers without it
+        pass
+    return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start)
+
+
+def sharing_partitions(runner: "Runner", partition: str = "") -> set[str]:
+    """The request's partition (the default one when none is asked) and every partition that shares
+    a node with it: their pending jobs compete for the same nodes. Empty when unreadable (all count)."""
+    from chainrun.slurm.client import SlurmClient
+    from chainrun.slurm.parsers import expand_hostlist
+
+    try:
+        parts = SlurmClient(runner, timeout=30.0).partitions()
+    except (SlurmError, OSError):
+        return set()
+    mine = parts.get(partition) if partition else next((p for p in parts.values() if p.is_default), None)
+    if mine is None:
+        return {partition} if partition else set()
+    nodes = set(expand_hostlist(mine.nodes))
+    return {mine.name} | {p.name for p in parts.values() if nodes and nodes & set(expand_hostlist(p.nodes))}
 
 
 def time_limit_note(runner: "Runner", *, timelimit_s: float, partition: str = "") -> str | None:

@@ -375,6 +375,7 @@ class PartitionInfo:
     is_default: bool
     state: str
     total_nodes: int
+    nodes: str = ""  # Nodes=, compressed (``n[1-4]``): partitions that share nodes share a queue
 
 
 def parse_partitions(text: str) -> dict[str, PartitionInfo]:
@@ -395,6 +396,7 @@ def parse_partitions(text: str) -> dict[str, PartitionInfo]:
             is_default=rec.get("Default", "NO").upper() == "YES",
             state=rec.get("State", ""),
             total_nodes=_int(rec, "TotalNodes", 0),
+            nodes=rec.get("Nodes", "") if rec.get("Nodes", "") != "(null)" else "",
         )
     return parts
 

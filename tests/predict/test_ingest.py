@@ -148,7 +148,7 @@ def test_predict_without_model_says_refresh(tmp_path, monkeypatch, capsys):
 
 
 def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
-    """Coverage of the acted-on quantile (ties half) and the deadline hit rate, from the state store."""
+    """Coverage of the acted-on quantile (at or below it) and the deadline hit rate, from the state store."""
     from chainrun.paths import state_db
     from chainrun.state.records import ENDED, RUNNING, Chain, Segment
     from chainrun.state.store import Store
@@ -175,7 +175,8 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
     from chainrun.chain.policies import predict_quantile
 
     assert le["n"] == 3 and le["acted_quantile"] == pytest.approx(predict_quantile(172800))  # the shipped rule's
-    assert le["acted_quantile_coverage"] == pytest.approx((1 + 0 + 0.5) / 3)
+    assert le["acted_quantile_coverage"] == pytest.approx(2 / 3)  # 800 > 500; 1000 <= 2000 and 300 <= 300
+    assert le["waited_longer_than_predicted"] == pytest.approx(1 / 3) and le["verdict"] == "as promised"  # 3 segments cannot tell
     # deadlines decided: segments 1 and 2 (predecessors ended); 3's predecessor (2) ended too
     assert le["deadline_n"] == 3 and le["deadline_hit_rate"] == pytest.approx(1 / 3)
     # segment 2 was sent at 0.9 and started late, segment 3 at 0.7 and in time
@@ -203,3 +204,32 @@ def test_time_limit_note():
             return RunResult(tuple(argv), 1, "", "scontrol: error: Invalid user", 0.0)
 
     assert service.time_limit_note(Broken(), timelimit_s=1e9) is None  # unreadable: no warning, no error
+
+
+def test_status_verdicts_agree_on_waits_under_a_watcher_tick(tmp_path, monkeypatch):
+    """Issue 24: `0 % waited at most the acted-on quantile` beside `100 % within 2x`, for waits of
+    a few seconds against a predicted 1 s. Every verdict now compares at the watcher's tick."""
+    from chainrun.paths import state_db
+    from chainrun.state.records import ENDED, Chain, Segment
+    from chainrun.state.store import Store
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    st = Store(state_db())
+    st.add_chain(Chain(id="c1", name="c1", cluster="local", script="/s", workdir="/w", run_dir="/r",
+                       checkpoint_dir="/c", total_s=600, segment_s=120, policy="predicted", lead_s=3600,
+                       signal="USR2", signal_lead_s=30, retries=1, sbatch_args=[], partition="short"))
+    for i, wait in enumerate((0, 2, 5, 3, 9)):
+        st.save_segment(Segment(chain_id="c1", idx=i, phase=ENDED, job_id=str(i + 1), eligible=1000 * i,
+                                start=1000 * i + wait, end=1000 * i + 120, predicted_wait_s=None if i == 0 else 1.0))
+    st.close()
+    le = service.live_error("local")
+    assert le["n"] == 4 and le["resolution_s"] == 60
+    assert le["acted_quantile_coverage"] == 1.0 and le["within_2x"] == 1.0 and le["waited_longer_than_predicted"] == 0
+    assert le["verdict"] == "as promised"
+
+
+@pytest.mark.parametrize("cov,n,verdict", [(0.0, 4, "too optimistic"), (0.5, 4, "too optimistic"),
+                                           (0.75, 4, "as promised"), (0.9, 100, "too optimistic"),
+                                           (0.97, 100, "as promised"), (1.0, 1000, "too cautious")])
+def test_coverage_verdict_allows_the_binomial_spread_of_n_segments(cov, n, verdict):
+    assert service.coverage_verdict(cov, 0.98, n) == verdict

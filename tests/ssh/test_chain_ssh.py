@@ -74,9 +74,10 @@ SCENARIOS = {
     "crash": Scenario("lo", ["--total", "10m", "--policy", "dependency", "--retries", "1", "--", N4,
                              f"--export=ALL,TOY_CRASH_AT_STEP=40,TOY_SAVE_EVERY=1000,{TOY}"]),
     # quotes, spaces, ; $(...) `...` and a newline in the chain name and both script paths
-    "literal-upload": Scenario("lo", ["--name", NASTY, "--total", "2m", "--", N4]),
-    "literal-remote": Scenario("lo", ["--remote-script", "--name", NASTY, "--total", "2m", "--", N4]),
-    "local": Scenario("local", ["--total", "2m", "--", N4, "--export=ALL,TOY_TOTAL_STEPS=10"],
+    # (policies pinned: "lo" has a model in this home, so the default there would be predicted)
+    "literal-upload": Scenario("lo", ["--name", NASTY, "--total", "2m", "--policy", "lead", "--", N4]),
+    "literal-remote": Scenario("lo", ["--remote-script", "--name", NASTY, "--total", "2m", "--policy", "lead", "--", N4]),
+    "local": Scenario("local", ["--total", "2m", "--policy", "lead", "--", N4, "--export=ALL,TOY_TOTAL_STEPS=10"],
                       script=str(REPO / "templates" / "toy_train.sh")),
 }
 

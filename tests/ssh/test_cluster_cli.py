@@ -124,7 +124,7 @@ def test_submit_uploads_into_the_chain_folder_and_cancel_reaches_the_cluster(ssh
     from tests.conftest import REPO
 
     p = run_cli("submit", str(REPO / "templates" / "toy_train.sh"), "--cluster", "lo", "--total", "2m",
-                "--signal", "USR2@50", "--json", "--", "--hold", "--exclude=n1,n2", home=ssh_home, cwd=tmp_path)
+                "--policy", "lead", "--signal", "USR2@50", "--json", "--", "--hold", "--exclude=n1,n2", home=ssh_home, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)["data"]
     run_dir = Path(d["run_dir"])
