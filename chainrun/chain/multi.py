@@ -17,6 +17,7 @@ from typing import Callable
 from chainrun.chain.engine import Engine, TickReport
 from chainrun.clusters import LOCAL
 from chainrun.errors import ChainrunError
+from chainrun.state.lease import LeaseLost
 from chainrun.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class MultiEngine:
             label = "" if name == LOCAL else f"{name}: "
             try:
                 report = self.engine(name).tick()
+            except LeaseLost:  # this watcher no longer acts: no other cluster may move either
+                raise
             except ChainrunError as e:  # cluster gone from the config, or a refused host key
                 log.warning("%s%s", label, e)
                 total.warnings.append(f"{label}{e}")
