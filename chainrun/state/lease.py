@@ -59,6 +59,7 @@ RECORD_BYTES = 512  # every record is padded to this size, so a renewal is one s
 ACT_LEASE_S = 120.0
 WRITE_LEASE_S = 60.0
 MAX_SKEW_S = 10.0
+_HELD: set[str] = set()  # nonces of the leases this process holds now (any LeaseFile object)
 
 
 class LeaseLost(StateError):
@@ -163,8 +164,21 @@ class LeaseFile:
         # process was stopped) is broken at once; never for write leases, which two Store objects share
         self.reclaim_own = reclaim_own
         self.role, self.timing, self.clock = role, timing, clock
-        self.mine: Record | None = None
+        self._mine: Record | None = None
         self.renewed_at = 0.0
+
+    @property
+    def mine(self) -> Record | None:
+        """This process's record while it holds the lease."""
+        return self._mine
+
+    @mine.setter
+    def mine(self, rec: Record | None) -> None:
+        if self._mine is not None:
+            _HELD.discard(self._mine.nonce)
+        if rec is not None:
+            _HELD.add(rec.nonce)
+        self._mine = rec
 
     # ------------------------------------------------------------ reading
     def read(self) -> tuple[Record | None, float | None]:
@@ -193,7 +207,7 @@ class LeaseFile:
         if now > rec.expires + self.timing.skew_s:
             return True
         if self.reclaim_own and rec.host == this_host() and rec.boot == boot_id() and rec.pid == os.getpid():
-            return self.mine is None or self.mine.nonce != rec.nonce
+            return rec.nonce not in _HELD
         return rec.host == this_host() and rec.boot == boot_id() and rec.pid != os.getpid() and not _pid_alive(rec.pid)
 
     def holder(self) -> Record | None:
@@ -207,7 +221,7 @@ class LeaseFile:
     def try_take(self, epoch: int = 0) -> Record | None:
         """One attempt. Returns None when this process now holds the lease, else the holder's record
         (or a placeholder for a holder caught between break and create)."""
-        for _ in range(3):
+        for attempt in range(20):
             rec = self._record(epoch)
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -223,16 +237,14 @@ class LeaseFile:
                 self.mine, self.renewed_at = rec, self.clock()
                 return None
             current, mtime = self.read()
-            if not self.breakable(current, mtime, self.clock()):
-                if current is not None:
-                    return current
-                if mtime is not None:  # unreadable but recent: someone is writing it right now
-                    return Record("?", 0, "", 0, mtime + self.timing.lease_s, "", self.role)
-                continue  # gone between create and read: try to create again
-            if not self._break(current):
-                return current or Record("?", 0, "", 0, self.clock(), "", self.role)
-        current = self.holder()
-        return current or Record("?", 0, "", 0, self.clock(), "", self.role)
+            if self.breakable(current, mtime, self.clock()):
+                self._break(current)  # won or lost, look again: the winner creates the lease at once
+            elif current is not None:
+                return current
+            elif mtime is not None:  # created but not written yet: another contender is half-way
+                time.sleep(0.01)
+        current, mtime = self.read()
+        return current or Record("?", 0, "", 0, (mtime or self.clock()) + self.timing.lease_s, "", self.role)
 
     def _break(self, judged: Record | None) -> bool:
         """Rename the expired lease aside; True when this process's rename won and moved the lease it judged."""
