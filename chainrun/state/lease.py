@@ -13,8 +13,8 @@ own locks are not to be trusted across hosts there, so two files beside the stor
 
 Both are created with ``O_EXCL`` (atomic on the NFS server since v3) and record host, pid,
 boot id, epoch, expiry and a random nonce. An expired lease is broken by renaming it aside:
-of several contenders exactly one rename succeeds (the others get ENOENT), and the winner
-creates the lease again with ``O_EXCL``. The acting epoch lives in the store itself
+a token named after the expired lease (``O_EXCL``) lets exactly one contender rename it, and
+whoever then creates the lease again with ``O_EXCL`` holds it. The acting epoch lives in the store itself
 (``meta.acting_epoch``), bumped in a transaction by each new holder; every transaction of the
 acting watcher re-reads it, so a watcher that was stopped or suspended past its expiry finds
 another epoch there and aborts before it records a submit intent (:class:`LeaseLost`).
@@ -221,7 +221,8 @@ class LeaseFile:
     def try_take(self, epoch: int = 0) -> Record | None:
         """One attempt. Returns None when this process now holds the lease, else the holder's record
         (or a placeholder for a holder caught between break and create)."""
-        for attempt in range(20):
+        settle = time.time() + 5  # another contender half-way (token taken, lease not yet created) finishes in ms
+        while True:
             rec = self._record(epoch)
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -238,33 +239,71 @@ class LeaseFile:
                 return None
             current, mtime = self.read()
             if self.breakable(current, mtime, self.clock()):
-                self._break(current)  # won or lost, look again: the winner creates the lease at once
+                if self._break(current, mtime or 0.0):
+                    continue  # moved aside: create it now
             elif current is not None:
                 return current
-            elif mtime is not None:  # created but not written yet: another contender is half-way
-                time.sleep(0.01)
-        current, mtime = self.read()
-        return current or Record("?", 0, "", 0, (mtime or self.clock()) + self.timing.lease_s, "", self.role)
+            if time.time() > settle:
+                return current or Record("?", 0, "", 0, (mtime or self.clock()) + self.timing.lease_s, "", self.role)
+            time.sleep(0.01)  # another contender is half-way (breaking, or created and not yet written)
 
-    def _break(self, judged: Record | None) -> bool:
-        """Rename the expired lease aside; True when this process's rename won and moved the lease it judged."""
+    def _break(self, judged: Record | None, mtime: float) -> bool:
+        """Break the expired lease ``judged``; True when this process moved exactly that lease aside.
+
+        First a token named after the judged lease is created with O_EXCL, so only one contender
+        ever renames that lease: one that read it long ago and comes late cannot rename the fresh
+        lease a faster contender created meanwhile. Then the rename aside; should it still have
+        moved another lease (its holder released it and a new one was taken in between), that
+        lease is put back.
+        """
+        token = self.path.with_name(f"{self.path.name}.break.{judged.nonce if judged else f'm{mtime:.6f}'}")
+        try:
+            os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return False  # another contender breaks this one
         aside = self.path.with_name(f"{self.path.name}.broken.{this_host()}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
-            return False  # another contender's rename won
-        moved = Record.decode(aside.read_bytes()) if aside.exists() else None
-        if judged is not None and (moved is None or moved.nonce != judged.nonce):
-            # we read the old lease, another contender broke it and took a new one, and our late rename moved
-            # that fresh lease: put it back (link fails if yet another lease exists; its epoch then rules)
+            return False
+        try:
+            raw = aside.read_bytes()
+            moved = Record.decode(raw)
+            if judged is not None and (moved is None or moved.nonce != judged.nonce):
+                self._put_back(aside, raw)
+                return False
+        finally:
+            aside.unlink(missing_ok=True)
+        self._sweep_tokens()
+        return True
+
+    def _put_back(self, aside: Path, raw: bytes) -> None:
+        """Restore a lease moved aside by mistake, unless yet another exists (the store's epoch then rules)."""
+        try:
+            os.link(aside, self.path)
+            return
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # no hard links here (sshfs, some FUSE mounts): an exclusive copy does the same
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return
+        try:
+            os.write(fd, raw)
+        finally:
+            os.close(fd)
+
+    def _sweep_tokens(self) -> None:
+        """Break tokens are kept long enough that no late contender can still hold the lease they name."""
+        cutoff = self.clock() - max(10 * self.timing.lease_s, 600)
+        for t in self.path.parent.glob(f"{self.path.name}.break.*"):
             try:
-                os.link(aside, self.path)
+                if t.stat().st_mtime < cutoff:
+                    t.unlink()
             except OSError:
                 pass
-            aside.unlink(missing_ok=True)
-            return False
-        aside.unlink(missing_ok=True)
-        return True
 
     # ------------------------------------------------------------ holding
     def valid_for(self, now: float | None = None) -> float:
