@@ -68,3 +68,29 @@ def test_plain_watch_says_who_acts_and_never_notifies_as_a_view(tmp_path, capsys
     assert "read-only: login9:1 (lease until" in out and engine.ticks == 0, out
     assert store.db.execute("SELECT value FROM meta WHERE key LIKE 'notify%'").fetchone() is None  # wrote nothing
     assert Record.decode(store.lease_path("watch").read_bytes()) == rec  # and left login9's lease alone
+
+
+def test_a_view_writes_no_file_on_the_cluster_and_calls_no_mutating_slurm_command(tmp_path):
+    import pytest
+
+    from chainrun.chain.watcher import FencedRunner, FencedSlurm
+    from chainrun.runner.local import LocalRunner
+    from chainrun.slurm.client import SlurmClient
+    from chainrun.state.lease import LeaseLost
+
+    store = Store(tmp_path / "state.sqlite")
+    foreign(store, time.time() + 600)
+    lease = ActingLease(store)
+    assert lease.try_acquire() is not None  # login9 acts: this process is a view
+    runner = FencedRunner(LocalRunner(), lease)
+    with pytest.raises(LeaseLost):
+        runner.write_file(str(tmp_path / "rule"), "x")
+    assert not (tmp_path / "rule").exists()
+    slurm = FencedSlurm(SlurmClient(LocalRunner()), lease)
+    with pytest.raises(LeaseLost):
+        slurm.cancel(["1"])  # refused before scancel runs
+    assert slurm.calls["scancel"] == 0
+    foreign(store, time.time() - 60)
+    assert lease.try_acquire() is None
+    runner.write_file(str(tmp_path / "rule"), "x")  # acting now: written
+    assert (tmp_path / "rule").read_text() == "x"

@@ -40,12 +40,14 @@ class FencedSlurm:
     process still acts. After an sbatch it checks again; a job submitted by a process that lost the
     role meanwhile (suspended during sbatch itself) is cancelled at once and the tick aborts."""
 
-    def __init__(self, slurm, lease: ActingLease) -> None:
-        self._slurm, self._lease = slurm, lease
+    mutating = MUTATING
+
+    def __init__(self, inner, lease: ActingLease) -> None:
+        self._inner, self._lease = inner, lease
 
     def __getattr__(self, name: str):
-        attr = getattr(self._slurm, name)
-        if name not in MUTATING or not callable(attr):
+        attr = getattr(self._inner, name)
+        if name not in self.mutating or not callable(attr):
             return attr
 
         def fenced(*args, **kwargs):
@@ -57,7 +59,7 @@ class FencedSlurm:
                 except LeaseLost as e:
                     job_id = result[0] if isinstance(result, tuple) else result
                     try:
-                        self._slurm.cancel([job_id])
+                        self._inner.cancel([job_id])
                         what = f"cancelled job {job_id}, submitted as the role was lost"
                     except SlurmError as ce:
                         what = f"could not cancel job {job_id}, submitted as the role was lost ({ce})"
@@ -67,12 +69,20 @@ class FencedSlurm:
         return fenced
 
 
+class FencedRunner(FencedSlurm):
+    """The acting watcher's runner: files it writes on the cluster (the hand-off rule of the next
+    segment, written just before its sbatch) are written only while it acts."""
+
+    mutating = frozenset({"write_file"})
+
+
 def fenced_open(open_context: Callable, lease: ActingLease) -> Callable:
-    """``open_context`` for MultiEngine whose contexts' Slurm clients are fenced by ``lease``."""
+    """``open_context`` for MultiEngine whose contexts' Slurm clients and runners are fenced by ``lease``."""
 
     def opener(name, **kwargs):
         ctx = open_context(name, **kwargs)
         ctx.slurm = FencedSlurm(ctx.slurm, lease)
+        ctx.runner = FencedRunner(ctx.runner, lease)
         return ctx
 
     return opener
