@@ -473,7 +473,8 @@ class ActingLease:
 
     def assert_acting(self) -> None:
         """Outside a transaction (just before and after sbatch): the same questions, the epoch read afresh."""
-        self.check(self.store.db)
+        with self.store.reading():
+            self.check(self.store.db)
         current = self.file.holder()
         if current is None or self.file.mine is None or current.nonce != self.file.mine.nonce:
             self.file.mine = None

@@ -27,6 +27,10 @@ from chainrun.state.records import SUBMITTING, Chain, Event, Segment
 
 log = logging.getLogger(__name__)
 _READ = object()  # Store(mountinfo=...) default: read /proc/self/mountinfo
+# with a rollback journal (a shared home) the connection is opened anew for every write transaction and
+# for reads after this long: an open revalidates what another host changed (NFS close-to-open; FUSE
+# drops its page cache on open), where a long-open file may keep serving stale pages
+FRESH_S = 1.0
 
 SCHEMA_VERSION = 2
 
@@ -86,19 +90,57 @@ class Store:
         info = read_mountinfo() if mountinfo is _READ else mountinfo
         wanted = journal_mode_for(existing_parent(self.path), info)
         self.converted_from_wal = False
-        try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self.db.row_factory = sqlite3.Row
-            self.journal_mode = self._set_journal_mode(wanted)
-            self.db.execute("PRAGMA foreign_keys=ON")
-            # in WAL mode NORMAL is crash-safe; with a rollback journal only FULL is
-            self.db.execute("PRAGMA synchronous=" + ("NORMAL" if self.journal_mode == "WAL" else "FULL"))
-        except sqlite3.DatabaseError as e:
-            raise StateError(
-                f"{self.path} is not a chainrun state store ({e})",
-                hint="move it aside; chainrun will not overwrite it",
-            ) from None
-        self._migrate()
+        self._in_tx = False
+        # a shared home: reads hold the lease too (below), and the connection is opened afresh
+        self.shared = wanted == "DELETE"
+        self._reopen_each_time = False  # until the journal mode is set
+        self.journal_mode = wanted
+        with self.reading():
+            try:
+                self._open()
+                self.journal_mode = self._set_journal_mode(wanted)
+                self._pragmas()
+            except sqlite3.DatabaseError as e:
+                raise StateError(
+                    f"{self.path} is not a chainrun state store ({e})",
+                    hint="move it aside; chainrun will not overwrite it",
+                ) from None
+            self._reopen_each_time = self.journal_mode != "WAL"
+            self._migrate()
+
+    def _open(self) -> None:
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._opened_at = time.monotonic()
+
+    def _pragmas(self) -> None:
+        self._db.execute("PRAGMA foreign_keys=ON")
+        # in WAL mode NORMAL is crash-safe; with a rollback journal only FULL is
+        self._db.execute("PRAGMA synchronous=" + ("NORMAL" if self.journal_mode == "WAL" else "FULL"))
+
+    def _reopen(self) -> None:
+        self._db.close()
+        self._open()
+        self._pragmas()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection; on a shared home one opened within the last FRESH_S (see there)."""
+        if self._reopen_each_time and not self._in_tx and time.monotonic() - self._opened_at > FRESH_S:
+            self._reopen()
+        return self._db
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """A read of a shared home holds the lease too. SQLite's locks are what keeps a reader from
+        taking a writer's live journal for a crashed one (and rolling it back); where the filesystem
+        does not carry locks between hosts (FUSE mounts, NFS without lockd), only the lease does.
+        Reads take milliseconds, so writers wait no longer for them than for another writer."""
+        if not self.shared or self._in_tx:
+            yield
+            return
+        with self.write_lease.held():
+            yield
 
     def lease_path(self, role: str) -> Path:
         """The lease files live beside the store: ``state.sqlite.write.lease``, ``state.sqlite.watch.lease``."""
@@ -171,20 +213,27 @@ class Store:
         """One write transaction under the home's write lease. In the acting watcher's store it first
         re-reads the acting epoch (``fenced``): a watcher that lost the role writes nothing."""
         with self.write_lease.held():
-            self.db.execute("BEGIN IMMEDIATE")
+            if self._reopen_each_time and not self._in_tx:
+                self._reopen()  # what other hosts committed, not what this file handle cached
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
             try:
                 if fenced and self.acting is not None:
-                    self.acting.check(self.db)
-                yield self.db
+                    self.acting.check(db)
+                yield db
             except BaseException:
-                self.db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
             else:
-                self.db.execute("COMMIT")
+                db.execute("COMMIT")
+            finally:
+                self._in_tx = False
 
     # ---------------------------------------------------------------- the acting watcher's epoch
     def acting_epoch(self) -> int:
-        row = self.db.execute("SELECT value FROM meta WHERE key='acting_epoch'").fetchone()
+        with self.reading():
+            row = self.db.execute("SELECT value FROM meta WHERE key='acting_epoch'").fetchone()
         return int(row[0]) if row is not None and str(row[0]).isdigit() else 0
 
     def bump_acting_epoch(self) -> int:
@@ -197,7 +246,7 @@ class Store:
         return epoch
 
     def close(self) -> None:
-        self.db.close()
+        self._db.close()
 
     # ---------------------------------------------------------------- chains
     def add_chain(self, chain: Chain) -> None:
@@ -220,7 +269,8 @@ class Store:
             self._update_chain(chain)
 
     def chain(self, chain_id: str) -> Chain:
-        r = self.db.execute("SELECT * FROM chains WHERE id=?", (chain_id,)).fetchone()
+        with self.reading():
+            r = self.db.execute("SELECT * FROM chains WHERE id=?", (chain_id,)).fetchone()
         if r is None:
             matches = [c.id for c in self.chains() if c.id.startswith(chain_id) or c.name == chain_id]
             if len(matches) == 1:
@@ -232,12 +282,14 @@ class Store:
 
     def chains(self, *, active_only: bool = False) -> list[Chain]:
         q = "SELECT * FROM chains" + (" WHERE status='ACTIVE'" if active_only else "") + " ORDER BY created"
-        return [_chain_from(r) for r in self.db.execute(q)]
+        with self.reading():
+            return [_chain_from(r) for r in self.db.execute(q)]
 
     # ---------------------------------------------------------------- segments
     def segments(self, chain_id: str) -> list[Segment]:
-        rows = self.db.execute("SELECT * FROM segments WHERE chain_id=? ORDER BY idx", (chain_id,))
-        return [_seg_from(r) for r in rows]
+        with self.reading():
+            rows = self.db.execute("SELECT * FROM segments WHERE chain_id=? ORDER BY idx", (chain_id,))
+            return [_seg_from(r) for r in rows]
 
     def save_segment(self, seg: Segment) -> None:
         with self.tx():
@@ -285,7 +337,8 @@ class Store:
     def events(self, chain_id: str | None = None, *, after_id: int = 0, limit: int = 200) -> list[tuple[int, Event]]:
         q = "SELECT * FROM events WHERE id>?" + (" AND chain_id=?" if chain_id else "") + " ORDER BY id DESC LIMIT ?"
         args = (after_id, chain_id, limit) if chain_id else (after_id, limit)
-        rows = list(self.db.execute(q, args))[::-1]
+        with self.reading():
+            rows = list(self.db.execute(q, args))[::-1]
         return [(r["id"], Event(r["ts"], r["chain_id"], r["idx"], r["kind"], r["message"])) for r in rows]
 
 
