@@ -242,3 +242,15 @@ def test_a_holder_stopped_between_intent_and_sbatch_submits_nothing(slurm_cluste
     # the intent it recorded before it stopped stays for the new holder to settle (adopt or plan again)
     assert st.segments(st.chains()[0].id)[0].extra["acting"].endswith("epoch 1")
     assert lease.acting
+
+
+def test_a_break_token_left_by_a_dead_contender_blocks_only_for_one_lease_period(tmp_path):
+    path = tmp_path / "w.lease"
+    t = Timing(20.0, 5.0, 1.0)
+    old = write_record(path, "login9", 1, time.time() - 60)
+    token = tmp_path / f"w.lease.break.{old.nonce}"
+    token.touch()  # a contender took the token and died before its rename
+    f = LeaseFile(path, "watch", t)
+    assert f.try_take() == old  # the token is fresh: someone may be breaking it right now
+    os.utime(token, (time.time() - 30, time.time() - 30))  # older than a lease period: its maker is gone
+    wait_for(lambda: f.try_take() is None, 30, "the stale token to be cleared and the lease taken")

@@ -260,6 +260,11 @@ class LeaseFile:
         try:
             os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         except FileExistsError:
+            try:  # a contender that died between token and rename (milliseconds) must not block it for good
+                if self.clock() - token.stat().st_mtime > self.timing.lease_s + self.timing.skew_s:
+                    token.unlink()
+            except OSError:
+                pass
             return False  # another contender breaks this one
         aside = self.path.with_name(f"{self.path.name}.broken.{this_host()}.{os.getpid()}.{secrets.token_hex(4)}")
         try:
