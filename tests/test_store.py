@@ -91,3 +91,63 @@ def test_a_version_1_store_is_migrated_in_place(tmp_path):
     assert Store(path).chain(c.id).extra == {"adapt": {"exclude": ["n3"]}}
     assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == str(
         SCHEMA_VERSION)
+
+
+# ---------------------------------------------------------------- journal mode and the write lease
+LOCAL = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+
+
+def nfs_over(path) -> str:
+    """mountinfo text in which ``path`` is on an NFS mount."""
+    return LOCAL + f"115 27 0:47 / {path} rw,relatime shared:62 - nfs4 nfs01:/export/home rw,vers=4.2\n"
+
+
+def header_modes(path) -> tuple[int, int]:
+    """SQLite's file format write/read version bytes: 2/2 in WAL mode, 1/1 with a rollback journal."""
+    raw = path.read_bytes()[18:20]
+    return raw[0], raw[1]
+
+
+def test_wal_on_a_local_disk_delete_on_nfs(tmp_path):
+    local = Store(tmp_path / "a" / "s.sqlite", mountinfo=LOCAL)
+    assert local.journal_mode == "WAL"
+    local.close()
+    shared = Store(tmp_path / "b" / "s.sqlite", mountinfo=nfs_over(tmp_path / "b"))
+    assert shared.journal_mode == "DELETE"
+    assert shared.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: NORMAL is not crash-safe here
+    shared.add_chain(make_chain())
+    shared.close()
+    assert header_modes(tmp_path / "b" / "s.sqlite") == (1, 1)
+    assert not (tmp_path / "b" / "s.sqlite-wal").exists()
+
+
+def test_a_wal_store_on_nfs_is_converted_once(tmp_path):
+    p = tmp_path / "s.sqlite"
+    s = Store(p, mountinfo=LOCAL)
+    c = make_chain()
+    s.add_chain(c)
+    s.save(c, [Segment(chain_id=c.id, idx=0, job_id="7")], [(0, "submitted", "x")])
+    s.close()
+    assert header_modes(p) == (2, 2)
+    s = Store(p, mountinfo=nfs_over(tmp_path))
+    assert s.journal_mode == "DELETE" and s.converted_from_wal
+    assert s.segments(c.id)[0].job_id == "7" and len(s.events(c.id)) == 2  # nothing lost
+    s.close()
+    assert header_modes(p) == (1, 1) and not (tmp_path / "s.sqlite-wal").exists()
+    again = Store(p, mountinfo=nfs_over(tmp_path))
+    assert again.journal_mode == "DELETE" and not again.converted_from_wal
+    assert sqlite3.connect(p).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_every_transaction_holds_the_write_lease_and_frees_it(tmp_path):
+    s = Store(tmp_path / "s.sqlite")
+    lease = s.lease_path("write")
+    seen = []
+    with s.tx():
+        seen.append(lease.read_bytes())
+    assert b'"role": "write"' in seen[0] and f'"pid": {os.getpid()}'.encode() in seen[0]
+    assert not lease.exists()  # released after the commit
+    with pytest.raises(RuntimeError):
+        with s.tx():
+            raise RuntimeError("rolled back")
+    assert not lease.exists()  # and after a rollback

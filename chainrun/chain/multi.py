@@ -18,6 +18,7 @@ from chainrun.chain.engine import Engine, TickReport
 from chainrun.chain.settle import needs_tick
 from chainrun.clusters import LOCAL
 from chainrun.errors import ChainrunError
+from chainrun.state.lease import LeaseLost
 from chainrun.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class MultiEngine:
             label = "" if name == LOCAL else f"{name}: "
             try:
                 report = self.engine(name).tick()
+            except LeaseLost:  # this watcher no longer acts: no other cluster may move either
+                raise
             except ChainrunError as e:  # cluster gone from the config, or a refused host key
                 log.warning("%s%s", label, e)
                 total.warnings.append(f"{label}{e}")

@@ -234,33 +234,54 @@ def watch(
 ) -> None:
     from chainrun import paths
     from chainrun.chain.multi import MultiEngine
-    from chainrun.chain.watcher import WatcherBusy, watcher_lock
+    from chainrun.chain.watcher import fenced_open
     from chainrun.context import open_context
+    from chainrun.state.lease import ActingLease, LeaseHeld
     from chainrun.state.store import Store
 
     # without --cluster every cluster's chains move, one Engine (one squeue/sacct) per cluster per tick
     c = open_context(cluster) if cluster else None  # checks the name; the connection opens on first use
     store = c.store if c else Store(paths.state_db())
-    engine = MultiEngine(store, only=cluster, predictor_for=_predictor_for)
-    home = paths.home()
+    lease = ActingLease(store)  # one watcher of this home acts; the others are read-only views
+    _exit_on_sigterm()  # so `finally` releases the lease (else another host waits for its expiry)
+    engine = MultiEngine(store, only=cluster, predictor_for=_predictor_for, open_context=fenced_open(open_context, lease))
     try:
-        with watcher_lock(home):
-            if not plain and not json_out and not once and _live_terminal():
-                from chainrun.cli.live import live_watch
+        if not plain and not json_out and not once and _live_terminal():
+            from chainrun.cli.live import live_watch
 
-                live_watch(engine, interval=interval, until_done=until_done, notify=notify)
-                return
-            _plain_watch(store, engine, interval=interval, once=once, until_done=until_done, json_out=json_out,
-                         notify=notify)
-    except WatcherBusy as e:
-        if not once:
-            raise
-        typer.echo(f"chainrun: {e}; skipping this tick", err=True)  # cron overlapping a running watcher
+            live_watch(engine, interval=interval, until_done=until_done, notify=notify, lease=lease)
+            return
+        _plain_watch(store, engine, interval=interval, once=once, until_done=until_done, json_out=json_out,
+                     notify=notify, lease=lease)
+    except LeaseHeld as e:  # only with --once: cron overlapping a running watcher, here or on another host
+        if json_out:
+            typer.echo(envelope("watch", {"skipped": True, "holder": e.holder.label, "until": e.holder.expires}))
+        else:
+            typer.echo(f"skipped: held by {e.holder.label} until {clock(e.holder.expires)}")
     finally:
         engine.close()
         if c:
             c.runner.close()
         store.close()
+
+
+def _exit_on_sigterm() -> None:
+    import signal
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def role_line(role) -> str:
+    """One line saying whether this watch acts, and if not, which process does (plain and live view)."""
+    if role.acting:
+        me = f" ({role.holder.label}, lease epoch {role.holder.epoch})" if role.holder else ""
+        return f"acting: this watch{me} moves the chains of this home"
+    who = f"{role.holder.label} (lease until {clock(role.holder.expires)})" if role.holder else "another watch"
+    why = f"{role.why}; " if role.why else ""
+    return f"read-only: {why}{who} acts; this watch shows its events and takes over if it stops"
 
 
 def _live_terminal() -> bool:
@@ -269,12 +290,13 @@ def _live_terminal() -> bool:
 
 
 def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool, json_out: bool,
-                 notify: list[str] | None = None) -> None:
+                 notify: list[str] | None = None, lease=None) -> None:
     from chainrun.chain.watcher import run_watch
     from chainrun.cli.tables import wrap_text
     from chainrun.notify import watch_notifier
 
-    notifier = watch_notifier(store, notify)  # reads events after each tick; never raises
+    # made when this watch starts to act, before its first tick (it writes its high-water mark): a view never notifies
+    notifier = watch_notifier(store, notify) if lease is None else None
     width = console().width  # COLUMNS, else the terminal's, else 80 (cron, pipes)
 
     def say(line: str, err: bool = False) -> None:  # one event per record, long messages on indented lines
@@ -283,14 +305,24 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
 
     recent = store.events(limit=1)
     last_event = recent[-1][0] if recent else 0
+    acting, holder = lease is None, None
+
+    def log_role(role) -> None:
+        nonlocal acting, holder, notifier
+        acting, holder = role.acting, role.holder
+        if acting and notifier is None:
+            notifier = watch_notifier(store, notify)  # reads events after each tick; never raises
+        if not json_out:  # JSON: each tick's envelope says it
+            say(f"{clock(time.time())} {role_line(role)}")
 
     def log_tick(report) -> None:
         nonlocal last_event
-        sent = notifier.after_tick()
+        sent = notifier.after_tick() if acting else []  # the acting watch notifies, never a view as well
         if json_out:
             typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,
-                                          "warnings": report.warnings}))
+                                          "warnings": report.warnings, "acting": acting,
+                                          "acting_holder": None if acting or holder is None else holder.label}))
             return
         for eid, ev in store.events(after_id=last_event):
             last_event = eid
@@ -301,7 +333,8 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
             say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
     try:
-        run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done)
+        run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done, lease=lease,
+                  on_role=log_role)
     finally:  # sends still going out get a last chance; what is left is logged (notify.py)
         for msg, target, ok in notifier.close():
             if not json_out:

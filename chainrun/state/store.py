@@ -1,12 +1,17 @@
-"""The SQLite state store: one file per chainrun home, WAL mode, versioned schema.
+"""The SQLite state store: one file per chainrun home, versioned schema.
 
-Each public method is one transaction. A store from a newer chainrun (higher schema
+Each public method is one transaction, and every transaction holds the home's write lease
+(chainrun/state/lease.py), so writers on several login nodes take turns. The journal mode
+follows the filesystem: WAL on a local disk, a rollback journal (``DELETE``) on a network
+filesystem, where WAL's shared-memory index is not shared between hosts; a WAL store found
+on a network filesystem is converted once. A store from a newer chainrun (higher schema
 version) or a file that is not a chainrun store is refused, never rewritten.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -16,7 +21,16 @@ from pathlib import Path
 from typing import Iterator
 
 from chainrun.errors import NotFoundError, StateError
-from chainrun.state.records import Chain, Event, Segment
+from chainrun.state.lease import WriteLease
+from chainrun.state.mounts import existing_parent, journal_mode_for, read_mountinfo
+from chainrun.state.records import SUBMITTING, Chain, Event, Segment
+
+log = logging.getLogger(__name__)
+_READ = object()  # Store(mountinfo=...) default: read /proc/self/mountinfo
+# with a rollback journal (a shared home) the connection is opened anew for every write transaction and
+# for reads after this long: an open revalidates what another host changed (NFS close-to-open; FUSE
+# drops its page cache on open), where a long-open file may keep serving stale pages
+FRESH_S = 1.0
 
 SCHEMA_VERSION = 2
 
@@ -60,25 +74,104 @@ _SEG_COLS = [f.name for f in fields(Segment)]
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, mountinfo: str | None | object = _READ) -> None:
+        """``mountinfo``: the text of /proc/self/mountinfo that decides the journal mode (read by default;
+        None means unknown, which chooses the rollback journal)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not self.path.exists()
         if new:  # create 0600 before sqlite opens it
             fd = os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
-        try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA foreign_keys=ON")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.DatabaseError as e:
-            raise StateError(
-                f"{self.path} is not a chainrun state store ({e})",
-                hint="move it aside; chainrun will not overwrite it",
-            ) from None
-        self._migrate()
+        # the acting watcher's lease (lease.ActingLease) once it acts: then every transaction re-reads its epoch
+        self.acting = None
+        self.write_lease = WriteLease(self.lease_path("write"),
+                                      epoch=lambda: self.acting.epoch if self.acting is not None else 0)
+        info = read_mountinfo() if mountinfo is _READ else mountinfo
+        wanted = journal_mode_for(existing_parent(self.path), info)
+        self.converted_from_wal = False
+        self._in_tx = False
+        # a shared home: reads hold the lease too (below), and the connection is opened afresh
+        self.shared = wanted == "DELETE"
+        self._reopen_each_time = False  # until the journal mode is set
+        self.journal_mode = wanted
+        with self.reading():
+            try:
+                self._open()
+                self.journal_mode = self._set_journal_mode(wanted)
+                self._pragmas()
+            except sqlite3.DatabaseError as e:
+                raise StateError(
+                    f"{self.path} is not a chainrun state store ({e})",
+                    hint="move it aside; chainrun will not overwrite it",
+                ) from None
+            self._reopen_each_time = self.journal_mode != "WAL"
+            self._migrate()
+
+    def _open(self) -> None:
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._opened_at = time.monotonic()
+
+    def _pragmas(self) -> None:
+        self._db.execute("PRAGMA foreign_keys=ON")
+        # in WAL mode NORMAL is crash-safe; with a rollback journal only FULL is
+        self._db.execute("PRAGMA synchronous=" + ("NORMAL" if self.journal_mode == "WAL" else "FULL"))
+
+    def _reopen(self) -> None:
+        self._db.close()
+        self._open()
+        self._pragmas()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection; on a shared home one opened within the last FRESH_S (see there)."""
+        if self._reopen_each_time and not self._in_tx and time.monotonic() - self._opened_at > FRESH_S:
+            self._reopen()
+        return self._db
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """A read of a shared home holds the lease too. SQLite's locks are what keeps a reader from
+        taking a writer's live journal for a crashed one (and rolling it back); where the filesystem
+        does not carry locks between hosts (FUSE mounts, NFS without lockd), only the lease does.
+        Reads take milliseconds, so writers wait no longer for them than for another writer."""
+        if not self.shared or self._in_tx:
+            yield
+            return
+        with self.write_lease.held():
+            yield
+
+    def lease_path(self, role: str) -> Path:
+        """The lease files live beside the store: ``state.sqlite.write.lease``, ``state.sqlite.watch.lease``."""
+        return self.path.with_name(f"{self.path.name}.{role}.lease")
+
+    def _set_journal_mode(self, wanted: str) -> str:
+        current = str(self.db.execute("PRAGMA journal_mode").fetchone()[0]).upper()
+        if current == wanted:
+            return current
+        if wanted == "WAL":
+            return str(self.db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).upper()
+        if current != "WAL":  # e.g. an old MEMORY/TRUNCATE choice: leave a working rollback journal alone
+            return current
+        # a WAL store on a network filesystem: convert once (needs every other connection closed)
+        with self.write_lease.held():
+            deadline = time.time() + 30
+            while True:
+                try:
+                    got = str(self.db.execute("PRAGMA journal_mode=DELETE").fetchone()[0]).upper()
+                except sqlite3.OperationalError:
+                    got = "WAL"  # locked by another connection
+                if got == "DELETE" or time.time() > deadline:
+                    break
+                time.sleep(0.5)
+        if got != "DELETE":
+            raise StateError(f"{self.path} is in WAL mode on a network filesystem and could not be converted "
+                             "(another chainrun process has it open)",
+                             hint="stop every `chainrun watch` using this home (on every login node) and try again")
+        self.converted_from_wal = True
+        log.warning("%s: converted from WAL to a rollback journal (the home is on a network filesystem)", self.path)
+        return got
 
     # ---------------------------------------------------------------- schema
     def _version(self) -> int:
@@ -116,18 +209,44 @@ class Store:
                 )
 
     @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        else:
-            self.db.execute("COMMIT")
+    def tx(self, *, fenced: bool = True) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the home's write lease. In the acting watcher's store it first
+        re-reads the acting epoch (``fenced``): a watcher that lost the role writes nothing."""
+        with self.write_lease.held():
+            if self._reopen_each_time and not self._in_tx:
+                self._reopen()  # what other hosts committed, not what this file handle cached
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
+            try:
+                if fenced and self.acting is not None:
+                    self.acting.check(db)
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            else:
+                db.execute("COMMIT")
+            finally:
+                self._in_tx = False
+
+    # ---------------------------------------------------------------- the acting watcher's epoch
+    def acting_epoch(self) -> int:
+        with self.reading():
+            row = self.db.execute("SELECT value FROM meta WHERE key='acting_epoch'").fetchone()
+        return int(row[0]) if row is not None and str(row[0]).isdigit() else 0
+
+    def bump_acting_epoch(self) -> int:
+        """A new acting watcher's epoch: one more than any before. Every transaction of the previous
+        holder that comes after this one sees the new epoch and aborts (lease.ActingLease.check)."""
+        with self.tx(fenced=False):
+            epoch = self.acting_epoch() + 1
+            self.db.execute("INSERT INTO meta(key, value) VALUES('acting_epoch', ?) "
+                            "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(epoch),))
+        return epoch
 
     def close(self) -> None:
-        self.db.close()
+        self._db.close()
 
     # ---------------------------------------------------------------- chains
     def add_chain(self, chain: Chain) -> None:
@@ -150,7 +269,8 @@ class Store:
             self._update_chain(chain)
 
     def chain(self, chain_id: str) -> Chain:
-        r = self.db.execute("SELECT * FROM chains WHERE id=?", (chain_id,)).fetchone()
+        with self.reading():
+            r = self.db.execute("SELECT * FROM chains WHERE id=?", (chain_id,)).fetchone()
         if r is None:
             matches = [c.id for c in self.chains() if c.id.startswith(chain_id) or c.name == chain_id]
             if len(matches) == 1:
@@ -162,18 +282,22 @@ class Store:
 
     def chains(self, *, active_only: bool = False) -> list[Chain]:
         q = "SELECT * FROM chains" + (" WHERE status='ACTIVE'" if active_only else "") + " ORDER BY created"
-        return [_chain_from(r) for r in self.db.execute(q)]
+        with self.reading():
+            return [_chain_from(r) for r in self.db.execute(q)]
 
     # ---------------------------------------------------------------- segments
     def segments(self, chain_id: str) -> list[Segment]:
-        rows = self.db.execute("SELECT * FROM segments WHERE chain_id=? ORDER BY idx", (chain_id,))
-        return [_seg_from(r) for r in rows]
+        with self.reading():
+            rows = self.db.execute("SELECT * FROM segments WHERE chain_id=? ORDER BY idx", (chain_id,))
+            return [_seg_from(r) for r in rows]
 
     def save_segment(self, seg: Segment) -> None:
         with self.tx():
             self._upsert_segment(seg)
 
     def _upsert_segment(self, seg: Segment) -> None:
+        if seg.phase == SUBMITTING and self.acting is not None:  # which watcher decided this submit (status, tests)
+            seg.extra["acting"] = self.acting.label
         row = _seg_row(seg)
         self.db.execute(
             f"INSERT INTO segments({','.join(_q(c) for c in _SEG_COLS)}) VALUES({','.join('?' * len(_SEG_COLS))}) "
@@ -213,7 +337,8 @@ class Store:
     def events(self, chain_id: str | None = None, *, after_id: int = 0, limit: int = 200) -> list[tuple[int, Event]]:
         q = "SELECT * FROM events WHERE id>?" + (" AND chain_id=?" if chain_id else "") + " ORDER BY id DESC LIMIT ?"
         args = (after_id, chain_id, limit) if chain_id else (after_id, limit)
-        rows = list(self.db.execute(q, args))[::-1]
+        with self.reading():
+            rows = list(self.db.execute(q, args))[::-1]
         return [(r["id"], Event(r["ts"], r["chain_id"], r["idx"], r["kind"], r["message"])) for r in rows]
 
 

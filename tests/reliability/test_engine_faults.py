@@ -17,7 +17,7 @@ import pytest
 from chainrun.chain import engine as engine_mod
 from chainrun.chain.engine import ADOPT_AFTER_S, MAX_UNCONFIRMED, Engine, TickReport
 from chainrun.chain.segments import submit_segment
-from chainrun.chain.watcher import WatcherBusy, run_watch, watcher_lock
+from chainrun.chain.watcher import run_watch
 from chainrun.errors import StateError
 from chainrun.slurm.client import Backoff, SlurmClient
 from chainrun.state.records import ACTIVE, ENDED, FAILED, PENDING, RUNNING, SUBMITTING, Chain, Segment
@@ -259,26 +259,6 @@ def test_backoff_is_capped():
     assert [b.failed() for _ in range(6)] == [5, 10, 20, 40, 60, 60]
     b.reset()
     assert b.failed() == 5
-
-
-# ------------------------------------------------------------------ one watcher per store
-def test_stale_lock_of_a_killed_watcher_is_taken_over(tmp_path):
-    code = ("import sys,time; from pathlib import Path; from chainrun.chain.watcher import watcher_lock\n"
-            "with watcher_lock(Path(sys.argv[1])):\n print('locked', flush=True); time.sleep(60)\n")
-    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "locked"
-        with pytest.raises(WatcherBusy, match=f"pid {p.pid}"):
-            with watcher_lock(tmp_path):
-                pass
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait(10)
-        with watcher_lock(tmp_path):  # the dead holder's lock is gone with its process
-            assert (tmp_path / "watch.lock").read_text().strip() == str(os.getpid())
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
 
 
 def test_engine_module_keeps_its_budget_constants():

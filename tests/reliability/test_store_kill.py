@@ -1,5 +1,7 @@
 """The state store under SIGKILL: each state change is one transaction, so a killed writer
-leaves either all of a change or none of it, and a readable store (WAL)."""
+leaves either all of a change or none of it, and a readable store, in both journal modes (WAL on
+a local disk, DELETE on a network filesystem). A writer killed inside a transaction also leaves
+its write lease behind: the next writer on this host breaks it at once (its pid is gone)."""
 
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from chainrun.state.store import Store
+from tests.test_store import LOCAL, nfs_over
 
 WRITER = r"""
 import sys, time
 from chainrun.state.records import Chain, Segment
 from chainrun.state.store import Store
-st = Store(sys.argv[1])
+st = Store(sys.argv[1], mountinfo=sys.argv[2])
 cs = st.chains()
 c = cs[0] if cs else Chain(id="k-0001", name="k", cluster="local", script="/s", workdir="/w", run_dir="/r",
     checkpoint_dir="/c", total_s=10**9, segment_s=60, policy="lead", lead_s=1, signal="USR2", signal_lead_s=1,
@@ -34,11 +39,13 @@ while True:
 """
 
 
-def test_store_survives_sigkill_mid_transaction(tmp_path):
+@pytest.mark.parametrize("journal", ["WAL", "DELETE"])
+def test_store_survives_sigkill_mid_transaction(tmp_path, journal):
     db = tmp_path / "state.sqlite"
+    mountinfo = LOCAL if journal == "WAL" else nfs_over(tmp_path)
     rng = random.Random(3)
     for _ in range(20):
-        p = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(db), mountinfo], stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(p.pid, signal.SIGKILL)
@@ -46,7 +53,8 @@ def test_store_survives_sigkill_mid_transaction(tmp_path):
         con = sqlite3.connect(db)
         assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         con.close()
-        st = Store(db)
+        st = Store(db, mountinfo=mountinfo)
+        assert st.journal_mode == journal
         c = st.chains()[0]
         segs = st.segments(c.id)
         ticks = [e for _, e in st.events(c.id, limit=100000) if e.kind == "tick"]
