@@ -336,7 +336,7 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
         run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done, lease=lease,
                   on_role=log_role)
     finally:  # sends still going out get a last chance; what is left is logged (notify.py)
-        for msg, target, ok in notifier.close():
+        for msg, target, ok in (notifier.close() if notifier is not None else []):
             if not json_out:
                 say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 

@@ -73,7 +73,7 @@ def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: lis
             run_watch(engine, interval=interval, once=False, on_tick=on_tick, stop_when_idle=until_done, sleep=sleep,
                       max_ticks=max_ticks, lease=lease, on_role=on_role)
         finally:  # sends still going out get a last chance; what is left is logged (notify.py)
-            for msg, target, ok in notifier.close():
+            for msg, target, ok in (notifier.close() if notifier is not None else []):
                 events.append(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}"
                               + ("" if ok else " (failed)"))
             live.update(frame(), refresh=True)
