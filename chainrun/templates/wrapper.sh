@@ -272,7 +272,7 @@ rule_wait() {  # $1: owner generation, $2: owner job. Prints "<hand-over point> 
 }
 
 # ---- wait until the chain is ours: the previous owner released it or its run has ended
-handoff_wait=0 handoff_mode="" claim_failures=0
+handoff_wait=0 handoff_mode="" claim_failures=0 took_over=0
 t0=$(now)
 # end without training (the watcher's `unstarted`): nothing was claimed
 end_unstarted() {
@@ -316,7 +316,7 @@ wait_for_owner() {
     if (($(now) - checked >= 10)); then
       checked=$(now)
       run_state "$oj" "${orestart:-0}"; st=$ost
-      if [[ $st == ended ]]; then say "Slurm reports that job $oj's run ended"; return; fi
+      if [[ $st == ended ]]; then say "Slurm reports that job $oj's run ended"; took_over=1; return; fi
       if [[ $st == unknown ]]; then
         unknown_since=${unknown_since:-$checked}
         ((checked - unknown_since >= CHAINRUN_SLURM_UNKNOWN_LIMIT)) &&
@@ -345,8 +345,9 @@ while [[ -z $stop_wait ]]; do
   if ((g >= 0)) && superseded "$g"; then
     end_unstarted "superseded: segment $(field "$CTL/owner.$g" seg) already owns the chain (generation $g) since this job was requeued"
   fi
+  took_over=0  # 1: generation g is taken without its owner's release (a run Slurm lost may still train)
   if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
-    oj=$(owner_job "$g") orestart=$(field "$CTL/owner.$g" restart)
+    oj=$(owner_job "$g") orestart=$(field "$CTL/owner.$g" restart) took_over=1
     if [[ -z $oj ]]; then
       age=$(($(now) - $(stat -c %Y "$CTL/owner.$g" 2>/dev/null || now)))
       if ((age < 60)); then sleep 1; continue; fi
@@ -355,6 +356,7 @@ while [[ -z $stop_wait ]]; do
       # this job's own earlier run (Slurm requeued it): that run is over, never wait for ourselves
       say "generation $g belonged to this job's earlier run (restart ${orestart:-0}): it has ended"
     else
+      took_over=0
       wait_for_owner
       [[ -n $stop_wait ]] && break
     fi
@@ -370,6 +372,12 @@ while [[ -z $stop_wait ]]; do
     exit 86
   fi
 done
+# taken without a release: an owner's run that Slurm gave up on (a frozen node) may still train. Its
+# monitor stops it within one period of seeing our claim (fencing): give it that time before training
+if ((took_over && my_gen >= 0)) && [[ -z $stop_wait ]]; then
+  say "generation $my_gen taken without a release: waiting $((2 * CHAINRUN_MONITOR_PERIOD + 2))s for a lost run to be fenced"
+  sleep $((2 * CHAINRUN_MONITOR_PERIOD + 2)) & wait $!
+fi
 handoff_wait=$(($(now) - t0))
 
 if [[ -n $stop_wait ]]; then
