@@ -8,7 +8,8 @@
 #   env    CHAINRUN_CHAIN_ID, CHAINRUN_SEGMENT (0-based), CHAINRUN_CHECKPOINT_DIR,
 #          CHAINRUN_END_TIME (epoch s, the real end Slurm reports), CHAINRUN_DONE_FILE,
 #          CHAINRUN_SIGNAL, CHAINRUN_NODES, CHAINRUN_GPUS (this segment, all nodes),
-#          CHAINRUN_GPUS_PER_NODE, CHAINRUN_REF_NODES, CHAINRUN_REF_GPUS (the chain's reference shape)
+#          CHAINRUN_GPUS_PER_NODE, CHAINRUN_REF_NODES, CHAINRUN_REF_GPUS (the chain's reference shape),
+#          CHAINRUN_GENERATION (the generation claimed: write it into the checkpoint's marker)
 #   signal CHAINRUN_SIGNAL reaches every process of the payload some time before the limit,
 #          or as soon as the next segment has started (hand-off): save a checkpoint, exit.
 #   done   create CHAINRUN_DONE_FILE (or run `chainrun-done`) when training is finished.

@@ -455,3 +455,19 @@ def test_release_waits_for_a_writer_that_left_the_payloads_group(runs):
     assert fc.steps_of(j1)[0][5] > writes[-1]  # the successor trained only after the writer was gone
     assert fc.file("seg-0.outcome")["writer_killed"] == "0"
     fc.assert_alone_and_continuous()
+
+
+def test_submit_save_timeout_reaches_the_wrapper_and_the_token_is_written(slurm_cluster, tmp_path):
+    home = tmp_path / "home"
+    chain = h.submit(home, tmp_path / "w", "savet", "--total", "2m", "--signal", "USR2@40", "--save-timeout", "20m",
+                     "--", OTHERS)
+    try:
+        run_dir = tmp_path / "w" / "chainrun-runs" / chain
+        assert (run_dir / "control" / "token").read_text() == f"chain={chain}\n"
+        assert not (run_dir / "control" / ".keep").exists()
+        assert "CHAINRUN_SAVE_TIMEOUT=${CHAINRUN_SAVE_TIMEOUT:-1200}" in (run_dir / "wrapper.sh").read_text()
+        assert "CHAINRUN_SIGNAL_LEAD=40" in (run_dir / "wrapper.sh").read_text()
+        bad = h.cli("submit", str(h.TOY), "--total", "2m", "--save-timeout", "soon", home=home, cwd=tmp_path / "w")
+        assert bad.returncode != 0 and "--save-timeout" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    finally:
+        h.cli("cancel", chain, home=home)

@@ -583,3 +583,15 @@ def test_owner_is_fenced_as_soon_as_a_later_generation_exists(chain):
     assert parse_outcome((_ctl(chain) / "seg-0.fenced").read_text())["by_job"] == "2001"
     assert not (_ctl(chain) / "seg-0.outcome").exists()
     assert "fenced" in (chain.tmp / "job-2000.out").read_text()
+
+
+@pytest.mark.parametrize("lead,save_timeout,want", [(240, 0, 300), (240, 1200, 1200), (30, 60, 90)])
+def test_handoff_bound_is_the_longer_of_the_signal_lead_plus_a_margin_and_the_save_timeout(tmp_path, lead, save_timeout,
+                                                                                         want):
+    w = tmp_path / "w.sh"
+    w.write_text(render_wrapper(chain_id="c1", run_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ck"), payload="x",
+                                signal="USR2", script_text="", signal_lead_s=lead, save_timeout_s=save_timeout))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINRUN_")}
+    p = subprocess.run(["bash", "-c", f"source <(sed -n '/^CHAINRUN_CHAIN_ID=/,/^CHAINRUN_HANDOFF_TIMEOUT=/p' {w}); "
+                        "echo $CHAINRUN_HANDOFF_TIMEOUT"], capture_output=True, text=True, env=env)
+    assert p.stdout.strip() == str(want), p.stderr
