@@ -275,10 +275,19 @@ rule_wait() {  # $1: owner generation, $2: owner job. Prints "<hand-over point> 
 # ---- wait until the chain is ours: the previous owner released it or its run has ended
 handoff_wait=0 handoff_mode="" claim_failures=0 took_over=0
 t0=$(now)
+# the outcome of a run that did not train. A rerun keeps its job's earlier outcome (what that run
+# trained is what the watcher credits) and leaves its own beside it, in seg-<N>.rerun-<restart>
+outcome_untrained() {
+  if ((RESTART >= 1)) && [[ $(field "$ME.outcome" job) == "$JOB" ]]; then
+    put "$ME.rerun-$RESTART" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"
+  else
+    outcome "$@"
+  fi
+}
 # end without training (the watcher's `unstarted`): nothing was claimed
 end_unstarted() {
   say "$1: ending without training"
-  outcome outcome=unstarted "reason=$1" "handoff_wait=$(($(now) - t0))" "handoff_mode=$handoff_mode"
+  outcome_untrained outcome=unstarted "reason=$1" "handoff_wait=$(($(now) - t0))" "handoff_mode=$handoff_mode"
   exit 0
 }
 # a rerun never takes the chain from a later segment: the chain moved on while it was requeued
@@ -384,7 +393,7 @@ handoff_wait=$(($(now) - t0))
 if [[ -n $stop_wait ]]; then
   say "got $stop_wait while waiting for the hand-off: ending without training"
   [[ -n ${g:-} ]] && [[ $(field "$CTL/handoff.$g" by) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
-  outcome outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
+  outcome_untrained outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
   exit 0
 fi
 ((handoff_wait > 1)) && say "the chain is ours (generation $my_gen) after ${handoff_wait}s"

@@ -453,8 +453,9 @@ def test_rerun_of_a_predecessor_never_takes_the_chain_from_its_successor(chain):
     (chain.queue / "1300").write_text("1")
     rerun = chain.start(0, "1300", SLURM_RESTART_COUNT="1")  # the predecessor, requeued after its successor claimed
     assert rerun.wait(15) == 0
-    out = chain.outcome(0)
+    out = parse_outcome((_ctl(chain) / "seg-0.rerun-1").read_text())
     assert out["outcome"] == "unstarted" and "superseded" in out["reason"] and out["restart"] == "1", out
+    assert chain.outcome(0)["outcome"] == "handoff"  # what the first run did stays the job's outcome
     assert not (_ctl(chain) / "handoff.1").exists() and chain.jobs["1301"].poll() is None
     _stop(chain, "1301")
     chain.assert_never_two_at_once()
