@@ -139,12 +139,12 @@ run_state() {  # $1: job id, $2: the restart count it claimed with. Sets ost to 
   out=$("${slurm_env[@]}" sacct -X -n -P -j "$1" -o State 2>"$ERR" | head -n 1); st=${out%% *}
   ost=$(state_word "${st//|/}" "" "$2")
 }
-# scancel JOB until Slurm takes it: a failed scancel is logged and tried again, never taken as done
+# cancel [scancel options] JOB: a failed scancel is logged and tried again, never taken as done
 cancel() {
   local err
-  if "${slurm_env[@]}" scancel "$1" 2>"$ERR"; then return 0; fi
+  if "${slurm_env[@]}" scancel "$@" 2>"$ERR"; then return 0; fi
   err=$(head -c 500 "$ERR" 2>/dev/null)
-  say "scancel $1 failed (${err%%$'\n'*}): trying again"
+  say "scancel ${*: -1} failed (${err%%$'\n'*}): trying again"
   return 1
 }
 
@@ -298,7 +298,7 @@ superseded() {  # $1: generation
 }
 # wait for the owner of generation $g (job $oj, run $orestart) to release it or end
 wait_for_owner() {
-  local deadline requested at owner_end_t cancelled=0 checked=0 unknown_since="" st e
+  local deadline requested at owner_end_t cancelled=0 hard_at=0 checked=0 unknown_since="" st e
   handoff_mode=""
   if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
     # the owner stops at its own signal; the wait runs on this job's time limit
@@ -341,8 +341,13 @@ wait_for_owner() {
           handoff_mode=cut deadline=$((checked + CHAINRUN_HANDOFF_TIMEOUT))
         fi
         if ((!cancelled && checked > deadline)); then
-          say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s (or by its end): cancelling it and waiting for its end"
-          cancel "$oj" && cancelled=1
+          # first as its limit would: TERM to its wrapper, which passes it on and ends normally
+          say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s (or by its end): sending it TERM"
+          cancel --batch --signal=TERM "$oj" && cancelled=1 hard_at=$((checked + CHAINRUN_HANDOFF_GRACE)) &&
+            put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=TERM" "at=$checked"
+        elif ((cancelled == 1 && checked > hard_at)); then
+          say "job $oj still runs ${CHAINRUN_HANDOFF_GRACE}s after TERM: cancelling it and waiting for its end"
+          cancel "$oj" && cancelled=2 && put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=scancel" "at=$checked"
         fi
       fi
     fi

@@ -50,6 +50,14 @@ exit 1
 """
 
 
+SCANCEL = """#!/bin/bash
+# fake scancel: `scancel --batch --signal=SIG ID` signals the job's wrapper; `scancel ID` ends the job
+id=${@: -1}; sig=""
+for a in "$@"; do [[ $a == --signal=* ]] && sig=${a#--signal=}; done
+if [[ -n $sig ]]; then kill -s "$sig" "$(cat "$FAKE_SQUEUE/$id.pid")"; else rm -f "$FAKE_SQUEUE/$id"; fi
+"""
+
+
 class Chain:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -62,7 +70,7 @@ class Chain:
         (self.run_dir / "control" / "token").write_text(token_text("c1"))  # as `submit` writes it
         (self.bin / "squeue").write_text(SQUEUE)
         (self.bin / "squeue").chmod(0o755)
-        (self.bin / "scancel").write_text("#!/bin/bash\nrm -f \"$FAKE_SQUEUE/$1\"\n")
+        (self.bin / "scancel").write_text(SCANCEL)
         (self.bin / "scancel").chmod(0o755)
         payload = tmp / "train.sh"
         payload.write_text(PAYLOAD)
@@ -79,6 +87,7 @@ class Chain:
         out = open(self.tmp / f"job-{job}.out", "w")
         p = subprocess.Popen(["bash", str(self.wrapper), str(seg)], env=full, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
+        (self.queue / f"{job}.pid").write_text(str(p.pid))
         self.jobs[job] = p
         return p
 
@@ -536,20 +545,22 @@ def test_slurm_that_cannot_tell_for_the_limit_ends_the_segment_unstarted(chain):
 
 
 def test_failed_scancel_is_retried_and_the_cut_never_outlasts_the_owners_end(chain):
-    """The hand-off wait ends at the owner's own end (+ grace), not after a fixed 15 min; a scancel
-    that fails is logged and tried again."""
+    """The hand-off wait ends at the owner's own end (+ grace), not after a fixed 15 min. The owner is
+    then sent TERM (as its limit would), through scancel --batch; a scancel that fails is logged and
+    tried again."""
     end = int(time.time()) + 6
     _train_alone(chain, "1700", IGNORE_SIGNAL="1", SLURM_JOB_END_TIME=str(end))
     (chain.bin / "scancel").write_text(f"""#!/bin/bash
 if [[ ! -e {chain.tmp}/scancel-failed ]]; then touch {chain.tmp}/scancel-failed; echo "scancel: error: Socket timed out" >&2; exit 1; fi
-rm -f "$FAKE_SQUEUE/$1"; kill -TERM $(cat {_ctl(chain)}/seg-0.start | sed -n 's/^pid=//p')
-""")
+{SCANCEL.split(chr(10), 1)[1]}""")
     chain.start(1, "1701", CHAINRUN_HANDOFF_GRACE="2")
     chain.wait_for(lambda: chain.training("1701"), timeout=60, what="job 1701 to take over")
     log = (chain.tmp / "job-1701.out").read_text()
     assert "scancel 1700 failed (scancel: error: Socket timed out): trying again" in log, log
     assert time.time() < end + 40  # ended by the owner's end + grace, then one retry (10 s checks)
+    assert parse_outcome((_ctl(chain) / "cancel.0").read_text())["how"] == "TERM"
     chain.finish("1700")
+    assert chain.outcome(0)["outcome"] in ("handoff", "continue")  # it ended normally, with its checkpoint
     _stop(chain, "1701")
     chain.assert_never_two_at_once()
 
