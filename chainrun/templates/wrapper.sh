@@ -105,8 +105,13 @@ esac
 # none of the user's SQUEUE_*/SACCT_FORMAT settings (they can filter a running owner out)
 slurm_env=(env -u SQUEUE_STATES -u SQUEUE_USERS -u SQUEUE_PARTITION -u SQUEUE_ACCOUNT -u SQUEUE_QOS
            -u SQUEUE_NAMES -u SQUEUE_FORMAT -u SQUEUE_FORMAT2 -u SQUEUE_SORT -u SACCT_FORMAT SLURM_TIME_FORMAT=%s)
-ERR=$(mktemp "${TMPDIR:-/tmp}/chainrun-$JOB.XXXXXX" 2>/dev/null) || ERR=""  # node-local, for stderr
-ERR_TMP=$ERR; ERR=${ERR:-/dev/null}  # (only ERR_TMP is ever removed)
+# Slurm's stderr goes to a node-local file that is unlinked at once (nothing is left behind, even
+# after SIGKILL): fd 5 keeps it, /dev/fd/5 opens it again for each command
+ERR=/dev/null
+if f=$(mktemp "${TMPDIR:-/tmp}/chainrun-$JOB.XXXXXX" 2>/dev/null); then
+  exec 5<> "$f" && ERR=/dev/fd/5
+  rm -f "$f"
+fi
 # a run's state: alive (it may still train), ended (this run of the job is over) or unknown
 state_word() {  # $1: Slurm state (first word), $2: restart count Slurm reports ("" if not), $3: the recorded one
   case $1 in
@@ -197,7 +202,7 @@ released=0
 release() {   # let the next segment take over: called once no process of the payload is left (or it never ran)
   if ((my_gen >= 0 && !released)); then put "$CTL/released.$my_gen" "job=$JOB" "restart=$RESTART" "at=$(now)"; released=1; fi
 }
-trap 'release; [[ -n $ERR_TMP ]] && rm -f "$ERR_TMP"' EXIT
+trap release EXIT
 
 # ---- signals: from the first line on, so an early signal never kills a waiting segment
 signaled=0 handoff=0 stop_wait="" signal_at=""
@@ -418,9 +423,9 @@ payload_start=$(now)
 # end_time: a successor that starts early reads it to find this segment's hand-over point
 put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME"
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
-  CHAINRUN_GENERATION=$my_gen setsid "$CHAINRUN_PAYLOAD" &
+  CHAINRUN_GENERATION=$my_gen setsid "$CHAINRUN_PAYLOAD" 5>&- &
 else
-  CHAINRUN_GENERATION=$my_gen setsid bash "$CHAINRUN_PAYLOAD" &
+  CHAINRUN_GENERATION=$my_gen setsid bash "$CHAINRUN_PAYLOAD" 5>&- &
 fi
 pid=$!
 pgid=$pid
