@@ -19,9 +19,13 @@ from chainrun.errors import UsageError
 from chainrun.state.records import CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, HANDOFF, SKIPPED, UNSTARTED
 
 DONE_FILE_NAME = "CHAINRUN_DONE"
-HANDOFF_TIMEOUT_S = 900  # how long a successor waits for its predecessor's checkpoint at most
+# A successor waits for its predecessor's hand-off at most max(signal lead + HANDOFF_MARGIN_S, --save-timeout),
+# and never past the predecessor's own end (the wrapper computes it: CHAINRUN_HANDOFF_TIMEOUT)
+HANDOFF_MARGIN_S = 60
+NO_RUN_FOLDER = "no-run-folder"  # the wrapper did not see control/token: the run folder is not visible on the node
+NO_RUN_FOLDER_EXIT = 86  # ... and exits with this code (the watcher's sign when not even the outcome could be written)
 _SBATCH_RE = re.compile(r"^#SBATCH\s+(.*)$")
-_OUTCOMES = {CONTINUE, CRASH, DONE, HANDOFF, SKIPPED, UNSTARTED, CHECKPOINT_CRASH}
+_OUTCOMES = {CONTINUE, CRASH, DONE, HANDOFF, SKIPPED, UNSTARTED, CHECKPOINT_CRASH, NO_RUN_FOLDER}
 # options chainrun sets itself; the user's values for these are refused or overridden
 OWNED_OPTIONS = ("--job-name", "-J", "--signal", "--time", "-t", "--parsable", "--array", "-a", "--wrap")
 
@@ -72,9 +76,11 @@ def option_value(opts: list[str], *names: str) -> str | None:
 
 def render_wrapper(
     *, chain_id: str, run_dir: str, checkpoint_dir: str, payload: str, signal: str, script_text: str,
-    ref_nodes: int | None = None,
+    ref_nodes: int | None = None, signal_lead_s: int = 300, save_timeout_s: int = 0,
 ) -> str:
-    """The batch script every segment of a chain runs."""
+    """The batch script every segment of a chain runs.
+
+    ``signal_lead_s`` and ``save_timeout_s`` bound a successor's wait after its hand-off request."""
     values = {
         "VERSION": __version__,
         "CHAIN_ID_COMMENT": re.sub(r"[^A-Za-z0-9._-]", "_", chain_id),
@@ -84,7 +90,9 @@ def render_wrapper(
         "SIGNAL": shlex.quote(signal),
         "RUN_DIR": shlex.quote(run_dir),
         "PAYLOAD": shlex.quote(payload),
-        "HANDOFF_TIMEOUT": str(HANDOFF_TIMEOUT_S),
+        "SIGNAL_LEAD": str(int(signal_lead_s)),
+        "SAVE_TIMEOUT": str(int(save_timeout_s)),
+        "HANDOFF_MARGIN": str(HANDOFF_MARGIN_S),
         "REF_NODES": str(int(ref_nodes)) if ref_nodes else "",  # elastic chains: the first of --shapes
     }
     text = wrapper_template()
@@ -103,6 +111,11 @@ def parse_outcome(text: str) -> dict[str, str]:
     if info.get("outcome") not in _OUTCOMES:
         info.pop("outcome", None)
     return info
+
+
+def token_text(chain_id: str) -> str:
+    """``control/token``, written at submit: the wrapper trains only where it reads its own chain id there."""
+    return f"chain={chain_id}\n"
 
 
 def control_path(run_dir: str, idx: int, kind: str) -> str:

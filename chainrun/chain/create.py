@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 
-from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options
+from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options, token_text
 from chainrun.chain.policies import default_lead_s, get_policy
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import merge_site_options
@@ -48,6 +48,7 @@ class SubmitRequest:
     shape_efficiency: str | None = None  # e.g. "2=0.9,4=0.95": scaling efficiency per node count
     time_min_s: int | None = None  # --time-min: the shortest segment worth starting (Slurm may shorten one)
     filler_margin: float | None = None  # --filler: a filler's least gain in boundaries (None: no filler)
+    save_timeout_s: int | None = None  # --save-timeout: a hand-off's save may take this long (wrapper)
 
 
 @dataclass(frozen=True)
@@ -160,12 +161,14 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
                **({"shapes": list(shapes), "shape_efficiency": {str(k): v for k, v in efficiency.items()}}
                   if shapes else {}),
                **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {}),
-               **({"filler_margin": float(req.filler_margin)} if req.filler_margin is not None else {})},
+               **({"filler_margin": float(req.filler_margin)} if req.filler_margin is not None else {}),
+               **({"save_timeout_s": int(req.save_timeout_s)} if req.save_timeout_s else {})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
-                             signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None)
-    for sub in ("control", "logs"):
-        runner.write_file(f"{run_dir}/{sub}/.keep", "", 0o600)
+                             signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None,
+                             signal_lead_s=signal_lead, save_timeout_s=int(req.save_timeout_s or 0))
+    runner.write_file(f"{run_dir}/control/token", token_text(chain_id), 0o600)  # the wrapper checks it on the node
+    runner.write_file(f"{run_dir}/logs/.keep", "", 0o600)
     if req.upload_script:
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)

@@ -117,6 +117,7 @@ def segment_args(chain: Chain, seg: Segment) -> list[str]:
         f"--time={to_slurm_time(seg.time_limit_s)}",
         f"--signal=B:{chain.signal}@{chain.signal_lead_s}",
         f"--chdir={chain.workdir}",
+        "--open-mode=append",  # a requeued segment (same job id, same output file) keeps its first run's log
     ]
     if seg.extra.get("time_min_s"):
         args.append(f"--time-min={to_slurm_time(int(seg.extra['time_min_s']))}")
@@ -127,7 +128,7 @@ def segment_args(chain: Chain, seg: Segment) -> list[str]:
 
 def describe(args: list[str]) -> str:
     """The request as a user would type it, without chainrun's bookkeeping options."""
-    hidden = ("--job-name=", "--chdir=", "--output=")
+    hidden = ("--job-name=", "--chdir=", "--output=", "--open-mode=")
     return " ".join(a for a in args if not a.startswith(hidden))
 
 

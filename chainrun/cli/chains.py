@@ -52,6 +52,7 @@ def submit(
     shapes: Annotated[Optional[str], typer.Option("--shapes", metavar="N,N,...", help="Elastic segments: node counts each segment may ask for, e.g. 8,4,2; the first is the reference shape --total is counted in (docs/elastic.md).")] = None,
     shape_efficiency: Annotated[Optional[str], typer.Option("--shape-efficiency", metavar="N=E,...", help="Scaling efficiency per node count against linear, e.g. 2=0.9,4=0.95 (default 1.0) until the chain has measured its pace.")] = None,
     time_min: Annotated[Optional[str], typer.Option("--time-min", help=f"The shortest segment worth starting: Slurm may start a segment sooner with a limit down to this (sbatch --time-min); {DURATION_HELP}.")] = None,
+    save_timeout: Annotated[Optional[str], typer.Option("--save-timeout", help=f"How long a checkpoint may take when the next segment asks for the hand-off, before it cancels this one (default: the signal lead + 1 min; never past the segment's end); {DURATION_HELP}.")] = None,
     filler: Annotated[Optional[float], typer.Option("--filler", metavar="BOUNDARIES", help="With --shapes: while the reference shape only queues, run a segment on fewer nodes when it gains at least this many segment boundaries of work, e.g. 6 (default: no filler, the replay's pick; docs/elastic.md).")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
@@ -61,7 +62,7 @@ def submit(
     if name_of_cluster != "local":
         return _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir,
                               name_of_cluster, remote_script, json_out, adapt=not no_adapt,
-                              elastic=_elastic_options(shapes, shape_efficiency, time_min, filler))
+                              elastic=_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout))
     if remote_script:
         raise UsageError("--remote-script is for remote clusters", hint="on the local cluster SCRIPT is used in place anyway")
     total_s = parse_duration(total, what="--total")
@@ -74,7 +75,7 @@ def submit(
         script=str(script_path), script_text=text, total_s=total_s, workdir=os.getcwd(), segment_s=segment_s,
         policy=policy, lead_s=lead_s, signal=signal, name=name, retries=retries,
         checkpoint_dir=str(checkpoint_dir.expanduser().resolve()) if checkpoint_dir else None,
-        sbatch_args=extra, cluster="local", adapt=not no_adapt, **_elastic_options(shapes, shape_efficiency, time_min, filler),
+        sbatch_args=extra, cluster="local", adapt=not no_adapt, **_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout),
     )
     c = open_context("local")
     try:
@@ -125,7 +126,7 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
 
 
 def _elastic_options(shapes: str | None, efficiency: str | None, time_min: str | None,
-                     filler: float | None = None) -> dict:
+                     filler: float | None = None, save_timeout: str | None = None) -> dict:
     """--shapes, --shape-efficiency, --time-min as SubmitRequest fields. Their syntax is checked here,
     before any Slurm call; create_chain checks them against the partition and the script."""
     from chainrun.chain.shapes import parse_efficiency, parse_filler, parse_shapes
@@ -138,7 +139,8 @@ def _elastic_options(shapes: str | None, efficiency: str | None, time_min: str |
         raise UsageError("--filler needs --shapes", hint="e.g. --shapes 4,2 --filler 6")
     return {"shapes": shapes, "shape_efficiency": efficiency,
             "time_min_s": parse_duration(time_min, what="--time-min") if time_min else None,
-            "filler_margin": parse_filler(filler)}
+            "filler_margin": parse_filler(filler),
+            "save_timeout_s": parse_duration(save_timeout, what="--save-timeout") if save_timeout else None}
 
 
 def _read_script(script: Path) -> str:

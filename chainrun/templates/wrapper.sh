@@ -8,7 +8,8 @@
 #   env    CHAINRUN_CHAIN_ID, CHAINRUN_SEGMENT (0-based), CHAINRUN_CHECKPOINT_DIR,
 #          CHAINRUN_END_TIME (epoch s, the real end Slurm reports), CHAINRUN_DONE_FILE,
 #          CHAINRUN_SIGNAL, CHAINRUN_NODES, CHAINRUN_GPUS (this segment, all nodes),
-#          CHAINRUN_GPUS_PER_NODE, CHAINRUN_REF_NODES, CHAINRUN_REF_GPUS (the chain's reference shape)
+#          CHAINRUN_GPUS_PER_NODE, CHAINRUN_REF_NODES, CHAINRUN_REF_GPUS (the chain's reference shape),
+#          CHAINRUN_GENERATION (the generation claimed: write it into the checkpoint's marker)
 #   signal CHAINRUN_SIGNAL reaches every process of the payload some time before the limit,
 #          or as soon as the next segment has started (hand-off): save a checkpoint, exit.
 #   done   create CHAINRUN_DONE_FILE (or run `chainrun-done`) when training is finished.
@@ -18,17 +19,27 @@
 # Never two copies: a segment trains only while it owns the chain. Ownership is a
 # generation number claimed by exclusive create of control/owner.<G> (O_EXCL works on
 # NFS and Lustre; no lock has to span nodes). A segment may claim generation G+1 only
-# once the owner of G has released it (its payload has exited) or Slurm reports the
-# owner's job ended. Whoever fails to establish that does not start the payload.
+# once the owner of G has released it (no process of its payload is left) or Slurm reports
+# the owner's run ended. Whoever fails to establish that does not start the payload. An
+# owner stops its payload as soon as generation G+1 exists (fencing: a node Slurm gave up on).
+# A rerun of this job (Slurm requeue: SLURM_RESTART_COUNT >= 1) takes part like any segment.
 set -u
+umask 077  # control and checkpoint files are private (users' weights are)
 
 CHAINRUN_CHAIN_ID=@@CHAIN_ID@@
 CHAINRUN_CHECKPOINT_DIR=@@CHECKPOINT_DIR@@
 CHAINRUN_SIGNAL=@@SIGNAL@@
 CHAINRUN_RUN_DIR=@@RUN_DIR@@
 CHAINRUN_PAYLOAD=@@PAYLOAD@@
-CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-@@HANDOFF_TIMEOUT@@}
-CHAINRUN_HANDOFF_GRACE=${CHAINRUN_HANDOFF_GRACE:-60}  # an owner waited for by the rule may outlive its end this long
+CHAINRUN_SIGNAL_LEAD=@@SIGNAL_LEAD@@
+CHAINRUN_SAVE_TIMEOUT=${CHAINRUN_SAVE_TIMEOUT:-@@SAVE_TIMEOUT@@}
+# a hand-off may take as long as the save at the limit (the signal lead, plus a margin) or --save-timeout
+m=$((CHAINRUN_SIGNAL_LEAD + @@HANDOFF_MARGIN@@))
+CHAINRUN_HANDOFF_TIMEOUT=${CHAINRUN_HANDOFF_TIMEOUT:-$((m > CHAINRUN_SAVE_TIMEOUT ? m : CHAINRUN_SAVE_TIMEOUT))}
+CHAINRUN_HANDOFF_GRACE=${CHAINRUN_HANDOFF_GRACE:-60}  # an owner waited for may outlive its end this long
+CHAINRUN_RELEASE_GRACE=${CHAINRUN_RELEASE_GRACE:-60}  # payload processes outliving its leader: then killed
+CHAINRUN_MONITOR_PERIOD=${CHAINRUN_MONITOR_PERIOD:-2}
+CHAINRUN_SLURM_UNKNOWN_LIMIT=${CHAINRUN_SLURM_UNKNOWN_LIMIT:-600}  # Slurm cannot tell this long: give up
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 # the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
@@ -49,7 +60,10 @@ export CHAINRUN_PROGRESS_FILE
 CTL=$CHAINRUN_RUN_DIR/control
 ME=$CTL/seg-$CHAINRUN_SEGMENT
 JOB=${SLURM_JOB_ID:-local-$$}
-mkdir -p "$CTL" "$CHAINRUN_CHECKPOINT_DIR"
+RESTART=${SLURM_RESTART_COUNT:-0}  # >= 1: Slurm requeued this job and runs it again under the same id
+[[ $RESTART =~ ^[0-9]+$ ]] || RESTART=0
+HOST=$(hostname)
+my_gen=-1     # the generation this job owns, once it has claimed one
 
 now() { date +%s; }
 say() { echo "[chainrun $(date +%H:%M:%S) seg $CHAINRUN_SEGMENT] $*"; }
@@ -58,18 +72,135 @@ put() {
   local f=$1; shift
   printf '%s\n' "$@" > "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"
 }
+field() { sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1; }  # field FILE KEY: one value of a key=value file
 # outcome KEY=VALUE...: written once, atomically; the watcher reads it when the job has ended
-outcome() { put "$ME.outcome" "$@" "job=$JOB" "gen=$my_gen" "written=$(now)"; }
+outcome() { put "$ME.outcome" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"; }
 # the last lines of this job's output, for the watcher to show when something went wrong
 keep_tail() {
   local out
   out=$(readlink -f /proc/$$/fd/1 2>/dev/null) && [[ -f $out ]] && tail -n 20 "$out" > "$ME.tail" 2>/dev/null
 }
 
-my_gen=-1     # the generation this job owns, once it has claimed one
+# ---- the run folder must be the one chainrun made at submit: it wrote control/token there. A node
+# that does not see it (the path is not mounted there, or it is node-local) must not train beside
+# the real owner on an empty folder: nothing is created, nothing trains, exit 86 (the watcher's
+# no-run-folder)
+if [[ $(field "$CTL/token" chain) != "$CHAINRUN_CHAIN_ID" ]]; then
+  if [[ -e $CTL/token ]]; then
+    why="$CTL/token names another chain"
+  else
+    why="$CTL/token is missing"
+    [[ -d $CTL && -w $CTL ]] && outcome outcome=no-run-folder "reason=$why" 2>/dev/null
+  fi
+  echo "chainrun: run folder $CHAINRUN_RUN_DIR is not visible on $HOST ($why): training nothing;" \
+       "put the run folder on a filesystem every compute node mounts" >&2
+  exit 86
+fi
+case $CHAINRUN_CHECKPOINT_DIR/ in
+  "$CHAINRUN_RUN_DIR"/*) mkdir -p "$CHAINRUN_CHECKPOINT_DIR" ;;  # inside the verified run folder
+  *) [[ -d $CHAINRUN_CHECKPOINT_DIR ]] || say "note: $CHAINRUN_CHECKPOINT_DIR does not exist on $HOST (left to the payload)" ;;
+esac
+
+# ---- reading Slurm: stdout by field, stderr apart (only "Invalid job id" means something), and
+# none of the user's SQUEUE_*/SACCT_FORMAT settings (they can filter a running owner out)
+slurm_env=(env -u SQUEUE_STATES -u SQUEUE_USERS -u SQUEUE_PARTITION -u SQUEUE_ACCOUNT -u SQUEUE_QOS
+           -u SQUEUE_NAMES -u SQUEUE_FORMAT -u SQUEUE_FORMAT2 -u SQUEUE_SORT -u SACCT_FORMAT SLURM_TIME_FORMAT=%s)
+# Slurm's stderr goes to a node-local file that is unlinked at once (nothing is left behind, even
+# after SIGKILL): fd 5 keeps it, /dev/fd/5 opens it again for each command
+ERR=/dev/null
+if f=$(mktemp "${TMPDIR:-/tmp}/chainrun-$JOB.XXXXXX" 2>/dev/null); then
+  exec 5<> "$f" && ERR=/dev/fd/5
+  rm -f "$f"
+fi
+# a run's state: alive (it may still train), ended (this run of the job is over) or unknown
+state_word() {  # $1: Slurm state (first word), $2: restart count Slurm reports ("" if not), $3: the recorded one
+  case $1 in
+    PENDING | REQUEUED | REQUEUE_HOLD | REQUEUE_FED | SPECIAL_EXIT | COMPLETED | CANCELLED | FAILED | TIMEOUT | \
+    NODE_FAIL | PREEMPTED | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE | REVOKED)
+      echo ended ;;  # a claimer was running: pending again means its run was requeued
+    RUNNING | COMPLETING | CONFIGURING | SUSPENDED | STOPPED | SIGNALING | STAGE_OUT | RESIZING | RESV_DEL_HOLD)
+      if [[ $2 =~ ^[0-9]+$ && $3 =~ ^[0-9]+$ ]] && ((10#$2 > 10#$3)); then echo ended; else echo alive; fi ;;
+    *) echo unknown ;;
+  esac
+}
+slurm_note="" ost=""
+run_state() {  # $1: job id, $2: the restart count it claimed with. Sets ost to alive, ended or unknown
+  local out rc id st rs err
+  ost=unknown
+  [[ $1 == local-* || -z $1 ]] && return
+  out=$("${slurm_env[@]}" squeue -h -t all -j "$1" -O "JobID:|,State:|,RestartCnt:|" 2>"$ERR"); rc=$?
+  err=$(head -c 2000 "$ERR" 2>/dev/null)
+  if ((rc == 0)); then
+    while IFS='|' read -r id st rs _; do
+      id=${id// /} st=${st// /} rs=${rs// /}
+      [[ $id == "$1" ]] || continue
+      ost=$(state_word "$st" "$rs" "$2")
+      [[ $ost != unknown ]] && return
+    done <<< "$out"
+  elif [[ $err == *"Invalid job id"* ]]; then
+    ost=ended; return  # purged from the controller: long over
+  fi
+  [[ -n $err ]] && slurm_note="squeue said: ${err%%$'\n'*}"
+  # cannot tell from squeue (empty, unparseable, an error): ask the accounting
+  out=$("${slurm_env[@]}" sacct -X -n -P -j "$1" -o State 2>"$ERR" | head -n 1); st=${out%% *}
+  ost=$(state_word "${st//|/}" "" "$2")
+}
+# cancel [scancel options] JOB: a failed scancel is logged and tried again, never taken as done
+cancel() {
+  local err
+  if "${slurm_env[@]}" scancel "$@" 2>"$ERR"; then return 0; fi
+  err=$(head -c 500 "$ERR" 2>/dev/null)
+  say "scancel ${*: -1} failed (${err%%$'\n'*}): trying again"
+  return 1
+}
+
+# ---- the payload: every process of it, including descendants that left its process group
+# (setsid'd writers): the job's cgroup where proctrack/cgroup puts one, else the environment
+# every descendant inherits (SLURM_JOB_ID, CHAINRUN_CHAIN_ID and the generation it was started for)
+left=()
+payload_left() {  # fills the array `left` with the payload's live processes (zombies are gone)
+  local p s cg line f pids=()
+  left=()
+  [[ -z ${pgid:-} ]] && return
+  pids+=($(pgrep -g "$pgid" 2>/dev/null))
+  pids+=($(env -u CHAINRUN_GENERATION grep -lzxF "CHAINRUN_GENERATION=$my_gen" /proc/[0-9]*/environ 2>/dev/null \
+           | while IFS=/ read -r _ _ p _; do
+               env -u CHAINRUN_GENERATION grep -qzxF "CHAINRUN_CHAIN_ID=$CHAINRUN_CHAIN_ID" "/proc/$p/environ" 2>/dev/null &&
+                 { [[ $JOB == local-* ]] || env -u CHAINRUN_GENERATION grep -qzxF "SLURM_JOB_ID=$JOB" "/proc/$p/environ" 2>/dev/null; } &&
+                 echo "$p"
+             done))
+  if [[ -n ${SLURM_JOB_ID:-} ]]; then  # proctrack/cgroup: every process of the job, whatever its environment
+    while IFS= read -r line; do
+      cg=${line#*:*:}; [[ $cg == */job_"$SLURM_JOB_ID"/* ]] || continue
+      cg=${cg%%/job_"$SLURM_JOB_ID"/*}/job_$SLURM_JOB_ID
+      for f in /sys/fs/cgroup$cg /sys/fs/cgroup/freezer$cg /sys/fs/cgroup/pids$cg; do
+        [[ -d $f ]] || continue
+        pids+=($(find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null))
+        break 2
+      done
+    done < /proc/$$/cgroup
+  fi
+  declare -A seen=()
+  for p in "${pids[@]}"; do
+    [[ -n ${seen[$p]:-} || $p == "$$" ]] && continue
+    seen[$p]=1
+    read -r s < "/proc/$p/comm" 2>/dev/null || continue
+    [[ $s == slurmstepd ]] && continue
+    s=$(sed -n 's/^State:\s*\([A-Z]\).*/\1/p' "/proc/$p/status" 2>/dev/null)
+    [[ -z $s || $s == Z || $s == X ]] && continue
+    grep -qs "^PPid:\s*$$\$" "/proc/$p/status" && ((p != ${pid:-0})) && continue  # the wrapper's own helpers
+    left+=("$p")
+  done
+}
+kill_payload() {  # KILL the payload's group and every process of it found
+  [[ -n ${pgid:-} ]] && kill -KILL -- "-$pgid" 2>/dev/null
+  payload_left
+  ((${#left[@]})) && kill -KILL "${left[@]}" 2>/dev/null
+}
+
 released=0
-release() {   # let the next segment take over: called once the payload has exited (or never ran)
-  if ((my_gen >= 0 && !released)); then put "$CTL/released.$my_gen" "job=$JOB" "at=$(now)"; released=1; fi
+release() {   # let the next segment take over: called once no process of the payload is left (or it never ran)
+  if ((my_gen >= 0 && !released)); then put "$CTL/released.$my_gen" "job=$JOB" "restart=$RESTART" "at=$(now)"; released=1; fi
 }
 trap release EXIT
 
@@ -90,11 +221,11 @@ trap 'on_signal INT' INT
 # ---- the real end of this allocation (Slurm may shorten a job with --time-min)
 CHAINRUN_END_TIME=${SLURM_JOB_END_TIME:-}
 if [[ -z $CHAINRUN_END_TIME && -n ${SLURM_JOB_ID:-} ]]; then
-  CHAINRUN_END_TIME=$(SLURM_TIME_FORMAT=%s squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n 1)
+  CHAINRUN_END_TIME=$("${slurm_env[@]}" squeue -h -j "$SLURM_JOB_ID" -o %e 2>/dev/null | head -n 1)
   [[ $CHAINRUN_END_TIME =~ ^[0-9]+$ ]] || CHAINRUN_END_TIME=
 fi
 export CHAINRUN_END_TIME
-put "$ME.start" "job=$JOB" "start=$(now)" "end_time=$CHAINRUN_END_TIME" "host=$(hostname)" "pid=$$"
+put "$ME.start" "job=$JOB" "restart=$RESTART" "start=$(now)" "end_time=$CHAINRUN_END_TIME" "host=$HOST" "pid=$$"
 
 # ---- who owns the chain now
 current_gen() {  # the highest claimed generation, -1 when nobody has trained yet
@@ -108,27 +239,20 @@ current_gen() {  # the highest claimed generation, -1 when nobody has trained ye
 owner_job() {  # the job id in owner.<G> (the claimer writes it right after the exclusive create)
   local j="" i
   for i in $(seq 1 20); do
-    j=$(sed -n 's/^job=//p' "$CTL/owner.$1" 2>/dev/null | head -n 1)
+    j=$(field "$CTL/owner.$1" job)
     [[ -n $j ]] && break
     sleep 0.5
   done
   echo "$j"
 }
-job_ended() {  # 0 only when Slurm itself says the job is over; "cannot tell" is not "ended"
-  local out rc
-  [[ $1 == local-* || -z $1 ]] && return 1
-  out=$(squeue -h -j "$1" -o %T 2>&1); rc=$?
-  if ((rc == 0)); then
-    case $out in
-      "" | COMPLETED | CANCELLED | FAILED | TIMEOUT | NODE_FAIL | PREEMPTED | OUT_OF_MEMORY | BOOT_FAIL | DEADLINE) return 0 ;;
-    esac
-    return 1
-  fi
-  [[ $out == *"Invalid job id"* ]] && return 0  # purged from the controller: long over
-  return 1
-}
 claim() {  # exclusive create: exactly one job can own generation $1
-  (set -C; printf 'job=%s\nseg=%s\nhost=%s\nat=%s\n' "$JOB" "$CHAINRUN_SEGMENT" "$(hostname)" "$(now)" > "$CTL/owner.$1") 2>/dev/null
+  (set -C; printf 'job=%s\nrestart=%s\nseg=%s\nhost=%s\nat=%s\n' "$JOB" "$RESTART" "$CHAINRUN_SEGMENT" "$HOST" "$(now)" \
+    > "$CTL/owner.$1") 2>/dev/null
+}
+# the end the owner of generation $1 recorded when it started training (empty if not known)
+owner_end() {
+  local st=$CTL/seg-$(field "$CTL/owner.$1" seg).state
+  [[ $(field "$st" gen) == "$1" ]] && field "$st" end_time
 }
 
 # ---- adaptive hand-off: wait for the owner's hand-over point instead of cutting it when the
@@ -154,60 +278,133 @@ rule_wait() {  # $1: owner generation, $2: owner job. Prints "<hand-over point> 
   return 1
 }
 
-# ---- wait until the chain is ours: the previous owner released it or its job has ended
-handoff_wait=0 handoff_mode=""
+# ---- wait until the chain is ours: the previous owner released it or its run has ended
+handoff_wait=0 handoff_mode="" claim_failures=0 took_over=0
 t0=$(now)
-while [[ -z $stop_wait ]]; do
-  g=$(current_gen)
-  if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
-    oj=$(owner_job "$g")
-    deadline=$((t0 + CHAINRUN_HANDOFF_TIMEOUT))  # no hand-off by then: the owner is cancelled
-    handoff_mode=""
-    if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
-      # the owner stops at its own signal; the wait runs on this job's time limit
-      read -r at owner_end <<< "$at"
-      handoff_mode=wait
-      ((at + CHAINRUN_HANDOFF_TIMEOUT > deadline)) && deadline=$((at + CHAINRUN_HANDOFF_TIMEOUT))
-      put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=wait" "handover_at=$at"
-      say "job ${oj:-?} hands over in $((at - $(now)))s: waiting for it instead of cutting it (hand-off rule)"
-    else
-      put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0"
-      if [[ ! -e $CTL/handoff.$g ]]; then
-        handoff_mode=cut
-        say "segment of job ${oj:-?} still owns the chain: requesting hand-off"
-        put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
-      fi
+# the outcome of a run that did not train. A rerun keeps its job's earlier outcome (what that run
+# trained is what the watcher credits) and leaves its own beside it, in seg-<N>.rerun-<restart>
+outcome_untrained() {
+  if ((RESTART >= 1)) && [[ $(field "$ME.outcome" job) == "$JOB" ]]; then
+    put "$ME.rerun-$RESTART" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"
+  else
+    outcome "$@"
+  fi
+}
+# end without training (the watcher's `unstarted`): nothing was claimed
+end_unstarted() {
+  say "$1: ending without training"
+  outcome_untrained outcome=unstarted "reason=$1" "handoff_wait=$(($(now) - t0))" "handoff_mode=$handoff_mode"
+  exit 0
+}
+# a rerun never takes the chain from a later segment: the chain moved on while it was requeued
+superseded() {  # $1: generation
+  local s; s=$(field "$CTL/owner.$1" seg)
+  ((RESTART >= 1)) && [[ $s =~ ^[0-9]+$ ]] && ((10#$s > 10#$CHAINRUN_SEGMENT)) &&
+    [[ $(field "$CTL/owner.$1" job) != "$JOB" ]]
+}
+# wait for the owner of generation $g (job $oj, run $orestart) to release it or end
+wait_for_owner() {
+  local deadline requested at owner_end_t cancelled=0 hard_at=0 checked=0 unknown_since="" st e
+  handoff_mode=""
+  if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
+    # the owner stops at its own signal; the wait runs on this job's time limit
+    read -r at owner_end_t <<< "$at"
+    handoff_mode=wait
+    deadline=$((at + CHAINRUN_HANDOFF_TIMEOUT))
+    put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=wait" "handover_at=$at"
+    say "job ${oj:-?} hands over in $((at - $(now)))s: waiting for it instead of cutting it (hand-off rule)"
+  else
+    put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0"
+    if [[ ! -e $CTL/handoff.$g ]]; then
+      handoff_mode=cut
+      say "segment of job ${oj:-?} still owns the chain: requesting hand-off"
+      put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
     fi
-    cancelled=0 checked=0
-    while [[ -z $stop_wait && ! -e $CTL/released.$g ]]; do
-      if (($(now) - checked >= 10)); then
-        checked=$(now)
-        if job_ended "$oj"; then say "Slurm reports job $oj ended"; break; fi
-        if [[ $handoff_mode == wait && ! -e $CTL/handoff.$g ]] && (($(now) > owner_end + CHAINRUN_HANDOFF_GRACE)); then
+    requested=$(field "$CTL/handoff.$g" requested)
+    [[ $requested =~ ^[0-9]+$ ]] || requested=$(now)
+    deadline=$((requested + CHAINRUN_HANDOFF_TIMEOUT))
+    # never past the owner's own end: Slurm stops it there anyway
+    e=$(owner_end "$g")
+    [[ $e =~ ^[0-9]+$ ]] && ((e + CHAINRUN_HANDOFF_GRACE > requested && e + CHAINRUN_HANDOFF_GRACE < deadline)) &&
+      deadline=$((e + CHAINRUN_HANDOFF_GRACE))
+  fi
+  while [[ -z $stop_wait && ! -e $CTL/released.$g ]]; do
+    if (($(now) - checked >= 10)); then
+      checked=$(now)
+      run_state "$oj" "${orestart:-0}"; st=$ost
+      if [[ $st == ended ]]; then say "Slurm reports that job $oj's run ended"; took_over=1; return; fi
+      if [[ $st == unknown ]]; then
+        unknown_since=${unknown_since:-$checked}
+        ((checked - unknown_since >= CHAINRUN_SLURM_UNKNOWN_LIMIT)) &&
+          end_unstarted "cannot tell whether job $oj ended: squeue and sacct gave no answer for $((checked - unknown_since))s${slurm_note:+ ($slurm_note)}"
+      else
+        unknown_since=""
+        if [[ $handoff_mode == wait && ! -e $CTL/handoff.$g ]] && ((checked > owner_end_t + CHAINRUN_HANDOFF_GRACE)); then
           # still running well past the end it recorded (its limit was extended?): ask, as without the rule
           say "job $oj still runs after its end: requesting hand-off"
-          put "$CTL/handoff.$g" "requested=$(now)" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+          put "$CTL/handoff.$g" "requested=$checked" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
           put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=cut"
-          handoff_mode=cut deadline=$(($(now) + CHAINRUN_HANDOFF_TIMEOUT))
+          handoff_mode=cut deadline=$((checked + CHAINRUN_HANDOFF_TIMEOUT))
         fi
-        if ((!cancelled && $(now) > deadline)) && [[ $oj != local-* && -n $oj ]]; then
-          say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s: cancelling it and waiting for its end"
-          scancel "$oj" 2>/dev/null; cancelled=1
+        if ((!cancelled && checked > deadline)); then
+          # first as its limit would: TERM to its wrapper, which passes it on and ends normally
+          say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s (or by its end): sending it TERM"
+          cancel --batch --signal=TERM "$oj" && cancelled=1 hard_at=$((checked + CHAINRUN_HANDOFF_GRACE)) &&
+            put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=TERM" "at=$checked"
+        elif ((cancelled == 1 && checked > hard_at)); then
+          say "job $oj still runs ${CHAINRUN_HANDOFF_GRACE}s after TERM: cancelling it and waiting for its end"
+          cancel "$oj" && cancelled=2 && put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=scancel" "at=$checked"
         fi
       fi
-      sleep 1
-    done
-    [[ -n $stop_wait ]] && break
+    fi
+    sleep 1
+  done
+}
+
+while [[ -z $stop_wait ]]; do
+  g=$(current_gen)
+  if ((g >= 0)) && superseded "$g"; then
+    end_unstarted "superseded: segment $(field "$CTL/owner.$g" seg) already owns the chain (generation $g) since this job was requeued"
+  fi
+  took_over=0  # 1: generation g is taken without its owner's release (a run Slurm lost may still train)
+  if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
+    oj=$(owner_job "$g") orestart=$(field "$CTL/owner.$g" restart) took_over=1
+    if [[ -z $oj ]]; then
+      age=$(($(now) - $(stat -c %Y "$CTL/owner.$g" 2>/dev/null || now)))
+      if ((age < 60)); then sleep 1; continue; fi
+      say "control/owner.$g has stayed empty for ${age}s (its claimer died while claiming): taking it as released"
+    elif [[ $oj == "$JOB" ]]; then
+      # this job's own earlier run (Slurm requeued it): that run is over, never wait for ourselves
+      say "generation $g belonged to this job's earlier run (restart ${orestart:-0}): it has ended"
+    else
+      took_over=0
+      wait_for_owner
+      [[ -n $stop_wait ]] && break
+    fi
   fi
   if claim $((g + 1)); then my_gen=$((g + 1)); break; fi
-  # another segment claimed it first: it owns the chain now, so wait for it in turn
+  # another segment claimed it first (it owns the chain now: wait for it in turn), or the folder
+  # refuses the claim (or lists stale names): never spin
+  sleep 1
+  if [[ -e $CTL/owner.$((g + 1)) ]]; then claim_failures=0; continue; fi
+  if ((++claim_failures >= 30)); then
+    echo "chainrun: cannot create $CTL/owner.$((g + 1)) on $HOST (30 tries): training nothing" >&2
+    outcome outcome=no-run-folder "reason=cannot create control/owner.$((g + 1))" 2>/dev/null
+    exit 86
+  fi
 done
+# taken without a release: an owner's run that Slurm gave up on (a frozen node) may still train. Its
+# monitor stops it within one period of seeing our claim (fencing): give it that time before training
+if ((took_over && my_gen >= 0)) && [[ -z $stop_wait ]]; then
+  say "generation $my_gen taken without a release: waiting $((2 * CHAINRUN_MONITOR_PERIOD + 2))s for a lost run to be fenced"
+  sleep $((2 * CHAINRUN_MONITOR_PERIOD + 2)) & wait $!
+fi
 handoff_wait=$(($(now) - t0))
 
 if [[ -n $stop_wait ]]; then
   say "got $stop_wait while waiting for the hand-off: ending without training"
-  [[ -n ${g:-} ]] && [[ $(sed -n 's/^by=//p' "$CTL/handoff.$g" 2>/dev/null) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
-  outcome outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
+  [[ -n ${g:-} ]] && [[ $(field "$CTL/handoff.$g" by) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
+  outcome_untrained outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
   exit 0
 fi
 ((handoff_wait > 1)) && say "the chain is ours (generation $my_gen) after ${handoff_wait}s"
@@ -219,27 +416,37 @@ if [[ -e $CHAINRUN_DONE_FILE ]]; then
   exit 0
 fi
 
-# ---- run the payload in its own process group, in the background, so signals reach us
+# ---- run the payload in its own process group, in the background, so signals reach us.
+# CHAINRUN_GENERATION goes to the payload only: templates write it into their checkpoint marker,
+# and it tells the payload's processes apart from the wrapper's own
 payload_start=$(now)
 # end_time: a successor that starts early reads it to find this segment's hand-over point
 put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME"
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
-  setsid "$CHAINRUN_PAYLOAD" &
+  CHAINRUN_GENERATION=$my_gen setsid "$CHAINRUN_PAYLOAD" 5>&- &
 else
-  setsid bash "$CHAINRUN_PAYLOAD" &
+  CHAINRUN_GENERATION=$my_gen setsid bash "$CHAINRUN_PAYLOAD" 5>&- &
 fi
 pid=$!
 pgid=$pid
 echo "$pid" > "$ME.pid"
 
-# heartbeat + hand-off watch: a small loop beside the payload
+# the monitor beside the payload: passes a hand-off request on as the signal, and fences: once a
+# later generation exists (Slurm gave up on this node and another job claimed the chain), the
+# payload is stopped at once
+fenced() { [[ -e $CTL/owner.$((my_gen + 1)) ]]; }
+fence() {
+  put "$ME.fenced" "gen=$my_gen" "job=$JOB" "restart=$RESTART" "by_job=$(field "$CTL/owner.$((my_gen + 1))" job)" "at=$(now)"
+  say "generation $((my_gen + 1)) has been claimed by job $(field "$CTL/owner.$((my_gen + 1))" job): stopping the payload (fenced)" >&2
+  kill_payload
+}
 (
   trap - "$CHAINRUN_SIGNAL" TERM INT EXIT
   asked=0
   while kill -0 "$pid" 2>/dev/null; do
-    touch "$ME.heartbeat"
+    if fenced; then fence; break; fi
     if ((!asked)) && [[ -e $CTL/handoff.$my_gen ]]; then asked=1; kill -s "$CHAINRUN_SIGNAL" $$ 2>/dev/null; fi
-    sleep 2
+    sleep "$CHAINRUN_MONITOR_PERIOD"
   done
 ) &
 monitor=$!
@@ -252,13 +459,31 @@ while :; do
   wait "$pid"; rc=$?
   kill -0 "$pid" 2>/dev/null || break  # returned because the payload ended, not because of a trap
 done
-# the payload's children may outlive its leader for a moment (e.g. a trainer's data loaders)
-for _ in $(seq 1 60); do kill -0 -- "-$pgid" 2>/dev/null || break; sleep 1; done
+# release only once no process of the payload is left: its children may outlive the leader (data
+# loaders, an async checkpoint writer that left the group); after the grace they are killed
+writer_killed=0 grace_t0=$(now)
+while payload_left; ((${#left[@]})); do
+  if fenced || (($(now) - grace_t0 >= CHAINRUN_RELEASE_GRACE)); then
+    say "${#left[@]} process(es) of the payload still run after $(($(now) - grace_t0))s (${left[*]}): killing them"
+    writer_killed=${#left[@]}
+    for _ in $(seq 1 10); do kill_payload; ((${#left[@]})) || break; sleep 1; done
+    break
+  fi
+  sleep 1
+done
 payload_end=$(now)
 kill -KILL "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null  # KILL: a stopped monitor must not hang us
 
+if fenced; then  # another job owns the chain: its outcome is not ours to write
+  [[ -e $ME.fenced ]] || fence
+  echo "chainrun: segment $CHAINRUN_SEGMENT (job $JOB run $RESTART on $HOST) was fenced: generation" \
+       "$((my_gen + 1)) exists; its payload was stopped" >&2
+  exit 0
+fi
+
 common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
-        "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode")
+        "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
+        "writer_killed=$writer_killed")
 # exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
 stopped_by_signal() {
   local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)

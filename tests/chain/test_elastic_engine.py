@@ -229,8 +229,10 @@ def test_the_wrapper_exports_the_segment_and_reference_shapes(tmp_path, ref, nod
     import os
     import subprocess
 
-    from chainrun.chain.contract import render_wrapper
+    from chainrun.chain.contract import render_wrapper, token_text
 
+    (tmp_path / "run" / "control").mkdir(parents=True)
+    (tmp_path / "run" / "control" / "token").write_text(token_text("c1"))  # as submit writes it
     payload = tmp_path / "payload.sh"
     payload.write_text(f"#!/bin/bash\nenv | grep ^CHAINRUN_ > {tmp_path}/env.txt\n")
     payload.chmod(0o755)

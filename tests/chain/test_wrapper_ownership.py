@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from chainrun.chain.contract import parse_outcome, render_wrapper
+from chainrun.chain.contract import parse_outcome, render_wrapper, token_text
 
 PAYLOAD = r"""#!/bin/bash
 # a trainer: one step every 0.2 s; on the signal it saves and exits unless told to ignore it
@@ -26,18 +26,35 @@ stop=0
 [[ ${IGNORE_SIGNAL:-0} == 1 ]] && trap '' USR2 || trap 'stop=1' USR2
 trap 'stop=1' TERM
 while ((!stop)); do
-  echo "step $SLURM_JOB_ID $(date +%s.%N)" >> "$log"
+  echo "step $SLURM_JOB_ID $(date +%s.%N) ${CHAINRUN_GENERATION:-?} ${SLURM_RESTART_COUNT:-0}" >> "$log"
   sleep 0.2
 done
 [[ ${CRASH_ON_SAVE:-0} == 1 ]] && { echo "Traceback: cannot save" >&2; exit 1; }
+# an asynchronous checkpoint writer that leaves the process group and outlives the trainer
+[[ -n ${WRITER_SECONDS:-} ]] && setsid bash -c 'for ((i = 0; i < $1; i++)); do date +%s.%N >> "$2"; sleep 1; done' \
+  _ "$WRITER_SECONDS" "$CHAINRUN_CHECKPOINT_DIR/writer.log" < /dev/null > /dev/null 2>&1 &
 echo "save $SLURM_JOB_ID $(date +%s.%N)" >> "$log"
 """
 
 SQUEUE = """#!/bin/bash
-# fake squeue: `squeue -h -j ID -o %T` prints RUNNING while $FAKE_SQUEUE/ID exists
-id=""; while (($#)); do [[ $1 == -j ]] && id=$2; shift; done
-[[ -e $FAKE_SQUEUE/$id ]] && echo RUNNING
-exit 0
+# fake squeue: `squeue -h -t all -j ID -O JobID:|,State:|,RestartCnt:|` prints ID|RUNNING|<n>| while
+# $FAKE_SQUEUE/ID exists (holding the restart count n, empty = 0); then, as for a purged job, an error
+id=""; fmt=""; while (($#)); do [[ $1 == -j ]] && id=$2; [[ $1 == -O ]] && fmt=$2; shift; done
+[[ -z $fmt ]] && exit 0  # the end-time query: no answer
+if [[ -e $FAKE_SQUEUE/$id ]]; then
+  echo "$id|RUNNING|$(cat "$FAKE_SQUEUE/$id" 2>/dev/null || true)|"
+  exit 0
+fi
+echo "slurm_load_jobs error: Invalid job id specified" >&2
+exit 1
+"""
+
+
+SCANCEL = """#!/bin/bash
+# fake scancel: `scancel --batch --signal=SIG ID` signals the job's wrapper; `scancel ID` ends the job
+id=${@: -1}; sig=""
+for a in "$@"; do [[ $a == --signal=* ]] && sig=${a#--signal=}; done
+if [[ -n $sig ]]; then kill -s "$sig" "$(cat "$FAKE_SQUEUE/$id.pid")"; else rm -f "$FAKE_SQUEUE/$id"; fi
 """
 
 
@@ -48,11 +65,12 @@ class Chain:
         self.ckpt = tmp / "ckpt"
         self.bin = tmp / "bin"
         self.queue = tmp / "queue"
-        for d in (self.run_dir, self.ckpt, self.bin, self.queue):
+        for d in (self.run_dir / "control", self.ckpt, self.bin, self.queue):
             d.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "control" / "token").write_text(token_text("c1"))  # as `submit` writes it
         (self.bin / "squeue").write_text(SQUEUE)
         (self.bin / "squeue").chmod(0o755)
-        (self.bin / "scancel").write_text("#!/bin/bash\nrm -f \"$FAKE_SQUEUE/$1\"\n")
+        (self.bin / "scancel").write_text(SCANCEL)
         (self.bin / "scancel").chmod(0o755)
         payload = tmp / "train.sh"
         payload.write_text(PAYLOAD)
@@ -69,6 +87,7 @@ class Chain:
         out = open(self.tmp / f"job-{job}.out", "w")
         p = subprocess.Popen(["bash", str(self.wrapper), str(seg)], env=full, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
+        (self.queue / f"{job}.pid").write_text(str(p.pid))
         self.jobs[job] = p
         return p
 
@@ -367,3 +386,224 @@ def test_owner_running_past_its_recorded_end_is_asked_to_hand_off(chain):
     chain.finish("1001")
     assert chain.outcome(1)["handoff_mode"] == "cut"
     chain.assert_never_two_at_once()
+
+
+# ---------------------------------------------------------------- issue 23: the field (folders, requeue, Slurm, release)
+def _ctl(chain: Chain) -> Path:
+    return chain.run_dir / "control"
+
+
+def _train_alone(chain: Chain, job: str, **env: str) -> None:
+    chain.start(0, job, **env)
+    chain.wait_for(lambda: chain.training(job) and (_ctl(chain) / "seg-0.pid").exists(), what=f"job {job} to train")
+
+
+def _stop(chain: Chain, job: str) -> None:
+    chain.jobs[job].send_signal(signal.SIGUSR2)
+    chain.finish(job)
+
+
+@pytest.mark.parametrize("case", ["missing", "other-chain", "no-folder"])
+def test_run_folder_without_its_token_trains_nothing_and_exits_86(chain, case):
+    token = _ctl(chain) / "token"
+    if case == "missing":
+        token.unlink()
+    elif case == "other-chain":
+        token.write_text("chain=c2\n")
+    else:  # the run folder is not mounted on this node at all
+        subprocess.run(["rm", "-rf", str(chain.run_dir / "control")], check=True)
+    p = chain.start(0, "1100")
+    assert chain.finish("1100", timeout=10) == 86
+    err = (chain.tmp / "job-1100.out").read_text()
+    assert str(chain.run_dir) in err and "training nothing" in err and os.uname().nodename in err, err
+    assert not chain.steps() and p.returncode == 86
+    assert not (chain.run_dir / "control").exists() or not list(_ctl(chain).glob("owner.*"))  # nothing claimed
+    if case == "missing":
+        out = chain.outcome(0)
+        assert out["outcome"] == "no-run-folder" and out["host"] == os.uname().nodename, out
+    else:  # another chain's folder is not written to, a missing folder not created
+        assert not (_ctl(chain) / "seg-0.outcome").exists()
+
+
+def test_payload_gets_its_generation_and_control_files_are_private(chain):
+    _train_alone(chain, "1150")
+    _stop(chain, "1150")
+    assert {ln.split()[3] for ln in (chain.ckpt / "steps.log").read_text().splitlines() if ln.startswith("step")} == {"0"}
+    for f in _ctl(chain).iterdir():
+        if f.name != "token":  # the test wrote the token itself
+            assert f.stat().st_mode & 0o077 == 0, (f.name, oct(f.stat().st_mode))
+    assert not list(_ctl(chain).glob("*.heartbeat"))  # gone: nothing read it
+
+
+def test_rerun_of_the_owner_claims_the_next_generation_at_once(chain):
+    """Requeued after a node failure: no release, same job id. Its own earlier run is over: never
+    wait for it (formerly 15 min, then it cancelled itself)."""
+    _train_alone(chain, "1200")
+    pid = int(parse_outcome((_ctl(chain) / "seg-0.start").read_text())["pid"])
+    os.killpg(int((_ctl(chain) / "seg-0.pid").read_text()), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)  # no release written
+    chain.jobs["1200"].wait(10)
+    (chain.queue / "1200").write_text("1")  # squeue: job 1200 runs again, restart count 1
+    t = time.time()
+    chain.start(0, "1200", SLURM_RESTART_COUNT="1")
+    chain.wait_for(lambda: any(j == "1200" and time.time() > t and s > t for _, j, s in chain.steps()),
+                   timeout=15, what="the rerun to train")
+    assert (_ctl(chain) / "owner.1").read_text().count("restart=1") == 1
+    assert not (_ctl(chain) / "handoff.0").exists()
+    _stop(chain, "1200")
+    chain.assert_never_two_at_once()
+
+
+def test_rerun_of_a_predecessor_never_takes_the_chain_from_its_successor(chain):
+    _train_alone(chain, "1300")
+    chain.start(1, "1301")
+    chain.wait_for(lambda: chain.training("1301"), what="job 1301 to take over")
+    chain.finish("1300")
+    (chain.queue / "1300").write_text("1")
+    rerun = chain.start(0, "1300", SLURM_RESTART_COUNT="1")  # the predecessor, requeued after its successor claimed
+    assert rerun.wait(15) == 0
+    out = parse_outcome((_ctl(chain) / "seg-0.rerun-1").read_text())
+    assert out["outcome"] == "unstarted" and "superseded" in out["reason"] and out["restart"] == "1", out
+    assert chain.outcome(0)["outcome"] == "handoff"  # what the first run did stays the job's outcome
+    assert not (_ctl(chain) / "handoff.1").exists() and chain.jobs["1301"].poll() is None
+    _stop(chain, "1301")
+    chain.assert_never_two_at_once()
+
+
+def test_owner_file_left_empty_by_a_dead_claimer_is_resolved_after_a_minute(chain):
+    (_ctl(chain) / "owner.0").touch()
+    old = time.time() - 61
+    os.utime(_ctl(chain) / "owner.0", (old, old))
+    _train_alone(chain, "1400")
+    assert (_ctl(chain) / "owner.1").exists()
+    _stop(chain, "1400")
+
+
+def test_failed_claims_never_spin(chain):
+    """The token is there but the control folder refuses new files (read-only, full, a stale NFS
+    listing): each failed claim sleeps, so the wrapper's CPU time stays a sliver of its wall time,
+    and after 30 failures it ends no-run-folder (exit 86) instead of idling the allocation."""
+    import resource
+
+    ctl = _ctl(chain)
+    subprocess.run(["rm", "-rf", str(ctl)], check=True)
+    ctl.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(ctl)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("needs to mount a tmpfs (root) to make a folder that refuses files")
+    try:
+        (ctl / "token").write_text(token_text("c1"))
+        subprocess.run(["mount", "-o", "remount,ro", str(ctl)], check=True)
+        before, t = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+        chain.start(0, "1450")
+        rc = chain.finish("1450", timeout=120)
+        after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.time() - t
+    finally:
+        subprocess.run(["umount", str(ctl)], check=False)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    assert rc == 86 and wall >= 30 and not chain.steps(), (rc, wall, chain.logs())
+    assert cpu < 0.05 * wall, (cpu, wall)
+    assert "cannot create" in chain.logs()
+
+
+def test_slurm_answers_read_by_field_and_cannot_tell_is_settled_by_sacct(chain):
+    """A squeue that prints a warning on stderr and nothing on stdout, with SQUEUE_STATES=PD in the
+    job's environment: "cannot tell", settled by sacct. Once sacct says the owner ended, take over."""
+    _train_alone(chain, "1500", IGNORE_SIGNAL="1")
+    (chain.bin / "squeue").write_text("#!/bin/bash\necho 'squeue: warning: configuration mismatch' >&2\n"
+                                     "[[ -n ${SQUEUE_STATES:-} ]] && echo \"filtered by SQUEUE_STATES\" >&2\nexit 0\n")
+    (chain.bin / "sacct").write_text("#!/bin/bash\n[[ -e $FAKE_SQUEUE/1500 ]] && echo RUNNING || echo 'CANCELLED by 0'\n")
+    (chain.bin / "sacct").chmod(0o755)
+    chain.start(1, "1501", SQUEUE_STATES="PD", SQUEUE_FORMAT="%i")
+    chain.wait_for(lambda: chain.state(1).get("phase") == "waiting", what="job 1501 to wait")
+    time.sleep(12)
+    assert not chain.training("1501")  # sacct: still running
+    pid = int(parse_outcome((_ctl(chain) / "seg-0.start").read_text())["pid"])
+    os.killpg(int((_ctl(chain) / "seg-0.pid").read_text()), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    chain.finish("1500")
+    chain.wait_for(lambda: chain.training("1501"), timeout=30, what="job 1501 to take over")
+    _stop(chain, "1501")
+    chain.assert_never_two_at_once()
+
+
+def test_slurm_that_cannot_tell_for_the_limit_ends_the_segment_unstarted(chain):
+    _train_alone(chain, "1600")
+    (chain.bin / "squeue").write_text("#!/bin/bash\necho 'squeue: error: Socket timed out' >&2\nexit 1\n")
+    (chain.bin / "sacct").write_text("#!/bin/bash\nexit 1\n")
+    (chain.bin / "sacct").chmod(0o755)
+    chain.start(1, "1601", CHAINRUN_SLURM_UNKNOWN_LIMIT="5", CHAINRUN_HANDOFF_TIMEOUT="600")
+    chain.jobs["1600"].send_signal(signal.SIGSTOP)  # the owner neither hands off nor releases
+    try:
+        assert chain.finish("1601", timeout=60) == 0
+    finally:
+        chain.jobs["1600"].send_signal(signal.SIGCONT)
+    out = chain.outcome(1)
+    assert out["outcome"] == "unstarted" and "cannot tell whether job 1600 ended" in out["reason"], out
+    assert "Socket timed out" in out["reason"] and not chain.training("1601")
+    _stop(chain, "1600")
+
+
+def test_failed_scancel_is_retried_and_the_cut_never_outlasts_the_owners_end(chain):
+    """The hand-off wait ends at the owner's own end (+ grace), not after a fixed 15 min. The owner is
+    then sent TERM (as its limit would), through scancel --batch; a scancel that fails is logged and
+    tried again."""
+    end = int(time.time()) + 6
+    _train_alone(chain, "1700", IGNORE_SIGNAL="1", SLURM_JOB_END_TIME=str(end))
+    (chain.bin / "scancel").write_text(f"""#!/bin/bash
+if [[ ! -e {chain.tmp}/scancel-failed ]]; then touch {chain.tmp}/scancel-failed; echo "scancel: error: Socket timed out" >&2; exit 1; fi
+{SCANCEL.split(chr(10), 1)[1]}""")
+    chain.start(1, "1701", CHAINRUN_HANDOFF_GRACE="2")
+    chain.wait_for(lambda: chain.training("1701"), timeout=60, what="job 1701 to take over")
+    log = (chain.tmp / "job-1701.out").read_text()
+    assert "scancel 1700 failed (scancel: error: Socket timed out): trying again" in log, log
+    assert time.time() < end + 40  # ended by the owner's end + grace, then one retry (10 s checks)
+    assert parse_outcome((_ctl(chain) / "cancel.0").read_text())["how"] == "TERM"
+    chain.finish("1700")
+    assert chain.outcome(0)["outcome"] in ("handoff", "continue")  # it ended normally, with its checkpoint
+    _stop(chain, "1701")
+    chain.assert_never_two_at_once()
+
+
+def test_release_waits_for_a_writer_that_left_the_process_group(chain):
+    _train_alone(chain, "1800", WRITER_SECONDS="4")
+    _stop(chain, "1800")
+    released = (_ctl(chain) / "released.0").stat().st_mtime
+    writes = [float(x) for x in (chain.ckpt / "writer.log").read_text().split()]
+    assert len(writes) == 4 and released >= writes[-1], (released, writes)
+    assert chain.outcome(0)["writer_killed"] == "0"
+
+
+def test_writer_still_running_after_the_grace_is_killed_before_release(chain):
+    _train_alone(chain, "1900", WRITER_SECONDS="600", CHAINRUN_RELEASE_GRACE="3")
+    _stop(chain, "1900")
+    writes = [float(x) for x in (chain.ckpt / "writer.log").read_text().split()]
+    released = (_ctl(chain) / "released.0").stat().st_mtime
+    time.sleep(2)
+    assert len((chain.ckpt / "writer.log").read_text().split()) == len(writes)  # it is gone
+    assert released >= writes[-1] and int(chain.outcome(0)["writer_killed"]) >= 1, chain.outcome(0)  # bash, sleep
+
+
+def test_owner_is_fenced_as_soon_as_a_later_generation_exists(chain):
+    """A node Slurm gave up on: another job claimed generation 1. The owner's monitor stops its
+    payload within one monitor period, and the fenced segment writes no outcome."""
+    _train_alone(chain, "2000", IGNORE_SIGNAL="1")
+    (_ctl(chain) / "owner.1").write_text("job=2001\nseg=1\n")
+    claimed = time.time()
+    chain.wait_for(lambda: chain.jobs["2000"].poll() is not None, timeout=15, what="the fenced owner to end")
+    assert _last_step(chain, "2000") < claimed + 2 + 1  # one monitor period (2 s) + one step
+    assert parse_outcome((_ctl(chain) / "seg-0.fenced").read_text())["by_job"] == "2001"
+    assert not (_ctl(chain) / "seg-0.outcome").exists()
+    assert "fenced" in (chain.tmp / "job-2000.out").read_text()
+
+
+@pytest.mark.parametrize("lead,save_timeout,want", [(240, 0, 300), (240, 1200, 1200), (30, 60, 90)])
+def test_handoff_bound_is_the_longer_of_the_signal_lead_plus_a_margin_and_the_save_timeout(tmp_path, lead, save_timeout,
+                                                                                         want):
+    w = tmp_path / "w.sh"
+    w.write_text(render_wrapper(chain_id="c1", run_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ck"), payload="x",
+                                signal="USR2", script_text="", signal_lead_s=lead, save_timeout_s=save_timeout))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHAINRUN_")}
+    p = subprocess.run(["bash", "-c", f"source <(sed -n '/^CHAINRUN_CHAIN_ID=/,/^CHAINRUN_HANDOFF_TIMEOUT=/p' {w}); "
+                        "echo $CHAINRUN_HANDOFF_TIMEOUT"], capture_output=True, text=True, env=env)
+    assert p.stdout.strip() == str(want), p.stderr
