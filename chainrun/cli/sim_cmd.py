@@ -32,6 +32,7 @@ def sim(
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
     tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's tunables (the cost of a boundary, which sets the target probability, and the guard's share) on chains that end before this date, score every policy on chains injected from it.")] = None,
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
+    rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
 ) -> None:
     from dataclasses import replace
@@ -40,11 +41,11 @@ def sim(
     from chainrun.sim import SimConfig, run_sim
     from chainrun.traces import read_trace
 
-    if chains or tune or shapes or efficiency:
+    if chains or tune or shapes or efficiency or rolling:
         _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
                 json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
                 successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune,
-                shapes=shapes, efficiency=efficiency)
+                shapes=shapes, efficiency=efficiency, rolling=rolling)
         return
     every = parse_duration(chains_every or "4h", what="--chains-every")
     if every <= 0:
@@ -116,7 +117,7 @@ def _date(value: str | None, what: str) -> float | None:
 
 
 def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out, work, segment, restart_cost,
-            successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None) -> None:
+            successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None, rolling=False) -> None:
     from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
@@ -135,11 +136,17 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
     if w["segment_s"] <= w["restart_s"] + 300 + 60:
         raise UsageError("--segment must be longer than the restart cost plus the signal lead")
     shp, effs = _shapes(shapes, efficiency, nodes)
+    if rolling and (tune or shp):
+        raise UsageError("--rolling chooses week by week itself: not with --tune-score-from or --shapes")
     cfg = with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
                                  inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
                     successor_limit=successor_limit, **w)
     tr = load_trace(trace)
-    if shp:
+    if rolling:
+        from chainrun.sim.rolling import rolling as run_rolling
+
+        data = run_rolling(tr, cfg)
+    elif shp:
         from chainrun.sim.elastic import run_elastic, tune_elastic
 
         if tune:
@@ -216,9 +223,30 @@ def render_chains(data: dict) -> None:
         con.print(t)
         if c.get("elastic"):
             _render_elastic(con, c)
+        if c.get("rolling"):
+            _render_rolling(con, c["rolling"])
     con.print("overhead: (work done - chain submitted) - work, mean per chain (from start: from the first segment's "
               "start); low/medium/heavy: by reactive's mean gap per boundary <=2h / <=12h / more; stuck: more than "
               "60 segments (not in the means).")
+
+
+def _render_rolling(con, r: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title="rolling origin: chosen on chains that ended before the week, adopted when it beat the values in "
+                    "force on the check")
+    for col in ("week", "n", "choice/check chains", "chosen", "adopted", "in force", "best fixed"):
+        t.add_column(col, justify="left" if col in ("week", "chosen", "in force") else "right")
+    for wk in r["weeks"]:
+        t.add_row(wk["start"][:10], str(wk["n"]), f"{wk.get('choice_chains', 0)}/{wk.get('check_chains', 0)}",
+                  _values(wk["chosen"]), "yes" if wk["adopted"] else "no", _values(wk["in_force"]),
+                  f"{wk['best_fixed_lead_s'] / 3600:g} h")
+    con.print(t)
+
+
+def _values(v: dict) -> str:
+    return (f"{v['rule']}, cost {v['transition_cost_s'] / 3600:g} h, share {v['lead_share']:g}, "
+            f"floor {v['floor_s'] / 3600:g} h")
 
 
 def _render_elastic(con, c: dict) -> None:
