@@ -112,7 +112,7 @@ def rolling_block(c: dict, m: dict) -> list[str]:
     lines = [f"{m['injections']} chains scored ({'/'.join(map(str, m['chain_nodes']))} nodes alternating, one every "
              f"{m['chains_every_h']:g} h of trace; {c['work_h']:g} h of work in {c['segment_h']:g} h segments, "
              f"{m['nodes']} nodes) in {len(wk)} weeks, {wk[0]['start'][:10]} .. {wk[-1]['end'][:10]}; "
-             f"{len(wk) - len(chose)} weeks had too little past and kept the shipped values; "
+             f"weeks with too little past, which kept the shipped values: {len(wk) - len(chose)}; "
              f"{m['replayed_chains']} chain replays (every candidate once on each of the {r['past_points']} points "
              f"that can be past for a scored week); {m['seconds']:.0f} s.", "",
              f"Overall, `predicted` (self-tuned, rolling) **{h(p['mean_overhead_h'])}** ({ci(p.get('ci90_h'))}), "
@@ -120,8 +120,8 @@ def rolling_block(c: dict, m: dict) -> list[str]:
              f"{h(sh['mean_overhead_h'])}, `reactive` {h(rc['mean_overhead_h'])}, the oracle {h(o['mean_overhead_h'])}; "
              f"`predicted` is {pct(abs(vs_b), 0) if vs_b is not None else '-'} "
              f"{'above' if (vs_b or 0) > 0 else 'below'} `best_fixed` (the goal: at most 5 % above), stuck in "
-             f"{p['stuck']} chains, GPU-h held twice {pct(p.get('gpu_h_twice_share'), 2)}. The values in force "
-             f"changed {changed} times in {len(wk)} weeks.", "",
+             f"{p['stuck']} chains, GPU-h held twice {pct(p.get('gpu_h_twice_share'), 2)}. Changes of the values in "
+             f"force: {changed} in {len(wk)} weeks.", "",
              "Mean completion overhead per load level (90 % bootstrap interval over the scored chains, n):", "",
              "| policy | all | low | medium | heavy | stuck | GPU-h twice |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name in [*HEADLINE, *(k for k in pols if k not in HEADLINE)]:

@@ -49,8 +49,10 @@ def main() -> int:
     ax.set_yscale("log")
     ax.set_ylabel("completion overhead, h (log)")
     meta = doc["data"]["meta"]
+    argv = doc["command"].split()
+    trace = argv[argv.index("--trace") + 1] if "--trace" in argv else "?"
     ax.set_title(f"{meta['injections']} chains of {doc['data']['chains']['work_h']:g} h, scored week by week on their "
-                 f"own past (ls6-a100-dev, commit {doc['commit'][:7]})", fontsize=9)
+                 f"own past ({trace}, commit {doc['commit'][:7]})", fontsize=9)
     ax.legend(fontsize=8, frameon=False)
     ax.grid(axis="y", which="both", lw=0.3, alpha=0.5)
     fig.tight_layout()
