@@ -92,6 +92,72 @@ def chains_table(block: dict) -> list[str]:
     return lines
 
 
+LEVELS = ("low", "medium", "heavy")
+HEADLINE = ("reactive", "best_fixed", "predicted_shipped", "predicted", "oracle")
+
+
+def _vals(v: dict) -> str:
+    return (f"{v['rule']}, boundary cost {v['transition_cost_s'] / 3600:g} h, guard share {v['lead_share']:g}, "
+            f"floor {v['floor_s'] / 3600:g} h")
+
+
+def rolling_block(c: dict, m: dict) -> list[str]:
+    """The rolling-origin evaluation: the numbers in prose, per load level, the goals, the weeks."""
+    pols, r = c["policies"], c["rolling"]
+    wk = r["weeks"]
+    chose = [w for w in wk if w.get("chosen_on_until")]
+    changed = sum(1 for a, b in zip(wk, wk[1:]) if a["in_force"] != b["in_force"]) + (wk[0]["in_force"] != r["shipped"])
+    p, b, rc, o, sh = (pols[k] for k in ("predicted", "best_fixed", "reactive", "oracle", "predicted_shipped"))
+    vs_b = p["mean_overhead_h"] / b["mean_overhead_h"] - 1 if b["mean_overhead_h"] else None
+    lines = [f"{m['injections']} chains scored ({'/'.join(map(str, m['chain_nodes']))} nodes alternating, one every "
+             f"{m['chains_every_h']:g} h of trace; {c['work_h']:g} h of work in {c['segment_h']:g} h segments, "
+             f"{m['nodes']} nodes) in {len(wk)} weeks, {wk[0]['start'][:10]} .. {wk[-1]['end'][:10]}; "
+             f"weeks with too little past, which kept the shipped values: {len(wk) - len(chose)}; "
+             f"{m['replayed_chains']} chain replays (every candidate once on each of the {r['past_points']} points "
+             f"that can be past for a scored week); {m['seconds']:.0f} s.", "",
+             f"Overall, `predicted` (self-tuned, rolling) **{h(p['mean_overhead_h'])}** ({ci(p.get('ci90_h'))}), "
+             f"`best_fixed` {h(b['mean_overhead_h'])} ({ci(b.get('ci90_h'))}), the shipped values without tuning "
+             f"{h(sh['mean_overhead_h'])}, `reactive` {h(rc['mean_overhead_h'])}, the oracle {h(o['mean_overhead_h'])}; "
+             f"`predicted` is {pct(abs(vs_b), 0) if vs_b is not None else '-'} "
+             f"{'above' if (vs_b or 0) > 0 else 'below'} `best_fixed` (the goal: at most 5 % above), stuck in "
+             f"{p['stuck']} chains, GPU-h held twice {pct(p.get('gpu_h_twice_share'), 2)}. Changes of the values in "
+             f"force: {changed} in {len(wk)} weeks.", "",
+             "Mean completion overhead per load level (90 % bootstrap interval over the scored chains, n):", "",
+             "| policy | all | low | medium | heavy | stuck | GPU-h twice |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in [*HEADLINE, *(k for k in pols if k not in HEADLINE)]:
+        q = pols[name]
+        cells = [f"{h(q['mean_overhead_h'])} ({ci(q.get('ci90_h'))}), n = {q['n']}"]
+        for k in LEVELS:
+            x = q["by_load"][k]
+            cells.append("-" if not x["n"] else f"{h(x['mean_overhead_h'])} ({ci(x.get('ci90_h'))}), n = {x['n']}")
+        lines.append(f"| {name} | {' | '.join(cells)} | {q.get('stuck', 0)} | {pct(q.get('gpu_h_twice_share'), 2)} |")
+    lines += ["", "Goals for `predicted` per load level (left share = (predicted - oracle) / (reactive - oracle); the "
+                  "goal: at most 0.10 wherever a level has >= 5 chains, or within 10 min of the oracle there):", "",
+              "| load | n | reactive - oracle | left share | closes >= 90 % | vs best_fixed |", "|---|---:|---:|---:|---|---:|"]
+    for k in LEVELS:
+        x, rx, ox, bx = p["by_load"][k], rc["by_load"][k], o["by_load"][k], b["by_load"][k]
+        if not x["n"]:
+            continue
+        gap = rx["mean_overhead_h"] - ox["mean_overhead_h"]
+        left = (x["mean_overhead_h"] - ox["mean_overhead_h"]) / gap if gap > 0 else None
+        near = x["mean_overhead_h"] - ox["mean_overhead_h"] <= 10 / 60
+        ok = "n/a (n < 5)" if x["n"] < 5 else ("yes" if (left is not None and left <= 0.10) or near else "**no**")
+        rel = f"{(x['mean_overhead_h'] / bx['mean_overhead_h'] - 1) * 100:+.0f} %" if bx["mean_overhead_h"] else "-"
+        lines.append(f"| {k} | {x['n']} | {h(gap)} | {'-' if left is None else f'{left:.2f}'} | {ok} | {rel} |")
+    lines += ["", "Week by week (chosen on the choice chains, checked on the newest past; in force: what the week's "
+                  "chains ran):", "",
+              "| week | n | choice / check chains | chosen | adopted (check gain, 90 % interval) | in force | best fixed |",
+              "|---|---:|---:|---|---|---|---:|"]
+    for w in wk:
+        chk = w.get("check") or {}
+        gain = "" if not chk.get("n") else f" ({h(chk['mean_gain_h'])}, {ci(chk['ci90_h'])})"
+        lines.append(f"| {w['start'][:10]} | {w['n']} | {w.get('choice_chains', 0)} / {w.get('check_chains', 0)} | "
+                     f"{_vals(w['chosen']) if w.get('chosen_on_until') else 'too little past'} | "
+                     f"{'yes' if w['adopted'] else 'no'}{gain} | {_vals(w['in_force'])} | "
+                     f"{w['best_fixed_lead_s'] / 3600:g} h |")
+    return lines
+
+
 def _priority(d: dict) -> str:
     m = (d.get("tune") or {}).get("score", {}).get("meta") or d.get("meta") or {}
     return m.get("priority", "age")
@@ -141,6 +207,8 @@ def render(name: str, doc: dict) -> str:
                         f"{pct(r.get('gpu_h_twice_share'), 2)} | {(r.get('mean_segments') or 0):.2f} | {r.get('stuck', 0)} |")
         head += ["", "Scored window (chains injected from the split on):", ""]
         return "\n".join(head + chains_table(t["score"]))
+    if "rolling" in d["chains"]:
+        return "\n".join(head + rolling_block(d["chains"], d["meta"]))
     return "\n".join(head + chains_table(d))
 
 

@@ -30,8 +30,9 @@ def sim(
     successor_limit: Annotated[str, typer.Option("--successor-limit", help="--chains: size the next segment as the watcher does (shipped), or by the rule before the take-over fix (handover).")] = "shipped",
     inject_from: Annotated[Optional[str], typer.Option("--from", help="--chains: inject chains from this date (YYYY-MM-DD, trace time).")] = None,
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
-    tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's tunables (the cost of a boundary, which sets the target probability, and the guard's share) on chains that end before this date, score every policy on chains injected from it.")] = None,
+    tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's tunables (the rule, the cost of a boundary and the guard's share) on chains that end before this date; the window from it is not scored in the same run (see --rolling).")] = None,
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
+    rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
 ) -> None:
     # the per-transition replay (its own copies of the rules) was retired: `sim` is the whole-chain replay,
@@ -39,7 +40,7 @@ def sim(
     _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
             json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
             successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until, tune=tune,
-            shapes=shapes, efficiency=efficiency)
+            shapes=shapes, efficiency=efficiency, rolling=rolling)
 
 
 def _h(v) -> str:
@@ -66,7 +67,7 @@ def _date(value: str | None, what: str) -> float | None:
 
 
 def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out, work, segment, restart_cost,
-            successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None) -> None:
+            successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None, rolling=False) -> None:
     from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
     from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
@@ -85,11 +86,17 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
     if w["segment_s"] <= w["restart_s"] + 300 + 60:
         raise UsageError("--segment must be longer than the restart cost plus the signal lead")
     shp, effs = _shapes(shapes, efficiency, nodes)
+    if rolling and (tune or shp):
+        raise UsageError("--rolling chooses week by week itself: not with --tune-score-from or --shapes")
     cfg = with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
                                  inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
                     successor_limit=successor_limit, **w)
     tr = load_trace(trace)
-    if shp:
+    if rolling:
+        from chainrun.sim.rolling import rolling as run_rolling
+
+        data = run_rolling(tr, cfg)
+    elif shp:
         from chainrun.sim.elastic import run_elastic, tune_elastic
 
         if tune:
@@ -138,14 +145,10 @@ def render_chains(data: dict) -> None:
     con.print(f"[bold]Fidelity[/bold] ({f.get('nodes')} nodes): Spearman {_num(f.get('spearman'))} "
               f"(without the rebuilt dependency holds {_num(f.get('spearman_without_holds'))}), "
               f"median sim/real wait {_num(f.get('median_ratio'))}, within x2 {_pct(f.get('within_2x'))}")
-    blocks = [("scored" if "tune" in data else "chains", data["tune"]["score"] if "tune" in data else data)]
     if "tune" in data:
-        p = data["tune"]["choose"]["picked"]
-        what = (f"rule {p.get('rule') or 'quantile'}, target {p['target'] if p['target'] is not None else 'none'}"
-                + (f", boundary cost {p['transition_cost_s'] / 3600:g} h" if p.get("transition_cost_s") else "")
-                + (f", guard share {p['lead_share']:g}" if p.get("lead_share") is not None else ""))
-        con.print(f"chosen on {data['tune']['choose']['injections']} chains before the scored window: {p['name']} "
-                  f"({what}, floor {p['floor_s'] / 3600:g} h)")
+        _render_choice(con, data["tune"])
+        return
+    blocks = [("chains", data)]
     for title, d in blocks:
         c, m = d["chains"], d["meta"]
         t = Table(title=f"{m['injections']} chains of {c['work_h']:g} h work in {c['segment_h']:g} h segments, restart "
@@ -166,9 +169,52 @@ def render_chains(data: dict) -> None:
         con.print(t)
         if c.get("elastic"):
             _render_elastic(con, c)
+        if c.get("rolling"):
+            _render_rolling(con, c["rolling"])
     con.print("overhead: (work done - chain submitted) - work, mean per chain (from start: from the first segment's "
               "start); low/medium/heavy: by reactive's mean gap per boundary <=2h / <=12h / more; stuck: more than "
               "60 segments (not in the means).")
+
+
+def _render_choice(con, tune: dict) -> None:
+    """The choice and the candidates on the choice window; the scored window is not run (tune.py)."""
+    from rich.table import Table
+
+    p = tune["choose"]["picked"]
+    what = (f"rule {p.get('rule') or 'quantile'}, target {p['target'] if p['target'] is not None else 'none'}"
+            + (f", boundary cost {p['transition_cost_s'] / 3600:g} h" if p.get("transition_cost_s") else "")
+            + (f", guard share {p['lead_share']:g}" if p.get("lead_share") is not None else ""))
+    t = Table(title=f"candidates on {tune['choose']['injections']} chains that end before the split")
+    for col in ("candidate", "n", "overhead", "low", "medium", "heavy", "gap left", "stuck"):
+        t.add_column(col, justify="left" if col == "candidate" else "right", no_wrap=col == "candidate")
+    for name, r in {**tune["choose"]["candidates"], **tune["choose"]["references"]}.items():
+        bl = r.get("by_load") or {}
+        t.add_row(name, str(r["n"]), _h(r["mean_overhead_h"]),
+                  *(f"{_h(bl[lv]['mean_overhead_h'])} ({bl[lv]['n']})" if bl.get(lv) else "-"
+                    for lv in ("low", "medium", "heavy")),
+                  _num(r.get("gap_left")), str(r.get("stuck", 0)))
+    con.print(t)
+    con.print(f"chosen: {p['name']} ({what}, floor {p['floor_s'] / 3600:g} h). The window from the split on is not "
+              "scored in the run that chooses: score it with `chainrun sim --chains --from DATE`, or use --rolling.")
+
+
+def _render_rolling(con, r: dict) -> None:
+    from rich.table import Table
+
+    t = Table(title="rolling origin: chosen on chains that ended before the week, adopted when it beat the values in "
+                    "force on the check")
+    for col in ("week", "n", "choice/check chains", "chosen", "adopted", "in force", "best fixed"):
+        t.add_column(col, justify="left" if col in ("week", "chosen", "in force") else "right")
+    for wk in r["weeks"]:
+        t.add_row(wk["start"][:10], str(wk["n"]), f"{wk.get('choice_chains', 0)}/{wk.get('check_chains', 0)}",
+                  _values(wk["chosen"]), "yes" if wk["adopted"] else "no", _values(wk["in_force"]),
+                  f"{wk['best_fixed_lead_s'] / 3600:g} h")
+    con.print(t)
+
+
+def _values(v: dict) -> str:
+    return (f"{v['rule']}, cost {v['transition_cost_s'] / 3600:g} h, share {v['lead_share']:g}, "
+            f"floor {v['floor_s'] / 3600:g} h")
 
 
 def _render_elastic(con, c: dict) -> None:

@@ -66,6 +66,21 @@ _SHARED: dict = {}
 def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> ChainsResult:
     cfg = cfg or ChainsConfig()
     t_begin = time.monotonic()
+    w, nodes, sizes = setup(trace, cfg)
+    points = chain_points(w.jobs[-1][0], _SHARED["first"], cfg, sizes)
+    specs = _SHARED["specs"]
+    runs, cost = run_points(points, cfg.workers)
+    loads = load_levels(runs)
+    summary = summarize(runs, loads, cfg, specs)
+    meta = {"nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(sizes),
+            "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "cost": cost,
+            "seed": cfg.seed, "seconds": round(time.monotonic() - t_begin, 1)}
+    return ChainsResult(runs, loads, summary, meta, _SHARED["fid"])
+
+
+def setup(trace: "pd.DataFrame", cfg: ChainsConfig):
+    """The replayed partition and the trace replayed alone, shared with the workers (forked):
+    (workload, nodes, chain sizes). ``run_points`` then runs chains on it."""
     w = build_workload(trace)
     nodes = int(cfg.nodes or w.peak_nodes)
     sizes = tuple(n for n in cfg.chain_nodes if n <= nodes)
@@ -79,10 +94,15 @@ def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> Chains
     starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w, fairshare=fs)
     first = w.open_at + cfg.warmup_s
     fid = fidelity_dict(w, starts, nodes, first)
-    points = chain_points(w.jobs[-1][0], first, cfg, sizes)
-    specs = cfg.specs or default_specs()
-    _SHARED.update(w=w, nodes=nodes, size_w=size_w, fs=fs, starts=starts, first=first, cfg=cfg, specs=specs)
-    workers = max(1, cfg.workers)
+    _SHARED.update(w=w, nodes=nodes, size_w=size_w, fs=fs, starts=starts, first=first, cfg=cfg,
+                   specs=cfg.specs or default_specs(), fid=fid)
+    return w, nodes, sizes
+
+
+def run_points(points: list, workers: int) -> "tuple[list[ChainRun], dict]":
+    """Every spec's chain at every point (``(t0, nodes)``, or ``(t0, nodes, specs)`` for a point's
+    own specs), on ``workers`` processes; (runs in point order, cost)."""
+    workers = max(1, workers)
     chunks = _split(points, 3 * workers if workers > 1 else 1)
     if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
@@ -96,12 +116,7 @@ def run_chains(trace: "pd.DataFrame", cfg: ChainsConfig | None = None) -> Chains
     for _, c in parts:
         for k, v in c.items():
             cost[k] = round(cost.get(k, 0) + v, 1)
-    loads = load_levels(runs)
-    summary = summarize(runs, loads, cfg, specs)
-    meta = {"nodes": nodes, "jobs": len(w.jobs), "injections": len(points), "chain_nodes": list(sizes),
-            "chains_every_h": cfg.chains_every_s / 3600, "priority": cfg.priority, "cost": cost,
-            "seed": cfg.seed, "seconds": round(time.monotonic() - t_begin, 1)}
-    return ChainsResult(runs, loads, summary, meta, fid)
+    return runs, cost
 
 
 def fidelity_dict(w, starts, nodes: int, first: float) -> dict:
@@ -155,10 +170,10 @@ def _run_chunk(points):
                      fairshare=s.get("fs"))
     n = len(w.jobs)
     out: list[ChainRun] = []
-    for i, (t0, k) in enumerate(points):
+    for i, (t0, k, *own) in enumerate(points):
         base.run_until(t0)
-        for j, spec in enumerate(s["specs"]):
-            out.append(run_chain(base, t0, k, n + 10_000 * (i * 64 + j), spec, cfg.work, watcher))
+        for j, spec in enumerate(own[0] if own else s["specs"]):
+            out.append(run_chain(base, t0, k, n + 10_000 * (i * 256 + j), spec, cfg.work, watcher))
     cost = {"fits": knowledge.cost["fits"], "fit_s": knowledge.cost["fit_s"], **watcher.cost,
             "fallbacks": watcher.fallbacks, "worker_s": time.monotonic() - t_begin}
     return out, cost

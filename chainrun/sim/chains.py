@@ -165,6 +165,8 @@ class ChainRun:
     shapes: list = field(default_factory=list)  # node count of every segment that started
     slow_s: float = 0.0  # elastic: training time beyond the work (segments slower than the reference)
     fillers: int = 0  # elastic: filler segments that started
+    ended: float = NAN  # when the replay stopped following the chain: done, stuck or past the horizon
+
 
     @property
     def done(self) -> bool:
@@ -178,7 +180,10 @@ class ChainRun:
 def run_chain(base: Scheduler, t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
               watcher) -> ChainRun:
     """One chain under one policy, on its own fork of ``base`` (already run to ``t0``)."""
-    return _Chain(base, t0, nodes, jid0, spec, work, watcher).run()
+    c = _Chain(base, t0, nodes, jid0, spec, work, watcher)
+    r = c.run()
+    r.ended = max(r.finish, c.sim.now) if r.done else c.sim.now  # all it saw of the trace is before this
+    return r
 
 
 class _Chain:

@@ -19,8 +19,12 @@
    average but leaves the quiet chains behind misses it), **within the choice window's noise**:
    every candidate whose worst share is within the best one's 90 % interval at its worst level
    (``tolerance``) ties with it; then the lowest mean completion overhead.
-4. **Score** on chains injected from ``score_from`` on: every baseline, the shipped rule and the
-   picked one, through the same whole-chain replay. Only these numbers are quoted.
+4. **No score here.** ``tune`` returns the choice and the candidates' rows on the choice window
+   only: a run that chooses never shows the score of the window it will be judged on, so no pick
+   is ever seen beside its score. Score it in another run, after the choice is recorded
+   (``chainrun sim --chains --from DATE``), or use the rolling-origin evaluation
+   (``chainrun.sim.rolling``, ``sim --chains --rolling``), which chooses week by week with this
+   ``pick`` and scores every week on its own past.
 """
 
 from __future__ import annotations
@@ -127,7 +131,9 @@ def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
     return min((sr for sr in ok if left(sr) <= bound), key=lambda sr: sr[1]["mean_overhead_h"])[0]
 
 
-def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | None = None) -> dict:
+def tune(trace, cfg: ChainsConfig, score_from: float) -> dict:
+    """Choose on the chains that end before ``score_from`` (see the module's docstring); the
+    scored window is not replayed."""
     life = cfg.work.work_s * 1.5 + 2 * 86400.0
     specs = candidates(segment_s=cfg.work.segment_s)
     refs = [s for s in default_specs() if s.name in ("reactive", "oracle")]
@@ -135,14 +141,9 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
     chosen = run_chains(trace, choose_cfg)
     pols = chosen.summary["chains"]["policies"]
     best = pick(pols, specs)
-    picked = replace(best, name="predicted_tuned")
-    score_specs = default_specs() + [picked]
-    score_cfg = replace(cfg, specs=score_specs, inject_from=score_from, inject_until=None,
-                        chains_every_s=score_every_s or cfg.chains_every_s)
-    scored = run_chains(trace, score_cfg)
     keep = ("n", "mean_overhead_h", "gpu_h_twice_share", "mean_segments", "stuck", "by_load")
     return {
-        "procedure": "choose on chains that end before score_from, score on chains injected after it "
+        "procedure": "choose on chains that end before score_from; the scored window is not run here "
                      "(chainrun.sim.tune)",
         "score_from": score_from,
         "choose": {"injections": chosen.meta["injections"], "inject_until": score_from - life,
@@ -161,5 +162,4 @@ def tune(trace, cfg: ChainsConfig, score_from: float, *, score_every_s: float | 
                                          "the lowest mean overhead; bounded shares, "
                                          f"GPU-h twice <= {GPU_TWICE_BUDGET:.0%}"},
                    "meta": chosen.meta},
-        "score": {**scored.summary, "meta": scored.meta},
     }

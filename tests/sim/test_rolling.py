@@ -1,0 +1,141 @@
+"""Rolling-origin evaluation (chainrun/sim/rolling.py) on small hand-made traces: a week's choice
+depends on nothing at or after its start; the scored points are those of the plain run; the JSON
+the judges read has its shape."""
+
+import json
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from chainrun.sim import rolling as R
+from chainrun.sim.chain_replay import run_chains
+from chainrun.sim.chains import ChainWork, PolicySpec, default_specs
+from tests.conftest import run_cli
+
+from .test_chains import cfg
+from .tracegen import T0, frame, sacct_dump, steady
+
+DAY = 86400.0
+H = 3600.0
+SPLIT = T0 + 26 * DAY  # the week whose choice must not depend on the trace from here on
+
+
+def trace(after_split_changes: bool = False) -> pd.DataFrame:
+    # two nodes; 3 h jobs every 2 h for 20 days, every 3 h after (a quieter queue, so the values
+    # chosen are not the same whatever the past)
+    rows = steady(20, every_s=2 * H, run_s=3 * H) + \
+        [dict(r, submit=r["submit"] + 20 * DAY, start=r["start"] + 20 * DAY, end=r["end"] + 20 * DAY)
+         for r in steady(22, every_s=3 * H, run_s=2 * H)]
+    if after_split_changes:  # after the split: longer jobs, and a burst; the end of the trace kept
+        rows = [r if T0 + r["submit"] < SPLIT else dict(r, end=r["end"] + 2 * H, limit_s=r["limit_s"] + 2 * H)
+                for r in rows]
+        burst = SPLIT - T0 + 3 * H
+        rows += [{"submit": burst + i * 60, "start": burst + i * 60, "end": burst + i * 60 + 10 * H,
+                  "limit_s": 12 * H, "nodes": 2, "user": "burst"} for i in range(6)]
+        rows.sort(key=lambda r: r["submit"])
+    return frame(rows)
+
+
+def small_cfg(**kw):
+    return cfg(chains_every_s=DAY, work=ChainWork(work_s=30 * H, segment_s=12 * H), **kw)
+
+
+def grid():
+    shipped = R.shipped(R.grid(12 * H))
+    other = [replace(shipped, name="predicted_slack_cost60m_floor180m_share25", lead_s=3 * H, lead_share=0.25),
+             replace(shipped, name="predicted_cost60m_floor60m_share40", rule="quantile", lead_share=0.4,
+                     target=0.96)]
+    return [shipped, *other]
+
+
+def run(tr, **kw):
+    return R.rolling(tr, small_cfg(**kw), check_s=4 * DAY, min_choice=6, min_check=2, cands=grid())
+
+
+@pytest.fixture(scope="module")
+def base():
+    return run(trace(), inject_from=T0 + 5 * DAY)
+
+
+def test_the_choice_for_a_week_does_not_change_when_the_trace_after_its_start_does(base):
+    changed = run(trace(after_split_changes=True), inject_from=T0 + 5 * DAY)
+    weeks = base["chains"]["rolling"]["weeks"]
+    split = pd.Timestamp(SPLIT, unit="s").strftime("%Y-%m-%dT%H:%M:%S")
+    assert split in [w["start"] for w in weeks]  # the split is a week's start
+    chosen = [w for w in weeks if w["start"] <= split]
+    assert chosen[-1]["start"] == split and chosen[-1]["chosen_on_until"] is not None  # a real choice at the split
+    keys = ("start", "chosen", "chosen_name", "chosen_on_until", "adopted", "check", "in_force", "best_fixed_lead_s",
+            "choice_chains", "check_chains")
+    same = changed["chains"]["rolling"]["weeks"][:len(chosen)]
+    assert [{k: w.get(k) for k in keys} for w in same] == [{k: w.get(k) for k in keys} for w in chosen]
+    # and the change is real: the weeks after the split are scored on another queue
+    assert changed["chains"]["policies"]["reactive"]["mean_overhead_h"] != \
+        base["chains"]["policies"]["reactive"]["mean_overhead_h"]
+
+
+def test_the_scored_points_are_those_of_the_plain_run(base):
+    c = small_cfg(inject_from=T0 + 5 * DAY, specs=[s for s in default_specs() if s.name in ("reactive", "oracle")])
+    plain = run_chains(trace(), c).summary["chains"]["policies"]
+    pols = base["chains"]["policies"]
+    assert base["meta"]["injections"] == sum(w["n"] for w in base["chains"]["rolling"]["weeks"])
+    for name in ("reactive", "oracle"):  # the same chains in the same replay: the same numbers
+        assert pols[name]["n"] == plain[name]["n"] > 0
+        assert pols[name]["mean_overhead_h"] == pytest.approx(plain[name]["mean_overhead_h"])
+        for lv in ("low", "medium", "heavy"):
+            assert pols[name]["by_load"][lv]["n"] == plain[name]["by_load"][lv]["n"]
+    for name in ("predicted", "best_fixed", "predicted_shipped"):
+        assert pols[name]["n"] + pols[name]["stuck"] == pols["reactive"]["n"]
+
+
+def test_weeks_with_too_little_past_keep_the_shipped_values(base):
+    first = base["chains"]["rolling"]["weeks"][0]
+    assert first["chosen_on_until"] is None and not first["adopted"]
+    assert first["in_force"] == first["chosen"] == R.values(R.shipped(grid()))
+    assert first["best_fixed_lead_s"] == 3600.0
+
+
+def test_a_choice_is_adopted_only_when_it_beats_the_values_in_force_by_more_than_the_noise():
+    from chainrun.sim.chains import ChainRun
+
+    def runs(overheads, name):
+        return [ChainRun(name, float(i), 1, 10.0, finish=float(i) + 10.0 + o) for i, o in enumerate(overheads)]
+
+    old = runs([5 * H, 6 * H, 7 * H, 5 * H], "old")
+    clearly = runs([1 * H, 2 * H, 3 * H, 1 * H], "new")
+    noisy = runs([1 * H, 12 * H, 3 * H, 6 * H], "new")
+    by = lambda new: {(r.t0, 1): {"old": o, "new": r} for o, r in zip(old, new)}  # noqa: E731
+    keys = [(float(i), 1) for i in range(4)]
+    assert R.beats(by(clearly), keys, "new", "old", 0)["adopt"]
+    assert not R.beats(by(noisy), keys, "new", "old", 0)["adopt"]  # lower on average, inside the noise
+    assert not R.beats(by(old), keys, "old", "old", 0)["adopt"]
+
+
+def test_cli_rolling_json_shape(tmp_path, chainrun_home):
+    # one scored week with one chain after the default 7-day warm-up; one past point runs the grid
+    p = tmp_path / "sacct.txt"
+    p.write_text(sacct_dump(trace()))
+    day = lambda d: pd.Timestamp(T0 + d * DAY, unit="s").strftime("%Y-%m-%d")  # noqa: E731
+    out = run_cli("sim", "--trace", str(p), "--nodes", "2", "--chains", "--rolling", "--work", "20h", "--segment", "8h",
+                  "--chains-every", "2d", "--from", day(9), "--until", day(11), "--json", home=chainrun_home,
+                  timeout=900)
+    assert out.returncode == 0, out.stderr
+    ch = json.loads(out.stdout)["data"]["chains"]
+    for name in ("reactive", "predicted", "best_fixed", "oracle"):
+        row = ch["policies"][name]
+        assert {"mean_overhead_h", "gpu_h_twice_share", "stuck", "n"} <= set(row)
+        assert 0 <= row["gpu_h_twice_share"] <= 1
+        for lv in ("low", "medium", "heavy"):
+            assert {"n", "mean_overhead_h"} <= set(row["by_load"][lv])
+    assert ch["rolling"]["weeks"] and ch["policies"]["reactive"]["n"] == sum(w["n"] for w in ch["rolling"]["weeks"]) > 0
+    for w in ch["rolling"]["weeks"]:
+        assert {"start", "end", "n", "chosen", "chosen_on_until", "adopted", "best_fixed_lead_s"} <= set(w)
+        assert set(w["chosen"]) == {"rule", "transition_cost_s", "lead_share", "floor_s"}
+
+
+def test_cli_rolling_refuses_tune_and_shapes(tmp_path, chainrun_home):
+    p = tmp_path / "sacct.txt"
+    p.write_text(sacct_dump(frame(steady(3))))
+    out = run_cli("sim", "--trace", str(p), "--chains", "--rolling", "--tune-score-from", "2023-01-01",
+                  home=chainrun_home)
+    assert out.returncode != 0 and "--rolling" in out.stderr and "Traceback" not in out.stderr
