@@ -65,6 +65,3 @@ def explain(reason: str) -> Reason:
     if detail and code == "ReqNodeNotAvail":
         words = f"{words}: {detail}"
     return Reason(code, words, hopeless, hint)
-
-
-HOPELESS = frozenset(code for code, (_, hopeless, _) in _WORDS.items() if hopeless)
