@@ -24,6 +24,9 @@ Metrics (log10 of waits, waits under 1 s counted as 1 s):
   training base rate.
 - ``within_2x`` (p50 within a factor 2, both under 60 s a hit), ``mae_log10`` of p50,
   ``coverage_p10_p90``: kept for comparison with published predictors.
+
+The ``random_forest`` baseline needs scikit-learn (the ``eval`` extra); without it the row is
+left out and ``notes`` says so in one line, every other row stays.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ REFIT_EVERY_S = 86400.0
 # the random forest as a quantile regression forest; chosen by bench/predict_tune.py on the
 # same validation split and with as many configurations as the LightGBM parameters
 RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 5, "max_features": 0.6}
+# scikit-learn serves this baseline only: it is the `eval` extra, not a dependency
+NO_SKLEARN = "random_forest left out: scikit-learn is not installed (pip install 'chainrun[eval]')"
 
 
 def _z():
@@ -139,6 +144,10 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         raise UsageError("--test-until must be after --train-until")
     if refit_every_s <= 0:
         raise UsageError("--refit-every must be > 0")
+    notes = []
+    if random_forest and not _has_sklearn():
+        random_forest = False
+        notes.append(NO_SKLEARN)
     t0 = time.time()
     p = prepare(df)
     warm = default_since(p)  # first start + 7 days, unless the trace is under 4 weeks long
@@ -292,7 +301,16 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         "horizons_s": HORIZONS,
         "lightgbm_kind": kind,
         "seconds": round(time.time() - t0, 1),
+        "notes": notes,
     }
+
+
+def _has_sklearn() -> bool:
+    try:
+        import sklearn.ensemble  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _user_last(p: "pd.DataFrame", q: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":

@@ -100,6 +100,7 @@ def test_eval_json_on_a_slice_of_the_real_trace(ls6_slice, capsys, tmp_path, mon
     res = env["data"]
     assert set(res) >= {"models", "train", "test", "without_dependency_rule", "deadline_baselines"}
     assert res["test"]["refit_every_h"] == 120 and res["test"]["refits"] == 3
+    assert res["notes"] == []  # scikit-learn is here (the test extra): the random forest ran
     for name in ("lightgbm", "user_median", "global_median", "random_forest"):
         m = res["models"][name]
         assert set(m) >= {"within_2x", "mae_log10", "pinball", "coverage_p10_p90", "n_test", "calibration", "deadline",
