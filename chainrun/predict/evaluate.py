@@ -209,7 +209,8 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         if random_forest:
             ts = time.time()
             keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
-            rf = SklearnLeafForest.fit(X_all[keep], log_wait(p["wait"].to_numpy(float)[keep]), **(rf_params or RF_PARAMS))
+            y_keep = log_wait(p["wait"].to_numpy(float)[keep])
+            rf = SklearnLeafForest.fit(X_all[keep], y_keep, **(rf_params or RF_PARAMS))
             timing["random_forest"] += time.time() - ts
         for s, rows in step_rows.items():
             if not rows.any():

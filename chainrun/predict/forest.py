@@ -120,7 +120,8 @@ class LeafForest:
 
         if blob.get("grid_step") != GRID_STEP or blob.get("grid_top") != GRID_TOP:
             raise ValueError("forest grid differs from this chainrun's")
-        return cls(booster, np.frombuffer(base64.b64decode(blob["cdf_u8_base64"]), dtype=np.uint8).reshape(blob["shape"]))
+        u8 = np.frombuffer(base64.b64decode(blob["cdf_u8_base64"]), dtype=np.uint8).reshape(blob["shape"])
+        return cls(booster, u8)
 
 
 class SklearnLeafForest(LeafForest):
