@@ -305,9 +305,3 @@ def _infer_state(df: "pd.DataFrame") -> "pd.Series":
     state[df["start"].isna()] = np.where(df["end"].isna()[df["start"].isna()], "PENDING", "CANCELLED")
     return state
 
-
-def read_any(source: str | Path | io.TextIOBase, **kw) -> "pd.DataFrame":
-    """Read from a path or an open text stream."""
-    if isinstance(source, io.TextIOBase):
-        return parse_trace_text(source.read(), **kw)
-    return read_trace(source, **kw)

@@ -207,6 +207,8 @@ def eval_cmd(
     typer.echo("deadline baselines (accuracy 1h / 6h): majority class "
                f"{b['1h']['majority_class_accuracy']:.3f} / {b['6h']['majority_class_accuracy']:.3f}, "
                f"user median {b['1h']['user_median_accuracy']:.3f} / {b['6h']['user_median_accuracy']:.3f}")
+    for note in res["notes"]:
+        typer.echo(note)
 
 
 def predict(

@@ -24,6 +24,9 @@ Metrics (log10 of waits, waits under 1 s counted as 1 s):
   training base rate.
 - ``within_2x`` (p50 within a factor 2, both under 60 s a hit), ``mae_log10`` of p50,
   ``coverage_p10_p90``: kept for comparison with published predictors.
+
+The ``random_forest`` baseline needs scikit-learn (the ``eval`` extra); without it the row is
+left out and ``notes`` says so in one line, every other row stays.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
 from chainrun.predict.features import USER_WINDOW, build_features, log_wait
+from chainrun.predict.forest import SklearnLeafForest
 from chainrun.predict.model import QUANTILES, _qname, fit_predictor, pinball, queries_of, training_rows
 from chainrun.predict.prep import default_since, prepare
 
@@ -47,7 +51,8 @@ REFIT_EVERY_S = 86400.0
 # the random forest as a quantile regression forest; chosen by bench/predict_tune.py on the
 # same validation split and with as many configurations as the LightGBM parameters
 RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 5, "max_features": 0.6}
-_GRID = None
+# scikit-learn serves this baseline only: it is the `eval` extra, not a dependency
+NO_SKLEARN = "random_forest left out: scikit-learn is not installed (pip install 'chainrun[eval]')"
 
 
 def _z():
@@ -139,6 +144,10 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         raise UsageError("--test-until must be after --train-until")
     if refit_every_s <= 0:
         raise UsageError("--refit-every must be > 0")
+    notes = []
+    if random_forest and not _has_sklearn():
+        random_forest = False
+        notes.append(NO_SKLEARN)
     t0 = time.time()
     p = prepare(df)
     warm = default_since(p)  # first start + 7 days, unless the trace is under 4 weeks long
@@ -200,7 +209,8 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         if random_forest:
             ts = time.time()
             keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
-            rf = QuantileForest(**(rf_params or RF_PARAMS)).fit(X_all[keep], log_wait(p["wait"].to_numpy(float)[keep]))
+            y_keep = log_wait(p["wait"].to_numpy(float)[keep])
+            rf = SklearnLeafForest.fit(X_all[keep], y_keep, **(rf_params or RF_PARAMS))
             timing["random_forest"] += time.time() - ts
         for s, rows in step_rows.items():
             if not rows.any():
@@ -232,8 +242,8 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
                 share = (w <= np.log10(hs)).sum(axis=1) / np.maximum(known, 1)
                 probs[s]["user_median"][h][rows] = np.where(fallback, rates[h], share)
             if rf is not None:
-                q_rf, p_rf = rf.predict(X, [HORIZONS[h] for h in HORIZONS])
-                preds[s]["random_forest"][rows] = q_rf
+                preds[s]["random_forest"][rows] = rf.quantiles(X, QUANTILES)
+                p_rf = rf.prob_within(X, list(HORIZONS.values()))
                 for i, h in enumerate(HORIZONS):
                     probs[s]["random_forest"][h][rows] = p_rf[:, i]
     report = {}
@@ -292,7 +302,16 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         "horizons_s": HORIZONS,
         "lightgbm_kind": kind,
         "seconds": round(time.time() - t0, 1),
+        "notes": notes,
     }
+
+
+def _has_sklearn() -> bool:
+    try:
+        import sklearn.ensemble  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _user_last(p: "pd.DataFrame", q: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
@@ -320,56 +339,6 @@ def _user_last(p: "pd.DataFrame", q: "pd.DataFrame") -> "tuple[np.ndarray, np.nd
         quant[i] = np.quantile(w, QUANTILES)
         waits[i, :len(w)] = w
     return quant, waits
-
-
-class QuantileForest:
-    """Meinshausen's quantile regression forest: the forest's answer is the distribution of
-    the training waits in the leaves a query reaches (each tree's leaf weighted equally), not
-    the spread of the trees' means. Kept on a grid of log10 wait (0.02 decade steps)."""
-
-    def __init__(self, n_estimators: int = 100, min_samples_leaf: int = 20, max_features: float = 0.33,
-                 seed: int = 7) -> None:
-        self.kw = dict(n_estimators=n_estimators, min_samples_leaf=min_samples_leaf, max_features=max_features,
-                       n_jobs=1, random_state=seed)
-
-    def fit(self, X, y) -> "QuantileForest":
-        import numpy as np
-        from sklearn.ensemble import RandomForestRegressor
-
-        self.rf = RandomForestRegressor(**self.kw).fit(np.nan_to_num(X, nan=-1.0), y)
-        self.grid = np.arange(0.0, max(7.0, float(np.max(y)) + 0.02), 0.02)
-        self.leaves = self.rf.apply(np.nan_to_num(X, nan=-1.0))
-        self.ybin = np.clip(np.searchsorted(self.grid, y - 1e-9, side="left"), 0, len(self.grid) - 1)
-        return self
-
-    def cdf(self, X) -> "np.ndarray":
-        """(rows x grid) P(wait <= grid value)."""
-        import numpy as np
-
-        lt = self.rf.apply(np.nan_to_num(X, nan=-1.0))
-        G = len(self.grid)
-        out = np.zeros((len(X), G))
-        for t in range(self.leaves.shape[1]):
-            leaf = self.leaves[:, t]
-            used, inv = np.unique(leaf, return_inverse=True)
-            h = np.zeros((len(used), G))
-            np.add.at(h, (inv, self.ybin), 1.0)
-            c = np.cumsum(h, axis=1)
-            c /= c[:, -1:]
-            pos = np.searchsorted(used, lt[:, t])
-            out += c[np.clip(pos, 0, len(used) - 1)]
-        return out / self.leaves.shape[1]
-
-    def predict(self, X, horizons_s) -> "tuple[np.ndarray, np.ndarray]":
-        """(quantiles at QUANTILES in log10 s, P(wait <= H) for each horizon)."""
-        import numpy as np
-
-        c = self.cdf(X)
-        q = np.stack([self.grid[np.minimum(np.argmax(c >= lv - 1e-12, axis=1), len(self.grid) - 1)]
-                      for lv in QUANTILES], axis=1)
-        idx = [min(int(np.searchsorted(self.grid, np.log10(max(h, 1.0)) + 1e-9, side="right") - 1), len(self.grid) - 1)
-               for h in horizons_s]
-        return q, c[:, idx]
 
 
 def _iso(epoch: float) -> str:

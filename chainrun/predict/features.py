@@ -41,7 +41,6 @@ FEATURES: tuple[str, ...] = (
     "q_part_running_left_nodeh", "c_part_med_wait50",
     "c_med_wait50", "c_mean_wait50", "c_last_wait", "c_started_6h",
 )
-QUEUE_FEATURES = tuple(f for f in FEATURES if f.startswith(("q_", "c_")))
 USER_WINDOW = 20
 CLUSTER_WINDOW = 50
 _DAY = 86400.0

@@ -25,7 +25,7 @@ from dataclasses import replace
 from chainrun.chain.shapes import DEFAULT_MARGIN_S, FILLER_MARGIN
 from chainrun.errors import UsageError
 from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
-from chainrun.sim.chains import PolicySpec, elastic_specs
+from chainrun.sim.chains import elastic_specs
 
 # candidates, in boundaries (the replay's boundary is the 5-min signal lead: 10 min, 30 min, 1 h); None: no filler
 FILLER_MARGINS = (2.0, 6.0, 12.0, None)

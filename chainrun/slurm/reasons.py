@@ -74,7 +74,6 @@ def explain(reason: str) -> Reason:
 
 
 UNAVAILABLE = ("ReqNodeNotAvail", NODES_UNAVAILABLE)  # explained from the nodes and reservations
-HOPELESS = frozenset(code for code, (_, hopeless, _) in _WORDS.items() if hopeless)
 
 
 # node state flags (scontrol show node: State=IDLE+DRAIN, DOWN*+NOT_RESPONDING, ...) that keep jobs off a node

@@ -68,17 +68,25 @@ def test_deadline_answer_at_one_half_is_the_median_rule():
 
 
 def test_quantile_forest_uses_leaf_waits():
-    from chainrun.predict.evaluate import QuantileForest
+    """The baseline is chainrun's one quantile forest (chainrun/predict/forest.py) on trees grown
+    by scikit-learn: the answer is the waits in the leaves reached, not the trees' means."""
+    from chainrun.predict.forest import SklearnLeafForest
+    from chainrun.predict.model import QUANTILES
 
     rng = np.random.default_rng(0)
     X = rng.random((600, 3))
+    X[::7, 2] = np.nan  # scikit-learn before 1.4 refuses NaN; features have them
     y = np.where(X[:, 0] > 0.5, rng.normal(4.0, 0.3, 600), rng.normal(1.0, 0.3, 600)).clip(0)
-    f = QuantileForest(n_estimators=20, min_samples_leaf=10, max_features=1.0).fit(X, y)
-    q, pw = f.predict(np.array([[0.9, 0.5, 0.5], [0.1, 0.5, 0.5]]), [3600.0])
+    f = SklearnLeafForest.fit(X, y, n_estimators=20, min_samples_leaf=10, max_features=1.0)
+    Q = np.array([[0.9, 0.5, 0.5], [0.1, 0.5, np.nan]])
+    q, pw = f.quantiles(Q, QUANTILES), f.prob_within(Q, [3600.0])
     assert np.all(np.diff(q, axis=1) >= 0)
-    assert 3.3 < q[0, 1] < 4.7 and 0.3 < q[1, 1] < 1.7  # medians of each regime's leaf waits
-    assert q[0, -1] - q[0, 1] > 0.3  # a spread of the waits, not of tree means
+    j50 = QUANTILES.index(0.5)
+    assert 3.3 < q[0, j50] < 4.7 and 0.3 < q[1, j50] < 1.7  # medians of each regime's leaf waits
+    assert q[0, -1] - q[0, j50] > 0.3  # a spread of the waits, not of tree means
     assert pw[0, 0] < 0.3 and pw[1, 0] > 0.9
+    with pytest.raises(TypeError):
+        f.encode()  # a baseline, never saved
 
 
 def test_eval_json_on_a_slice_of_the_real_trace(ls6_slice, capsys, tmp_path, monkeypatch):
@@ -92,6 +100,7 @@ def test_eval_json_on_a_slice_of_the_real_trace(ls6_slice, capsys, tmp_path, mon
     res = env["data"]
     assert set(res) >= {"models", "train", "test", "without_dependency_rule", "deadline_baselines"}
     assert res["test"]["refit_every_h"] == 120 and res["test"]["refits"] == 3
+    assert res["notes"] == []  # scikit-learn is here (the test extra): the random forest ran
     for name in ("lightgbm", "user_median", "global_median", "random_forest"):
         m = res["models"][name]
         assert set(m) >= {"within_2x", "mae_log10", "pinball", "coverage_p10_p90", "n_test", "calibration", "deadline",
