@@ -24,7 +24,7 @@ else
 fi
 command -v tmux >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || echo "[test] tmux missing; the watch screenshot test will say so" >&2
 # sshfs: tests/test_store_shared_mount.py mounts one export twice (two login nodes' caches) where the kernel has no NFS
-command -v sshfs >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs >/dev/null; } || echo "[test] sshfs missing; the shared-mount store test will skip and say so" >&2
+command -v sshfs >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs >/dev/null; } || echo "[test] sshfs missing; the shared-mount store test will skip and say so" >&2
 export CHAINRUN_SLURM_USERS=${CHAINRUN_SLURM_USERS:-chainrun}  # the SSH tests' remote user gets an association
 bash scripts/start-cluster.sh >/dev/null
 export SLURM_CONF=${SLURM_CONF:-/tmp/chainrun-slurm/etc/slurm.conf}
