@@ -78,9 +78,13 @@ class Engine:
         before = dict(self.slurm.calls)
         chains = self.store.chains(active_only=True)
         report.chains = len(chains)
-        if chains:
+        # finished chains whose jobs a scancel could not stop (cancel_live): asked again every tick
+        stuck = [c for c in self.store.chains() if c.status != ACTIVE and c.extra.get("cancel_pending")]
+        if chains or stuck:
             try:
-                self._tick(chains, report)
+                if chains:
+                    self._tick(chains, report)
+                self.retry_cancels(stuck)
             except TransientSlurmError as e:
                 report.failed = True
                 report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
@@ -166,15 +170,15 @@ class Engine:
         found = reconcile.strays(queue, segs, self.user)
         if not found:
             return
-        try:
-            self.slurm.cancel([q.job_id for _, _, q in found])
-        except SlurmRefused as e:  # gone by themselves meanwhile
-            log.warning("scancel of stray jobs: %s", e)
+        failed = self.slurm.cancel([q.job_id for _, _, q in found])
         for chain_id, s, q in found:
-            self.store.add_event(chain_id, s.idx, "warning",
-                                 f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} "
-                                 f"(recorded: {s.job_id or 'none'}); cancelled it")
-        log.warning("cancelled stray jobs %s", [q.job_id for _, _, q in found])
+            what = f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} (recorded: {s.job_id or 'none'})"
+            if q.job_id in failed:  # still in the queue: found again, and cancelled again, next tick
+                self.store.add_event(chain_id, s.idx, "warning", f"{what}; scancel failed ({failed[q.job_id]}), "
+                                                                 "trying again next tick")
+            else:
+                self.store.add_event(chain_id, s.idx, "warning", f"{what}; cancelled it")
+        log.warning("stray jobs %s; not cancelled: %s", [q.job_id for _, _, q in found], sorted(failed))
 
     # ------------------------------------------------------------------ one chain
     def _advance(self, c: Chain, segs: list[Segment], by_id: dict, acct: dict, report: TickReport) -> None:
@@ -239,11 +243,12 @@ class Engine:
                                            f"(job {s.job_id}) was sent {c.signal} to checkpoint and stop"))
         unneeded = [s for s in segs if s.job_id and (s.phase == PENDING or (s.phase == RUNNING and s not in training))]
         if unneeded:
-            try:
-                self.slurm.cancel([s.job_id for s in unneeded])
-            except SlurmRefused as e:
-                log.warning("scancel %s: %s", [s.job_id for s in unneeded], e)
+            failed = self.slurm.cancel([s.job_id for s in unneeded])
             for s in unneeded:
+                if s.job_id in failed:  # still live: this runs again next tick, and so does its scancel
+                    events.append((s.idx, "warning", f"segment {s.idx} (job {s.job_id}) is not needed (--total "
+                                                     f"reached) but scancel failed: {failed[s.job_id]}"))
+                    continue
                 _mark_cancelled(s, "cancelled by chainrun: not needed, --total reached")
                 events.append((s.idx, "total", f"segment {s.idx} (job {s.job_id}) cancelled: --total reached"))
         if events:
@@ -648,39 +653,63 @@ class Engine:
 
     # ------------------------------------------------------------------ endings
     def _finish(self, c: Chain, segs: list[Segment], status: str, reason: str) -> None:
-        self._cancel_live(c, segs)
+        events = cancel_live(self.slurm, c, segs, "cancelled by chainrun: chain finished")
         c.status, c.reason, c.finished = status, reason, self.clock()
-        self.store.save(c, segs, [(None, status.lower(), f"chain {c.id} {status.lower()}: {reason}")])
+        self.store.save(c, segs, [(None, status.lower(), f"chain {c.id} {status.lower()}: {reason}"), *events])
 
     def _fail(self, c: Chain, segs: list[Segment], reason: str) -> None:
         self._finish(c, segs, FAILED, reason)
 
-    def _cancel_live(self, c: Chain, segs: list[Segment]) -> None:
-        live = [s for s in segs if s.phase in LIVE_PHASES]
-        ids = [s.job_id for s in live if s.job_id]
-        if ids:
-            try:
-                self.slurm.cancel(ids)
-            except SlurmRefused as e:  # the jobs are gone already; nothing left to stop
-                log.warning("scancel %s: %s", ids, e)
-        for s in live:
-            _mark_cancelled(s, "cancelled by chainrun: chain finished")
+    def retry_cancels(self, chains: list[Chain]) -> None:
+        """Jobs of finished chains that a scancel could not stop (cancel_live): asked again every tick
+        until Slurm takes it, so a finished chain never leaves a job queued or training."""
+        for c in chains:
+            segs = self.store.segments(c.id)
+            events = cancel_live(self.slurm, c, segs, c.extra.get("cancel_reason") or "cancelled by chainrun")
+            self.store.save(c, segs, events)
+
+
+def cancel_live(slurm: SlurmClient, c: Chain, segs: list[Segment], reason: str) -> list[tuple[int, str, str]]:
+    """scancel a chain's live segments; a segment is recorded cancelled only once Slurm took the scancel
+    (SlurmClient.cancel retries). One it did not stays live with the error, and the chain is marked
+    ``cancel_pending`` for the watcher to ask again (Engine.retry_cancels). Returns warning events."""
+    live = [s for s in segs if s.phase in LIVE_PHASES]
+    failed = slurm.cancel([s.job_id for s in live if s.job_id]) if live else {}
+    events = []
+    for s in live:
+        if s.job_id in failed:
+            if s.extra.get("cancel_failed") != failed[s.job_id]:
+                events.append((s.idx, "warning", f"segment {s.idx} (job {s.job_id}) could not be cancelled: "
+                                                 f"{failed[s.job_id]}; trying again every watcher tick"))
+            s.extra["cancel_failed"] = failed[s.job_id]
+            continue
+        s.extra.pop("cancel_failed", None)
+        _mark_cancelled(s, reason)
+    if failed:
+        c.extra["cancel_pending"], c.extra["cancel_reason"] = True, reason
+    else:
+        c.extra.pop("cancel_pending", None)
+        c.extra.pop("cancel_reason", None)
+    return events
 
 
 def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "cancelled by the user") -> list[str]:
-    """Cancel a chain's queued and running segments; returns the job ids cancelled."""
+    """Cancel a chain's queued and running segments; returns the job ids cancelled. Jobs Slurm would not
+    cancel stay live (the watcher asks again) and raise SlurmError once the rest is recorded."""
     from chainrun.state.records import CANCELLED
 
     segs = store.segments(c.id)
-    live = [s for s in segs if s.phase in LIVE_PHASES]
-    ids = [s.job_id for s in live if s.job_id]
-    if ids:
-        slurm.cancel(ids)
-    for s in live:
-        _mark_cancelled(s, reason)
+    ids = [s.job_id for s in segs if s.phase in LIVE_PHASES and s.job_id]
+    events = cancel_live(slurm, c, segs, reason)
+    stuck = [s for s in segs if s.phase in LIVE_PHASES and s.extra.get("cancel_failed")]
+    done = [j for j in ids if j not in {s.job_id for s in stuck}]
     c.status, c.reason, c.finished = CANCELLED, reason, time.time()
-    store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
-    return ids
+    store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(done)} job(s) cancelled)"), *events])
+    if stuck:
+        raise SlurmError(f"chain {c.id} cancelled, but Slurm did not cancel job(s) "
+                         f"{', '.join(s.job_id for s in stuck)}: {stuck[0].extra['cancel_failed']}",
+                         hint="the watcher asks again every tick; or run `scancel` on them yourself")
+    return done
 
 
 def trained_so_far(s: Segment, now: float) -> float:
