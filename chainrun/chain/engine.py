@@ -28,7 +28,7 @@ from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import AcctRow, QueueRow
 from chainrun.state.records import (
     ACTIVE, CANCELLED_OUT, CHECKPOINT_CRASH, COMPLETED, CONTINUE, CRASH, DONE, HANDOFF, ENDED, FAILED, LIVE_PHASES,
-    PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
+    NO_RUN_FOLDER, PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
 )
 from chainrun.state.store import Store
 from chainrun.chain import placement, progress, spread
@@ -41,6 +41,7 @@ LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is decl
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
 MAX_CHECKPOINT_CRASHES = 2  # the payload crashed while saving this many times in a row: a broken checkpoint, stop
 MAX_UNSTARTED = 6  # this many segments in a row ended waiting for the chain: its last owner cannot be established
+MAX_NO_RUN_FOLDER = 2  # this many segments could not see the run folder on their node: it is not on a shared filesystem
 _QUEUE_PHASE = {
     "PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
     "SUSPENDED": RUNNING, "STOPPED": RUNNING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "RESIZING": RUNNING,
@@ -298,7 +299,9 @@ class Engine:
             s.extra["log_tail"] = tail[-2000:]
             events.append((s.idx, "warning", f"last lines of job {s.job_id}:\n{tail}"))
         events += self._check_overlaps(c, segs, s)
-        if result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
+        if result.outcome == NO_RUN_FOLDER:
+            events += self._exclude_blind_node(c, segs, s, row)
+        elif result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
             self._read_progress(c, s)
         # --total is work at the reference shape: this segment's training times its shape's rate
         s.extra["rate"] = segment_rate(c, s, segs, final=True)
@@ -323,6 +326,26 @@ class Engine:
                                 f"see {c.run_dir}/control")
         elif result.outcome == CANCELLED_OUT and result.external:
             self._fail(c, segs, result.reason)
+        elif result.outcome == NO_RUN_FOLDER and sum(o.outcome == NO_RUN_FOLDER for o in segs) >= MAX_NO_RUN_FOLDER:
+            blind = sorted({o.extra.get("blind_node") or "?" for o in segs if o.outcome == NO_RUN_FOLDER})
+            self._fail(c, segs, f"{MAX_NO_RUN_FOLDER} segments could not see the run folder {c.run_dir} "
+                                f"(node(s) {', '.join(blind)}): put it on a shared filesystem that every compute "
+                                "node mounts and submit again (`chainrun cluster test --probe` checks one)")
+
+    def _exclude_blind_node(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> list[tuple[int, str, str]]:
+        """A node that does not see the run folder gets no further segment of the chain: excluded like a
+        straggler (placement.py; `chainrun unexclude` pardons it), a queued successor updated in place.
+        Not subject to --no-adapt: a segment there cannot train at all."""
+        node = outcomes.ran_on(row)
+        if not node:
+            return []
+        s.extra["blind_node"] = node
+        why = f"the run folder {c.run_dir} is not visible there"
+        if not placement.exclude(c, node, why, s.idx, s.end):
+            return []
+        events = [(s.idx, "adapt", f"excluding node {node} from the next segments: {why} "
+                                   f"(`chainrun unexclude {c.id} {node}` to pardon it)")]
+        return events + self._update_queued(c, segs)
 
     def _check_overlaps(self, c: Chain, segs: list[Segment], s: Segment) -> list[tuple[int, str, str]]:
         """The promise checked, not assumed: did two payloads of this chain ever train at once?"""

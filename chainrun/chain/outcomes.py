@@ -13,8 +13,13 @@ from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.runner.base import Runner
 from chainrun.slurm.parsers import AcctRow
 from chainrun.state.records import (
-    CANCELLED_OUT, CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, ENDED, HANDOFF, SKIPPED, UNSTARTED, Chain, Segment,
+    CANCELLED_OUT, CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, ENDED, HANDOFF, NO_RUN_FOLDER, SKIPPED, UNSTARTED, Chain,
+    Segment,
 )
+
+# the wrapper's exit code when the run folder (its token, control/token) is not there on its node: it
+# trains nothing and usually cannot write an outcome file either (templates/wrapper.sh)
+NO_RUN_FOLDER_EXIT = 86
 
 FINAL_STATES = {
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -47,10 +52,14 @@ def read_outcome_file(runner: Runner, chain: Chain, seg: Segment) -> dict[str, s
         if not res.ok:
             continue
         info = parse_outcome(res.stdout)
+        raw = next((line.partition("=")[2].strip() for line in res.stdout.splitlines()
+                    if line.partition("=")[0].strip() == "outcome"), "")
+        if raw == NO_RUN_FOLDER:  # known to this reader whether or not the contract's list has it yet
+            info["outcome_raw"] = raw
         # a file left by another job with the same index (a resubmission) does not count
         if info.get("job") and seg.job_id and info["job"] != seg.job_id:
             continue
-        if kind == "state" or info.get("outcome"):
+        if kind == "state" or info.get("outcome") or info.get("outcome_raw"):
             return info
     return {}
 
@@ -83,6 +92,11 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
     never_trained = outcome in (UNSTARTED, SKIPPED) or (outcome is None and window is None and info.get("phase") == "waiting")
     if outcome == DONE:
         return Result(DONE, trained, "payload said done", f"{what} finished training")
+    if is_no_run_folder(row, info):
+        node = ran_on(row) or "?"
+        reason = (f"the run folder {chain.run_dir} is not visible on node {node}: put it on a shared filesystem "
+                  "(one every compute node mounts)")
+        return Result(NO_RUN_FOLDER, 0.0, reason, f"{what} trained nothing: {reason}")
     if row.state == "CANCELLED" and not we_cancelled and not (never_trained and outcome == UNSTARTED):
         reason = f"{what} was cancelled outside chainrun ({row.state_detail})"
         return Result(CANCELLED_OUT, trained, reason, reason, external=True)
@@ -120,6 +134,24 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
         return Result(CRASH, trained, reason, f"{what} failed: {reason}")
     return Result(CONTINUE, trained if window else elapsed, f"ended {row.state} without an outcome file",
                   f"{what} ended ({row.state})")
+
+
+def is_no_run_folder(row: AcctRow, info: dict[str, str]) -> bool:
+    """The wrapper said it cannot see its run folder: exit 86 with no outcome file (it could not write
+    one), or an outcome ``no-run-folder`` where it could. A payload that exits 86 is a crash: its
+    wrapper writes that outcome."""
+    if info.get("outcome_raw") == NO_RUN_FOLDER or info.get("outcome") == NO_RUN_FOLDER:
+        return True
+    return (not info.get("outcome") and row.exit_code == NO_RUN_FOLDER_EXIT and row.exit_signal == 0
+            and info.get("phase") != "training")
+
+
+def ran_on(row: AcctRow) -> str:
+    """The node a job's batch script ran on (the first of its nodes); "" if Slurm did not say."""
+    from chainrun.slurm.parsers import expand_hostlist
+
+    nodes = expand_hostlist(row.nodelist) if row.nodelist else []
+    return nodes[0] if nodes else ""
 
 
 def payload_overlaps(windows: dict[str, tuple[float, float | None]], now: float) -> list[tuple[str, str, float]]:

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from chainrun.runner.base import RunResult
 
 SQ_HEAD = "JOBID|USER|STATE|REASON|SUBMIT_TIME|START_TIME|END_TIME|TIME_LIMIT|TIME|PARTITION|QOS|NODES|CPUS|TRES_PER_NODE|DEPENDENCY|COMMENT|NAME"
-SA_HEAD = "JobIDRaw|JobName|User|Partition|QOS|Submit|Eligible|Start|End|Elapsed|TimelimitRaw|NNodes|NCPUS|AllocTRES|State|ExitCode|Reason"
+SA_HEAD = ("JobIDRaw|JobName|User|Partition|QOS|Submit|Eligible|Start|End|Elapsed|TimelimitRaw|NNodes|NCPUS|AllocTRES|"
+           "State|ExitCode|Reason|NodeList")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Job:
     user: str = "root"
     in_queue: bool = True
     in_acct: bool = True
+    node: str = "n1"  # where it runs once started
+    exit_code: str = "0:0"  # sacct's ExitCode once it ended
 
 
 @dataclass
@@ -41,6 +44,7 @@ class FakeSlurm:
     calls: list = field(default_factory=list)
     signals: list = field(default_factory=list)  # (job id, signal) sent by scancel --signal: the job goes on
     files: dict = field(default_factory=dict)  # path -> text that `cat` shows (e.g. a wrapper's outcome file)
+    updates: list = field(default_factory=list)  # (job id, {field: value}) of `scontrol update` on queued jobs
     name = "fake"
 
     # ---------------------------------------------------------- Runner
@@ -82,7 +86,8 @@ class FakeSlurm:
                 el = int((j.end or self.now) - j.start) if j.start else 0
                 rows.append(f"{j.id}|{j.name}|{j.user}|short|normal|{int(j.submit)}|{int(j.submit)}|"
                             f"{int(j.start) if j.start else 'Unknown'}|{int(j.end) if j.end else 'Unknown'}|"
-                            f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|0:0|None")
+                            f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|{j.exit_code}|None|"
+                            f"{j.node if j.start else 'None assigned'}")
             return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
         if cmd == "sbatch":
             jid = self._sbatch(argv)
@@ -95,6 +100,13 @@ class FakeSlurm:
             for a in argv[1:]:
                 if a in self.jobs and self.jobs[a].state in ("PENDING", "RUNNING"):
                     self.jobs[a].state, self.jobs[a].end = "CANCELLED", self.now
+            return RunResult(argv, 0, "", "", 0.0)
+        if cmd == "scontrol" and argv[1:2] == ("update",):  # a queued job's request changed in place
+            jid = argv[2].split("=", 1)[1]
+            fields = dict(a.split("=", 1) for a in argv[3:])
+            if jid not in self.jobs or self.jobs[jid].state != "PENDING":
+                return RunResult(argv, 1, "", "scontrol: error: Job is no longer pending execution", 0.0)
+            self.updates.append((jid, fields))
             return RunResult(argv, 0, "", "", 0.0)
         return RunResult(argv, 127, "", f"{cmd}: command not found", 0.0)
 
