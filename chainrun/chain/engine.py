@@ -257,6 +257,8 @@ class Engine:
 
     def _from_queue(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         phase = _QUEUE_PHASE.get(q.state, s.phase)
+        if phase == PENDING and s.phase == RUNNING:
+            self._requeued(c, s, q)
         changed = phase != s.phase or q.state != s.slurm_state
         s.slurm_state, s.submit = q.state, q.submit or s.submit
         if phase == RUNNING:
@@ -268,6 +270,21 @@ class Engine:
         s.phase = phase
         if phase == PENDING:
             self._pending(c, segs, s, q)
+
+    def _requeued(self, c: Chain, s: Segment, q: QueueRow) -> None:
+        """A running segment is back in the queue under the same job id: Slurm requeued it (a node
+        failure, preemption with PreemptMode=REQUEUE, `scontrol requeue`). It stays the same segment,
+        neither a new submission nor a foreign job; what its last run recorded is dropped, so its
+        training start, hand-off wait and --total stop are read afresh when it runs again (the
+        wrapper's rerun claims the chain through the normal protocol, SLURM_RESTART_COUNT >= 1)."""
+        s.extra["requeues"] = int(s.extra.get("requeues") or 0) + 1
+        for k in ("payload_start", "handoff_waiting", "state_read_at", "total_stop_at", "granted_s"):
+            s.extra.pop(k, None)
+        trained = f", after {format_duration(self.clock() - s.start)} running" if s.start else ""
+        self.store.add_event(c.id, s.idx, "requeued",
+                             f"segment {s.idx} (job {s.job_id}) was requeued by Slurm{trained} ({q.state}, "
+                             f"{q.reason or 'no reason given'}); it runs again under the same job id")
+        s.start = s.end = None
 
     def _pending(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         """Why it waits, and Slurm's own start estimate: both from the tick's one squeue."""

@@ -25,7 +25,8 @@ FINAL_STATES = {
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "REVOKED",
 }
-_CRASH_STATES = {"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+_CRASH_STATES = {"FAILED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+_LOST_NODE_STATES = {"NODE_FAIL", "PREEMPTED"}  # the job's node went away under it: not the payload's doing
 
 
 def is_final(state: str) -> bool:
@@ -125,8 +126,15 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
     if row.state == "TIMEOUT":
         return Result(CONTINUE, trained, "reached its time limit",
                       f"{what} reached its time limit; next segment resumes from the last checkpoint")
-    if row.state == "PREEMPTED":
-        return Result(CONTINUE, trained, "preempted", f"{what} was preempted; next segment resumes")
+    if row.state in _LOST_NODE_STATES:
+        # not requeued by Slurm (--no-requeue, JobRequeue=0): retried as a new job, and a retry is spent
+        # only if it trained (docs/reliability.md, "Requeue")
+        how = "was preempted" if row.state == "PREEMPTED" else "lost its node (NODE_FAIL)"
+        if window is None and info.get("phase") != "training":
+            reason = f"{how} before training; retried as a new job"
+            return Result(UNSTARTED, 0.0, reason, f"{what} {reason}")
+        reason = f"{how} after {_fmt(trained)} of training, with no outcome written"
+        return Result(CRASH, trained, reason, f"{what} {reason}; the next segment resumes from the last checkpoint")
     if row.state == "CANCELLED":
         return Result(CANCELLED_OUT, trained, "cancelled by chainrun", f"{what} cancelled")
     if row.state in _CRASH_STATES or row.state == "COMPLETED":

@@ -30,6 +30,8 @@ def is_ours(chain_id: str, seg: Segment, row: JobRow) -> bool:
     if row.name and row.name != job_name(chain_id, seg.idx):
         return False
     ref = seg.submit or seg.intent_at
+    if row.name and seg.start and row.submit and row.submit >= seg.start:
+        return True  # a requeue of the job we saw start gives it a new submit time (job_mgr.c), never an earlier one
     return not (ref and row.submit and abs(row.submit - ref) > REUSE_SLACK_S)
 
 

@@ -39,8 +39,15 @@ TRAINED = {"payload_start": "10", "payload_end": "90"}  # 80 s of training insid
         ("FAILED", {"phase": "waiting"}, "unstarted", 0),  # killed (e.g. SIGKILL) while waiting: never trained
         ("TIMEOUT", {"phase": "waiting"}, "unstarted", 0),
         ("OUT_OF_MEMORY", {"phase": "training", "payload_start": "10"}, "crash", 90),
-        ("NODE_FAIL", {}, "crash", 0),
-        ("PREEMPTED", {"phase": "training", "payload_start": "40"}, "continue", 60),
+        # not requeued by Slurm (--no-requeue, JobRequeue=0): a new job; a retry is spent only if it trained
+        ("NODE_FAIL", {}, "unstarted", 0),
+        ("NODE_FAIL", {"phase": "waiting"}, "unstarted", 0),
+        ("PREEMPTED", {}, "unstarted", 0),
+        ("NODE_FAIL", {"phase": "training", "payload_start": "40"}, "crash", 60),
+        ("PREEMPTED", {"phase": "training", "payload_start": "40"}, "crash", 60),
+        ("PREEMPTED", {"outcome": "continue", "signaled": "1", **TRAINED}, "continue", 80),  # it saved on TERM
+        # the wrapper could not see the run folder on its node (exit 86, nothing written)
+        ("FAILED", {}, "crash", 0),
         ("COMPLETED", {}, "crash", 0),  # exit 0 with no outcome written: the control folder is broken
     ],
 )
@@ -86,3 +93,11 @@ def test_a_segment_that_never_trained_is_not_a_boundary():
     b = Segment(chain_id="c", idx=2, phase=RUNNING, start=95)
     record_overlaps([a, w, b])
     assert "gap_s" not in w.extra and b.extra["gap_s"] == -5 and b.overlap_s == 5
+
+
+def test_exit_86_without_an_outcome_is_a_blind_node():
+    r86 = AcctRow(**{**row("FAILED", code=86).__dict__, "nodelist": "n[2-3]"})
+    r = classify(chain(), Segment(chain_id="c", idx=0, job_id="7"), r86, {})
+    assert r.outcome == "no-run-folder" and r.credit_s == 0 and "not visible on node n2" in r.reason
+    assert classify(chain(), Segment(chain_id="c", idx=0, job_id="7"), r86,
+                    {"phase": "training", "payload_start": "10"}).outcome == "crash"  # it trained: not the folder

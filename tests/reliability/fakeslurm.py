@@ -136,3 +136,9 @@ class FakeSlurm:
     def finish(self, jid: str, state: str = "TIMEOUT") -> None:
         self.jobs[jid].state, self.jobs[jid].end = state, self.now
         self.jobs[jid].in_queue = False
+
+    def requeue(self, jid: str) -> None:
+        """Slurm requeued it (node failure, preemption, `scontrol requeue`): pending again under the
+        same id, with a new submit time (job_mgr.c resets it)."""
+        j = self.jobs[jid]
+        j.state, j.start, j.end, j.submit, j.in_queue = "PENDING", None, None, self.now, True
