@@ -20,6 +20,8 @@ from chainrun.state.records import (
 # the wrapper's exit code when the run folder (its token, control/token) is not there on its node: it
 # trains nothing and usually cannot write an outcome file either (templates/wrapper.sh)
 NO_RUN_FOLDER_EXIT = 86
+# the batch step could not open its output file, so the script never ran (sacct ExitCode 0:53)
+OUTPUT_NOT_OPENED_SIGNAL = 53
 
 FINAL_STATES = {
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -145,10 +147,15 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
 
 
 def is_no_run_folder(row: AcctRow, info: dict[str, str]) -> bool:
-    """The wrapper said it cannot see its run folder: exit 86 with no outcome file (it could not write
-    one), or an outcome ``no-run-folder`` where it could. A payload that exits 86 is a crash: its
-    wrapper writes that outcome."""
+    """The segment's node does not see its run folder. Two ways it shows: Slurm could not create the
+    job's output file (in <run folder>/logs unless the user chose --output): the batch script never
+    ran, and sacct says FAILED with ExitCode 0:53 (slurmstepd's job_rc 4021, ``& 127``; slurmd logs
+    "Could not open stdout file"), and nothing was written; or the wrapper ran, found no token and
+    exited 86, usually unable to write an outcome file (or wrote outcome ``no-run-folder``). A payload
+    that exits 86 is a crash: its wrapper writes that outcome."""
     if info.get("outcome_raw") == NO_RUN_FOLDER or info.get("outcome") == NO_RUN_FOLDER:
+        return True
+    if row.state == "FAILED" and row.exit_code == 0 and row.exit_signal == OUTPUT_NOT_OPENED_SIGNAL and not info:
         return True
     return (not info.get("outcome") and row.exit_code == NO_RUN_FOLDER_EXIT and row.exit_signal == 0
             and info.get("phase") != "training")

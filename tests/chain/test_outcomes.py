@@ -101,3 +101,12 @@ def test_exit_86_without_an_outcome_is_a_blind_node():
     assert r.outcome == "no-run-folder" and r.credit_s == 0 and "not visible on node n2" in r.reason
     assert classify(chain(), Segment(chain_id="c", idx=0, job_id="7"), r86,
                     {"phase": "training", "payload_start": "10"}).outcome == "crash"  # it trained: not the folder
+
+
+def test_an_output_file_slurm_could_not_open_is_a_blind_node():
+    """sacct's 0:53 (slurmd: "Could not open stdout file"): the script never ran, nothing was written."""
+    r53 = AcctRow(**{**row("FAILED", elapsed=0, code=0, sig=53).__dict__, "nodelist": "n4"})
+    seg = Segment(chain_id="c", idx=0, job_id="7")
+    r = classify(chain(), seg, r53, {})
+    assert r.outcome == "no-run-folder" and "not visible on node n4" in r.reason
+    assert classify(chain(), seg, r53, {"phase": "waiting"}).outcome != "no-run-folder"  # it ran: something else
