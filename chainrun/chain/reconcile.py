@@ -14,6 +14,7 @@ from typing import Iterable, Protocol
 from chainrun.chain.segments import job_name, parse_job_name
 from chainrun.state.records import ENDED, LIVE_PHASES, Segment
 
+ACCT_PLACEHOLDER_NAME = "allocation"
 REUSE_SLACK_S = 3600  # a recorded job whose Slurm submit time is this far from ours is another job
 UNCONFIRMED = "submission was not confirmed and no such job exists"
 _LIVE_STATES = {"PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "RESIZING"}
@@ -27,7 +28,9 @@ class JobRow(Protocol):
 
 def is_ours(chain_id: str, seg: Segment, row: JobRow) -> bool:
     """``row`` (from squeue or sacct) is the job recorded for ``seg``, not a job that reuses its id."""
-    if row.name and row.name != job_name(chain_id, seg.idx):
+    # sacct names a job "allocation" for about a second after it ended before its script ran (seen on the
+    # test cluster with a segment whose output file could not be opened): no name yet, not another job's
+    if row.name and row.name != ACCT_PLACEHOLDER_NAME and row.name != job_name(chain_id, seg.idx):
         return False
     ref = seg.submit or seg.intent_at
     if row.name and seg.start and row.submit and row.submit >= seg.start:
