@@ -1,0 +1,96 @@
+"""`scontrol requeue` of a segment that has trained a few steps, on the real cluster: the job goes back
+to PENDING under the same id, the watcher keeps it the same segment (no new submission, no foreign
+job), reads the rerun's start and end, and the chain completes. Checked from the toy trainer's own
+per-step record: no two runs ever trained at once, each run resumed from the last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from chainrun.state.store import Store
+from tests.reliability import harness as h
+
+pytestmark = pytest.mark.slurm
+RESTART_GAP_S = 2.5
+
+
+def _runs(steps_log: Path) -> list[dict]:
+    """The trainer's record cut into runs: consecutive lines of one job id; a requeued job runs twice under
+    one id, and its rerun starts where the step count goes back (resumed from the last checkpoint) or after
+    a pause no running trainer makes (steps come every 0.5 s; a restart takes seconds: epilog, scheduling,
+    prolog, the wrapper's start)."""
+    runs: list[dict] = []
+    for line in steps_log.read_text().splitlines():
+        kind, _seg, step, t, job = line.split()[:5]
+        if not runs or runs[-1]["job"] != job or float(t) - runs[-1]["last"] > RESTART_GAP_S or (
+                kind == "step" and runs[-1]["steps"] and int(step) <= runs[-1]["steps"][-1]):
+            runs.append({"job": job, "steps": [], "saves": [], "first": float(t), "last": float(t)})
+        r = runs[-1]
+        r["last"] = float(t)
+        (r["steps"] if kind == "step" else r["saves"]).append(int(step))
+    return runs
+
+
+def _until(what, check, timeout=240, home=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if home is not None:
+            h.cli("watch", "--once", "--plain", home=home, timeout=300)
+        got = check()
+        if got:
+            return got
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_cluster, tmp_path):
+    home, work = tmp_path / "home", tmp_path / "w"
+    env = {"TOY_STEP_SECONDS": "0.5"}
+    chain = h.submit(home, work, "requeue", "--total", "80s", "--signal", "USR2@40", "--policy", "reactive",
+                     "--", "--exclude=n4", env=env)
+    store = Store(home / "state.sqlite")
+    try:
+        s0 = store.segments(chain)[0]
+        ckpt = Path(store.chain(chain).checkpoint_dir)
+        steps_log = ckpt / "steps.log"
+        _until("segment 0 to train 6 steps", lambda: steps_log.exists() and len(_runs(steps_log)[0]["steps"]) >= 6,
+               home=home)
+        assert store.segments(chain)[0].phase == "RUNNING"
+        subprocess.run(["scontrol", "requeue", s0.job_id], check=True, capture_output=True, text=True)
+        _until("the watcher to see the requeue",
+               lambda: Store(home / "state.sqlite").segments(chain)[0].extra.get("requeues") == 1, home=home)
+        seg = Store(home / "state.sqlite").segments(chain)
+        assert len(seg) == 1 and seg[0].job_id == s0.job_id and seg[0].phase == "PENDING"  # no new submission
+        # skip Slurm's requeue delay (BeginTime ~2 min on): the watcher's part is what is tested
+        subprocess.run(["scontrol", "update", f"JobId={s0.job_id}", "StartTime=now"], capture_output=True)
+        watcher = subprocess.run(h.watch_argv(3), env={**os.environ, "CHAINRUN_HOME": str(home)}, capture_output=True,
+                                 text=True, timeout=900, stdin=subprocess.DEVNULL)
+        assert watcher.returncode == 0, watcher.stdout + watcher.stderr
+        store = Store(home / "state.sqlite")
+        c, segs = store.chain(chain), store.segments(chain)
+        assert c.status == "COMPLETED", c.reason
+        messages = [e.message for _, e in store.events(chain)]
+        assert not any("names another job" in m or "second copy" in m or "two copies" in m for m in messages)
+        assert sum(f"was requeued by Slurm" in m for m in messages) == 1
+        assert segs[0].job_id == s0.job_id and segs[0].extra["requeues"] == 1
+        acct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", s0.job_id, "-o", "Start,End"], capture_output=True,
+                              text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split("|")
+        assert (segs[0].start, segs[0].end) == (float(acct[0]), float(acct[1]))  # the rerun's, as Slurm has them
+        runs = _runs(steps_log)
+        assert [r["job"] for r in runs][:2] == [s0.job_id, s0.job_id]  # it trained, was requeued, trained again
+        last_saved = 0
+        for prev, run in zip([None] + runs, runs):
+            if prev is not None:
+                assert run["first"] > prev["last"], f"two runs trained at once: {prev['job']} and {run['job']}"
+            if run["steps"]:
+                assert run["steps"][0] == last_saved + 1, f"a run resumed at {run['steps'][0]}, saved {last_saved}"
+                assert run["steps"] == list(range(run["steps"][0], run["steps"][-1] + 1))
+            last_saved = max(run["saves"], default=last_saved)
+    finally:
+        h.cli("cancel", chain, home=home)
