@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -37,6 +38,25 @@ def _runs(steps_log: Path) -> list[dict]:
     return runs
 
 
+def _job_pids(job: str) -> list[int]:
+    """Processes of a Slurm job on this host: those with its SLURM_JOB_ID in their environment."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"SLURM_JOB_ID={job}".encode() in env:
+                out.append(int(d.name))
+    return out
+
+
+def _trained(steps_log: Path) -> int:
+    runs = _runs(steps_log) if steps_log.exists() else []
+    return len(runs[0]["steps"]) if runs else 0
+
+
 def _until(what, check, timeout=240, home=None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -59,7 +79,7 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
         s0 = store.segments(chain)[0]
         ckpt = Path(store.chain(chain).checkpoint_dir)
         steps_log = ckpt / "steps.log"
-        _until("segment 0 to train 6 steps", lambda: steps_log.exists() and len(_runs(steps_log)[0]["steps"]) >= 6,
+        _until("segment 0 to train 6 steps", lambda: _trained(steps_log) >= 6,
                home=home)
         assert store.segments(chain)[0].phase == "RUNNING"
         subprocess.run(["scontrol", "requeue", s0.job_id], check=True, capture_output=True, text=True)
@@ -94,3 +114,44 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
             last_saved = max(run["saves"], default=last_saved)
     finally:
         h.cli("cancel", chain, home=home)
+
+
+def test_no_requeue_a_node_failure_after_training_is_retried_as_a_new_job(slurm_cluster, tmp_path):
+    """With --no-requeue Slurm ends a segment whose node fails (NODE_FAIL) instead of requeueing it: the
+    watcher retries it as a new job, and spends a retry because it trained. The node "fails" as a frozen
+    node does: its slurmd is stopped (SIGSTOP, pid file under the test cluster's folder) and the node set
+    DOWN, so Slurm gives the job up while nothing on the node can react (no outcome is written)."""
+    home, work = tmp_path / "home", tmp_path / "w"
+    chain = h.submit(home, work, "nodefail", "--total", "60s", "--signal", "USR2@40", "--policy", "reactive",
+                     "--retries", "1", "--", "--no-requeue", env={"TOY_STEP_SECONDS": "0.5"})
+    store = Store(home / "state.sqlite")
+    s0 = store.segments(chain)[0]
+    steps_log = Path(store.chain(chain).checkpoint_dir) / "steps.log"
+    slurmd_pid, node = None, ""
+    try:
+        _until("segment 0 to train 4 steps", lambda: _trained(steps_log) >= 4, home=home)
+        node = subprocess.run(["squeue", "-h", "-j", s0.job_id, "-o", "%N"], capture_output=True,
+                              text=True).stdout.strip()
+        assert node in ("n1", "n2", "n3", "n4"), node
+        slurmd_pid = int((Path(os.environ["SLURM_CONF"]).parents[1] / "slurmd" / f"{node}.pid").read_text())
+        os.kill(slurmd_pid, signal.SIGSTOP)
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=down", "reason=chainrun-node-fail-test"],
+                       check=True, capture_output=True)
+        _until("segment 0 to end", lambda: Store(home / "state.sqlite").segments(chain)[0].phase == "ENDED", home=home)
+        _until("its retry to be submitted", lambda: len(Store(home / "state.sqlite").segments(chain)) == 2, home=home)
+    finally:
+        h.cli("cancel", chain, home=home)
+        if slurmd_pid:
+            os.kill(slurmd_pid, signal.SIGCONT)
+        for pid in _job_pids(s0.job_id):  # what the frozen node left running
+            os.kill(pid, signal.SIGKILL)
+        if node:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+    store = Store(home / "state.sqlite")
+    segs, c = store.segments(chain), store.chain(chain)
+    assert segs[0].slurm_state == "NODE_FAIL" and segs[0].outcome == "crash", segs[0].reason
+    assert segs[0].reason.startswith("lost its node (NODE_FAIL) after ") and segs[0].credit_s > 0
+    assert len(segs) == 2 and segs[1].job_id != s0.job_id  # retried as a new job
+    messages = [e.message for _, e in store.events(chain)]
+    assert any("failed (lost its node (NODE_FAIL) after" in m and "retrying (0 retries left after this)" in m
+               for m in messages)  # it trained: one retry spent
