@@ -97,8 +97,9 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str]) -> 
         return Result(DONE, trained, "payload said done", f"{what} finished training")
     if is_no_run_folder(row, info):
         node = ran_on(row) or "?"
-        reason = (f"the run folder {chain.run_dir} is not visible on node {node}: put it on a shared filesystem "
-                  "(one every compute node mounts)")
+        seen = f" ({info['reason']})" if info.get("reason") else ""  # the wrapper's words, where it could write
+        reason = (f"the run folder {chain.run_dir} is not visible on node {node}{seen}: put it on a shared "
+                  "filesystem (one every compute node mounts)")
         return Result(NO_RUN_FOLDER, 0.0, reason, f"{what} trained nothing: {reason}")
     if row.state == "CANCELLED" and not we_cancelled and not (never_trained and outcome == UNSTARTED):
         reason = f"{what} was cancelled outside chainrun ({row.state_detail})"

@@ -86,13 +86,16 @@ def test_a_queued_successor_is_moved_off_the_blind_node(tmp_path):
 def test_the_outcome_file_says_it_where_the_wrapper_could_write_one(tmp_path):
     fake, store, eng, c = _world(tmp_path)
     (job,) = fake.jobs.values()
-    fake.files[f"{c.run_dir}/control/seg-0.outcome"] = f"outcome=no-run-folder\njob={job.id}\n"
+    fake.files[f"{c.run_dir}/control/seg-0.outcome"] = (f"outcome=no-run-folder\nreason={c.run_dir}/control/token is "
+                                                        f"missing\njob={job.id}\n")
     fake.jobs[job.id].node = "n3"
     fake.start(job.id)
     fake.finish(job.id, "COMPLETED")
     eng.tick()
     s0 = store.segments(c.id)[0]
-    assert s0.outcome == NO_RUN_FOLDER and "node n3" in s0.reason
+    assert s0.outcome == NO_RUN_FOLDER
+    assert s0.reason.startswith(f"the run folder {c.run_dir} is not visible on node n3 ({c.run_dir}/control/token "
+                                "is missing): put it on a shared filesystem")
 
 
 def test_a_payload_that_exits_86_is_a_crash_not_a_blind_node(tmp_path):

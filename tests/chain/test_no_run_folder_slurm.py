@@ -87,3 +87,40 @@ def test_blind_nodes_are_named_excluded_and_fail_the_chain(slurm_cluster, tmp_pa
     finally:
         h.cli("cancel", chain, home=home)
         shutil.rmtree(run_dir.with_name(run_dir.name + ".away"), ignore_errors=True)
+
+
+@pytest.mark.skipif("control/token" not in __import__("chainrun.chain.contract", fromlist=["x"]).wrapper_template(),
+                    reason="needs the wrapper that checks control/token (issue 23, wrapper side)")
+def test_a_segment_whose_token_vanished_trains_nothing_and_its_node_is_excluded(slurm_cluster, tmp_path):
+    """The run folder is there but not the one chainrun made (its control/token is away while the segment
+    starts): the wrapper trains nothing and exits 86; the watcher names the node and excludes it."""
+    home, work = tmp_path / "home", tmp_path / "w"
+    work.mkdir()
+    p = h.cli("submit", str(h.TOY), "--name", "notoken", "--json", "--total", "5m", "--signal", "USR2@30",
+              "--policy", "reactive", "--", "--hold", home=home, cwd=work)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, run_dir = data["chain"], Path(data["run_dir"])
+    token = run_dir / "control" / "token"
+    try:
+        token.rename(token.with_name("token.away"))
+        try:
+            subprocess.run(["scontrol", "release", data["first_job"]], check=True, capture_output=True)
+            deadline = time.monotonic() + 180
+            while _sacct(data["first_job"])["state"] in ("", "PENDING", "RUNNING", "COMPLETING"):
+                assert time.monotonic() < deadline, _sacct(data["first_job"])
+                time.sleep(2)
+        finally:
+            token.with_name("token.away").rename(token)
+        got = _sacct(data["first_job"])
+        assert got["exit"] == "86:0", got
+        _tick(home)
+        store = Store(home / "state.sqlite")
+        s0, s1 = store.segments(chain)
+        assert s0.outcome == "no-run-folder" and s0.credit_s == 0
+        assert s0.reason.startswith(f"the run folder {run_dir} is not visible on node {got['node']}")
+        assert f"--exclude={got['node']}" in s1.extra["request"]
+        steps = run_dir / "checkpoint" / "steps.log"
+        assert not steps.exists()  # nothing trained
+    finally:
+        h.cli("cancel", chain, home=home)
