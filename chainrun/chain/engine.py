@@ -300,7 +300,7 @@ class Engine:
                                  + (f" ({why.hint})" if why.hint else ""))
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
-        info = outcomes.read_outcome_file(self.runner, c, s)
+        info = outcomes.read_outcome_file(self.runner, c, s, run_start=row.start if s.extra.get("requeues") else None)
         result = outcomes.classify(c, s, row, info)
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
@@ -371,7 +371,8 @@ class Engine:
             if o.job_id and o.extra.get("payload_start") is not None and (o is s or o.phase == ENDED):
                 windows[o.job_id] = (float(o.extra["payload_start"]), o.extra.get("payload_end"))
             elif o is not s and o.phase == RUNNING and o.job_id:  # still training: its start is in its state file
-                w = outcomes.payload_window(outcomes.read_outcome_file(self.runner, c, o), None)
+                again = o.start if o.extra.get("requeues") else None  # only this run's record
+                w = outcomes.payload_window(outcomes.read_outcome_file(self.runner, c, o, run_start=again), None)
                 if w:
                     windows[o.job_id] = (w[0], None)
         found = [(a, b, secs) for a, b, secs in outcomes.payload_overlaps(windows, self.clock()) if s.job_id in (a, b)]
@@ -680,6 +681,8 @@ class Engine:
         info = parse_outcome(res.stdout) if res.ok else {}
         if info.get("job") and s.job_id and info["job"] != s.job_id:
             return
+        if s.extra.get("requeues") and s.start and outcomes.earlier_run(info, s.start):
+            return  # the state the run before the requeue left: this run has not written its own yet
         if info.get("payload_start"):
             s.extra["payload_start"] = float(info["payload_start"])
             s.extra.pop("handoff_waiting", None)

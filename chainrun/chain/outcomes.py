@@ -44,11 +44,13 @@ class Result:
     external: bool = False  # cancelled by someone other than chainrun
 
 
-def read_outcome_file(runner: Runner, chain: Chain, seg: Segment) -> dict[str, str]:
+def read_outcome_file(runner: Runner, chain: Chain, seg: Segment, *, run_start: float | None = None) -> dict[str, str]:
     """What the wrapper wrote about this job: its outcome file, else its last state (``phase=...``).
 
     A segment killed before it could write an outcome still left its state: ``waiting`` (it
-    never trained) or ``training`` with the payload's start time.
+    never trained) or ``training`` with the payload's start time. ``run_start``: when the job's
+    last run started (a requeued job runs again under the same id); what an earlier run wrote
+    does not count.
     """
     for kind in ("outcome", "state"):
         res = runner.run(["cat", control_path(chain.run_dir, seg.idx, kind)], 30)
@@ -62,9 +64,21 @@ def read_outcome_file(runner: Runner, chain: Chain, seg: Segment) -> dict[str, s
         # a file left by another job with the same index (a resubmission) does not count
         if info.get("job") and seg.job_id and info["job"] != seg.job_id:
             continue
+        if run_start and earlier_run(info, run_start):
+            continue
         if kind == "state" or info.get("outcome") or info.get("outcome_raw"):
             return info
     return {}
+
+
+REQUEUE_SLACK_S = 5.0  # clocks of the node and of slurmctld may differ a little
+
+
+def earlier_run(info: dict[str, str], run_start: float) -> bool:
+    """The wrapper wrote ``info`` in an earlier run of the same job (before a requeue): its write time,
+    or its payload's start, comes before this run started."""
+    when = _num(info.get("written")) or _num(info.get("payload_start")) or _num(info.get("since"))
+    return when is not None and when < run_start - REQUEUE_SLACK_S
 
 
 def read_tail(runner: Runner, chain: Chain, seg: Segment) -> str:

@@ -84,3 +84,29 @@ def test_no_requeue_failures_after_training_count_against_retries(tmp_path):
         seg = store.segments(c.id)[i]
         assert seg.outcome == CRASH and seg.credit_s == 298 and "after 4m58s of training" in seg.reason
     assert store.chain(c.id).status == FAILED and "no retries left" in store.chain(c.id).reason
+
+
+def test_what_the_run_before_a_requeue_wrote_is_not_this_runs(tmp_path):
+    """The first run saved and wrote its outcome on the requeue's TERM; the rerun was killed before it wrote
+    anything: its end is read from Slurm and its own (absent) record, not from the first run's files."""
+    fake, store, eng, c = _world(tmp_path)
+    (job,) = fake.jobs.values()
+    fake.start(job.id)
+    first = fake.now
+    eng.tick()
+    fake.now += 60
+    fake.files[f"{c.run_dir}/control/seg-0.outcome"] = (f"outcome=continue\nsignaled=1\npayload_start={first + 2}\n"
+                                                        f"payload_end={fake.now}\njob={job.id}\nwritten={fake.now}\n")
+    fake.files[f"{c.run_dir}/control/seg-0.state"] = f"phase=training\npayload_start={first + 2}\njob={job.id}\n"
+    fake.requeue(job.id)
+    eng.tick()
+    fake.now += 200
+    fake.start(job.id)
+    eng.tick()  # running again; the state file is still the first run's
+    s = store.segments(c.id)[0]
+    assert s.phase == RUNNING and "payload_start" not in s.extra
+    fake.now += 30
+    fake.finish(job.id, "FAILED")  # killed before its wrapper wrote anything
+    eng.tick()
+    s = store.segments(c.id)[0]
+    assert s.outcome == CRASH and s.credit_s == 0  # not the first run's 'continue' with its 58 s
