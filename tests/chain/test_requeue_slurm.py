@@ -18,20 +18,16 @@ from chainrun.state.store import Store
 from tests.reliability import harness as h
 
 pytestmark = pytest.mark.slurm
-RESTART_GAP_S = 2.5
 
 
 def _runs(steps_log: Path) -> list[dict]:
-    """The trainer's record cut into runs: consecutive lines of one job id; a requeued job runs twice under
-    one id, and its rerun starts where the step count goes back (resumed from the last checkpoint) or after
-    a pause no running trainer makes (steps come every 0.5 s; a restart takes seconds: epilog, scheduling,
-    prolog, the wrapper's start)."""
+    """The trainer's record cut into runs: consecutive lines of one job id and SLURM_RESTART_COUNT (a
+    requeued job runs again under its id, with the count one higher)."""
     runs: list[dict] = []
     for line in steps_log.read_text().splitlines():
-        kind, _seg, step, t, job = line.split()[:5]
-        if not runs or runs[-1]["job"] != job or float(t) - runs[-1]["last"] > RESTART_GAP_S or (
-                kind == "step" and runs[-1]["steps"] and int(step) <= runs[-1]["steps"][-1]):
-            runs.append({"job": job, "steps": [], "saves": [], "first": float(t), "last": float(t)})
+        kind, _seg, step, t, job, restart = (line.split() + ["0"])[:6]
+        if not runs or (runs[-1]["job"], runs[-1]["restart"]) != (job, restart):
+            runs.append({"job": job, "restart": restart, "steps": [], "saves": [], "first": float(t), "last": float(t)})
         r = runs[-1]
         r["last"] = float(t)
         (r["steps"] if kind == "step" else r["saves"]).append(int(step))
@@ -103,7 +99,8 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
                               text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split("|")
         assert (segs[0].start, segs[0].end) == (float(acct[0]), float(acct[1]))  # the rerun's, as Slurm has them
         runs = _runs(steps_log)
-        assert [r["job"] for r in runs][:2] == [s0.job_id, s0.job_id]  # it trained, was requeued, trained again
+        # it trained, was requeued, trained again: two runs of one job, told apart by SLURM_RESTART_COUNT
+        assert [(r["job"], r["restart"]) for r in runs][:2] == [(s0.job_id, "0"), (s0.job_id, "1")]
         last_saved = 0
         for prev, run in zip([None] + runs, runs):
             if prev is not None:
