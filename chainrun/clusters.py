@@ -128,6 +128,35 @@ def site_options(cluster: str) -> list[str]:
     return list(opts)
 
 
+DEFAULT_RUN_MODE = 0o700  # model weights and control files are private unless the user says otherwise
+
+
+def run_mode() -> int:
+    """The permissions of a chain's run, control, logs and checkpoint folders (``[run] mode`` in
+    config.toml, octal text): 0700 by default; e.g. ``mode = "0750"`` for a team project's group.
+    The owner always keeps rwx (chainrun and the wrapper write there)."""
+    path = config_path()
+    if not path.exists():
+        return DEFAULT_RUN_MODE
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read {path}: {e}", hint="fix or remove the file") from None
+    table = data.get("run") or {}
+    text = table.get("mode") if isinstance(table, dict) else None
+    if text is None:
+        return DEFAULT_RUN_MODE
+    if not isinstance(text, str) or not re.fullmatch(r"0?[0-7]{3}", text.strip()):
+        raise UsageError(f"{path}: [run] mode must be octal permissions in quotes, e.g. \"0750\" (got {text!r})")
+    mode = int(text.strip(), 8)
+    if mode & 0o700 != 0o700:
+        raise UsageError(f"{path}: [run] mode {text} must let you read, write and enter the folders (0700 at least)")
+    if mode & 0o002:
+        raise UsageError(f"{path}: [run] mode {text} lets every user of the cluster write the chain's folders",
+                         hint='use "0700" or "0750"/"0770" for a team project\'s group')
+    return mode
+
+
 _TYPE_WORDS = {str: "a string", int: "a whole number", bool: "true or false"}  # words, not Python type names
 _TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str}
 

@@ -14,7 +14,7 @@ from chainrun.chain.policies import default_lead_s, get_policy
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import submit_segment, wrapper_path
-from chainrun.clusters import site_options
+from chainrun.clusters import run_mode, site_options
 from chainrun.durations import format_duration, to_slurm_time
 from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
@@ -75,8 +75,9 @@ def parse_signal(text: str) -> tuple[str, int]:
 
 
 def make_chain_id(name: str) -> str:
+    """``<name>-<8 lowercase hex digits>``: 4 digits collided in a busy shared folder (issue 23)."""
     base = _NAME_OK.sub("-", name).strip("-")[:40] or "chain"
-    return f"{base}-{secrets.token_hex(2)}"
+    return f"{base}-{secrets.token_hex(4)}"
 
 
 def default_policy(cluster: str) -> tuple[str, str]:
@@ -167,8 +168,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None,
                              signal_lead_s=signal_lead, save_timeout_s=int(req.save_timeout_s or 0))
+    warnings += make_folders(runner, run_dir, ckpt, run_mode())
     runner.write_file(f"{run_dir}/control/token", token_text(chain_id), 0o600)  # the wrapper checks it on the node
-    runner.write_file(f"{run_dir}/logs/.keep", "", 0o600)
     if req.upload_script:
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
@@ -192,6 +193,56 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     if shape_event:
         store.add_event(chain.id, 0, "shape", shape_event)
     return SubmitResult(chain, first, max_s, tuple(warnings), policy_note)
+
+
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")  # plus $TMPDIR: a folder only the node that writes it sees
+
+
+def make_folders(runner: Runner, run_dir: str, ckpt: str, mode: int) -> list[str]:
+    """Create the chain's run folder, refusing one that exists (chainrun never reuses one: another
+    chain's control files would be taken for this one's), then its control, logs and checkpoint
+    folders, all with ``mode`` (0700 unless config.toml says otherwise). Returns warnings for folders
+    on a node-local filesystem."""
+    parent = str(PurePosixPath(run_dir).parent)
+    res = runner.run(["mkdir", "-p", parent], 30)
+    if not res.ok:
+        raise UsageError(f"cannot create {parent}: {res.first_error_line()}")
+    octal = f"{mode:04o}"
+    res = runner.run(["mkdir", "-m", octal, run_dir], 30)  # no -p: an existing folder is an error
+    if not res.ok:
+        if "exist" in (res.stderr or "").lower():
+            raise UsageError(f"the run folder {run_dir} exists already; chainrun never reuses one",
+                             hint="submit again (a new chain id is drawn), or move that folder away")
+        raise UsageError(f"cannot create the run folder {run_dir}: {res.first_error_line()}")
+    folders = [f"{run_dir}/control", f"{run_dir}/logs"]
+    for path in folders + [ckpt]:
+        # -p for a checkpoint folder of the user's own: it may exist (its mode is theirs) or need parents
+        argv = ["mkdir", "-m", octal, path] if path in folders else ["mkdir", "-p", "-m", octal, path]
+        res = runner.run(argv, 30)
+        if not res.ok:
+            raise UsageError(f"cannot create {path}: {res.first_error_line()}")
+    return node_local_warnings(runner, {"run folder": run_dir, "checkpoint folder": ckpt})
+
+
+def node_local_warnings(runner: Runner, folders: dict[str, str]) -> list[str]:
+    """A warning for each folder under /tmp, /var/tmp, /dev/shm or the cluster's $TMPDIR: each compute
+    node has its own, so a segment on another node would not find the chain there (it ends with
+    'no-run-folder', or resumes from nothing). CHAINRUN_NODE_LOCAL_OK=1 silences it where /tmp is
+    shared by every node (a one-host test cluster)."""
+    import os
+
+    if os.environ.get("CHAINRUN_NODE_LOCAL_OK") == "1":
+        return []
+    res = runner.run(["printenv", "TMPDIR"], 30)
+    local = list(NODE_LOCAL) + ([res.stdout.strip().rstrip("/")] if res.ok and res.stdout.strip() else [])
+    out = []
+    for what, path in folders.items():
+        hit = next((d for d in local if d and (path == d or path.startswith(d + "/"))), None)
+        if hit:
+            out.append(f"the {what} {path} is under {hit}, which each compute node usually has to itself: "
+                       "a segment on another node will not see it. Use a shared filesystem (home, project, "
+                       "scratch); `chainrun cluster test --probe` checks what a compute node sees")
+    return out
 
 
 def _elastic(req: SubmitRequest, user_args: list[str], script_opts: list[str],

@@ -28,7 +28,7 @@ from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import AcctRow, QueueRow
 from chainrun.state.records import (
     ACTIVE, CANCELLED_OUT, CHECKPOINT_CRASH, COMPLETED, CONTINUE, CRASH, DONE, HANDOFF, ENDED, FAILED, LIVE_PHASES,
-    PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
+    NO_RUN_FOLDER, PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, Segment,
 )
 from chainrun.state.store import Store
 from chainrun.chain import placement, progress, spread
@@ -41,6 +41,7 @@ LOST_AFTER_S = 900  # a job neither squeue nor sacct knows for this long is decl
 MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
 MAX_CHECKPOINT_CRASHES = 2  # the payload crashed while saving this many times in a row: a broken checkpoint, stop
 MAX_UNSTARTED = 6  # this many segments in a row ended waiting for the chain: its last owner cannot be established
+MAX_NO_RUN_FOLDER = 2  # this many segments could not see the run folder on their node: it is not on a shared filesystem
 _QUEUE_PHASE = {
     "PENDING": PENDING, "CONFIGURING": RUNNING, "RUNNING": RUNNING, "COMPLETING": RUNNING,
     "SUSPENDED": RUNNING, "STOPPED": RUNNING, "REQUEUED": PENDING, "REQUEUE_HOLD": PENDING, "RESIZING": RUNNING,
@@ -79,9 +80,13 @@ class Engine:
         # finished chains too while a cancelled segment's accounting is still to be read (chain/settle.py)
         chains = [c for c in self.store.chains() if settle.needs_tick(c)]
         report.chains = sum(1 for c in chains if c.status == ACTIVE)
-        if chains:
+        # finished chains whose jobs a scancel could not stop (cancel_live): asked again every tick
+        stuck = [c for c in self.store.chains() if c.status != ACTIVE and c.extra.get("cancel_pending")]
+        if chains or stuck:
             try:
-                self._tick(chains, report)
+                if chains:
+                    self._tick(chains, report)
+                self.retry_cancels(stuck)
             except TransientSlurmError as e:
                 report.failed = True
                 report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
@@ -192,15 +197,15 @@ class Engine:
         found = reconcile.strays(queue, segs, self.user)
         if not found:
             return
-        try:
-            self.slurm.cancel([q.job_id for _, _, q in found])
-        except SlurmRefused as e:  # gone by themselves meanwhile
-            log.warning("scancel of stray jobs: %s", e)
+        failed = self.slurm.cancel([q.job_id for _, _, q in found])
         for chain_id, s, q in found:
-            self.store.add_event(chain_id, s.idx, "warning",
-                                 f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} "
-                                 f"(recorded: {s.job_id or 'none'}); cancelled it")
-        log.warning("cancelled stray jobs %s", [q.job_id for _, _, q in found])
+            what = f"job {q.job_id} ({q.name}) is a second copy of segment {s.idx} (recorded: {s.job_id or 'none'})"
+            if q.job_id in failed:  # still in the queue: found again, and cancelled again, next tick
+                self.store.add_event(chain_id, s.idx, "warning", f"{what}; scancel failed ({failed[q.job_id]}), "
+                                                                 "trying again next tick")
+            else:
+                self.store.add_event(chain_id, s.idx, "warning", f"{what}; cancelled it")
+        log.warning("stray jobs %s; not cancelled: %s", [q.job_id for _, _, q in found], sorted(failed))
 
     # ------------------------------------------------------------------ one chain
     def _advance(self, c: Chain, segs: list[Segment], by_seg: dict, acct: dict, report: TickReport) -> None:
@@ -266,11 +271,12 @@ class Engine:
                                            f"(job {s.job_id}) was sent {c.signal} to checkpoint and stop"))
         unneeded = [s for s in segs if s.job_id and (s.phase == PENDING or (s.phase == RUNNING and s not in training))]
         if unneeded:
-            try:
-                self.slurm.cancel([s.job_id for s in unneeded])
-            except SlurmRefused as e:
-                log.warning("scancel %s: %s", [s.job_id for s in unneeded], e)
+            failed = self.slurm.cancel([s.job_id for s in unneeded])
             for s in unneeded:
+                if s.job_id in failed:  # still live: this runs again next tick, and so does its scancel
+                    events.append((s.idx, "warning", f"segment {s.idx} (job {s.job_id}) is not needed (--total "
+                                                     f"reached) but scancel failed: {failed[s.job_id]}"))
+                    continue
                 settle.mark_cancelled(c, s, "cancelled by chainrun: not needed, --total reached", now)
                 events.append((s.idx, "total", f"segment {s.idx} (job {s.job_id}) cancelled: --total reached"))
         if events:
@@ -278,6 +284,8 @@ class Engine:
 
     def _from_queue(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         phase = _QUEUE_PHASE.get(q.state, s.phase)
+        if phase == PENDING and s.phase == RUNNING:
+            self._requeued(c, s, q)
         changed = phase != s.phase or q.state != s.slurm_state
         s.slurm_state, s.submit = q.state, q.submit or s.submit
         if phase == RUNNING:
@@ -289,6 +297,21 @@ class Engine:
         s.phase = phase
         if phase == PENDING:
             self._pending(c, segs, s, q)
+
+    def _requeued(self, c: Chain, s: Segment, q: QueueRow) -> None:
+        """A running segment is back in the queue under the same job id: Slurm requeued it (a node
+        failure, preemption with PreemptMode=REQUEUE, `scontrol requeue`). It stays the same segment,
+        neither a new submission nor a foreign job; what its last run recorded is dropped, so its
+        training start, hand-off wait and --total stop are read afresh when it runs again (the
+        wrapper's rerun claims the chain through the normal protocol, SLURM_RESTART_COUNT >= 1)."""
+        s.extra["requeues"] = int(s.extra.get("requeues") or 0) + 1
+        for k in ("payload_start", "handoff_waiting", "state_read_at", "total_stop_at", "granted_s"):
+            s.extra.pop(k, None)
+        trained = f", after {format_duration(self.clock() - s.start)} running" if s.start else ""
+        self.store.add_event(c.id, s.idx, "requeued",
+                             f"segment {s.idx} (job {s.job_id}) was requeued by Slurm{trained} ({q.state}, "
+                             f"{q.reason or 'no reason given'}); it runs again under the same job id")
+        s.start = s.end = None
 
     def _pending(self, c: Chain, segs: list[Segment], s: Segment, q: QueueRow) -> None:
         """Why it waits, and Slurm's own start estimate: both from the tick's one squeue."""
@@ -324,7 +347,7 @@ class Engine:
                                            partition=c.partition)
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
-        info = outcomes.read_outcome_file(self.runner, c, s)
+        info = outcomes.read_outcome_file(self.runner, c, s, run_start=row.start if s.extra.get("requeues") else None)
         result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c))
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
@@ -340,7 +363,9 @@ class Engine:
             s.extra["log_tail"] = tail[-2000:]
             events.append((s.idx, "warning", f"last lines of job {s.job_id}:\n{tail}"))
         events += self._check_overlaps(c, segs, s)
-        if result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
+        if result.outcome == NO_RUN_FOLDER:
+            events += self._exclude_blind_node(c, segs, s, row)
+        elif result.outcome not in (UNSTARTED, SKIPPED):  # the pace it trained at, then what it says about its nodes
             self._read_progress(c, s)
         # --total is work at the reference shape: this segment's training times its shape's rate
         s.extra["rate"] = segment_rate(c, s, segs, final=True)
@@ -365,6 +390,26 @@ class Engine:
                                 f"see {c.run_dir}/control")
         elif result.outcome == CANCELLED_OUT and result.external:
             self._fail(c, segs, result.reason)
+        elif result.outcome == NO_RUN_FOLDER and sum(o.outcome == NO_RUN_FOLDER for o in segs) >= MAX_NO_RUN_FOLDER:
+            blind = sorted({o.extra.get("blind_node") or "?" for o in segs if o.outcome == NO_RUN_FOLDER})
+            self._fail(c, segs, f"{MAX_NO_RUN_FOLDER} segments could not see the run folder {c.run_dir} "
+                                f"(node(s) {', '.join(blind)}): put it on a shared filesystem that every compute "
+                                "node mounts and submit again (`chainrun cluster test --probe` checks one)")
+
+    def _exclude_blind_node(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> list[tuple[int, str, str]]:
+        """A node that does not see the run folder gets no further segment of the chain: excluded like a
+        straggler (placement.py; `chainrun unexclude` pardons it), a queued successor updated in place.
+        Not subject to --no-adapt: a segment there cannot train at all."""
+        node = outcomes.ran_on(row)
+        if not node:
+            return []
+        s.extra["blind_node"] = node
+        why = f"the run folder {c.run_dir} is not visible there"
+        if not placement.exclude(c, node, why, s.idx, s.end):
+            return []
+        events = [(s.idx, "adapt", f"excluding node {node} from the next segments: {why} "
+                                   f"(`chainrun unexclude {c.id} {node}` to pardon it)")]
+        return events + self._update_queued(c, segs)
 
     def _check_overlaps(self, c: Chain, segs: list[Segment], s: Segment) -> list[tuple[int, str, str]]:
         """The promise checked, not assumed: did two payloads of this chain ever train at once?"""
@@ -373,7 +418,8 @@ class Engine:
             if o.job_id and o.extra.get("payload_start") is not None and (o is s or o.phase == ENDED):
                 windows[o.job_id] = (float(o.extra["payload_start"]), o.extra.get("payload_end"))
             elif o is not s and o.phase == RUNNING and o.job_id:  # still training: its start is in its state file
-                w = outcomes.payload_window(outcomes.read_outcome_file(self.runner, c, o), None)
+                again = o.start if o.extra.get("requeues") else None  # only this run's record
+                w = outcomes.payload_window(outcomes.read_outcome_file(self.runner, c, o, run_start=again), None)
                 if w:
                     windows[o.job_id] = (w[0], None)
         found = [(a, b, secs) for a, b, secs in outcomes.payload_overlaps(windows, self.clock()) if s.job_id in (a, b)]
@@ -682,6 +728,8 @@ class Engine:
         info = parse_outcome(res.stdout) if res.ok else {}
         if info.get("job") and s.job_id and info["job"] != s.job_id:
             return
+        if s.extra.get("requeues") and s.start and outcomes.earlier_run(info, s.start):
+            return  # the state the run before the requeue left: this run has not written its own yet
         if info.get("payload_start"):
             s.extra["payload_start"] = float(info["payload_start"])
             s.extra.pop("handoff_waiting", None)
@@ -695,43 +743,63 @@ class Engine:
 
     # ------------------------------------------------------------------ endings
     def _finish(self, c: Chain, segs: list[Segment], status: str, reason: str) -> None:
-        self._cancel_live(c, segs)
+        events = cancel_live(self.slurm, c, segs, "cancelled by chainrun: chain finished")
         c.status, c.reason, c.finished = status, reason, self.clock()
-        self.store.save(c, segs, [(None, status.lower(), f"chain {c.id} {status.lower()}: {reason}")])
+        self.store.save(c, segs, [(None, status.lower(), f"chain {c.id} {status.lower()}: {reason}"), *events])
 
     def _fail(self, c: Chain, segs: list[Segment], reason: str) -> None:
         self._finish(c, segs, FAILED, reason)
 
-    def _cancel_live(self, c: Chain, segs: list[Segment]) -> None:
-        live = [s for s in segs if s.phase in LIVE_PHASES]
-        ids = [s.job_id for s in live if s.job_id]
-        if ids:
-            try:
-                self.slurm.cancel(ids)
-            except SlurmRefused as e:  # the jobs are gone already; nothing left to stop
-                log.warning("scancel %s: %s", ids, e)
-        for s in live:
-            settle.mark_cancelled(c, s, "cancelled by chainrun: chain finished", self.clock())
+    def retry_cancels(self, chains: list[Chain]) -> None:
+        """Jobs of finished chains that a scancel could not stop (cancel_live): asked again every tick
+        until Slurm takes it, so a finished chain never leaves a job queued or training."""
+        for c in chains:
+            segs = self.store.segments(c.id)
+            events = cancel_live(self.slurm, c, segs, c.extra.get("cancel_reason") or "cancelled by chainrun")
+            self.store.save(c, segs, events)
+
+
+def cancel_live(slurm: SlurmClient, c: Chain, segs: list[Segment], reason: str) -> list[tuple[int, str, str]]:
+    """scancel a chain's live segments; a segment is recorded cancelled only once Slurm took the scancel
+    (SlurmClient.cancel retries). One it did not stays live with the error, and the chain is marked
+    ``cancel_pending`` for the watcher to ask again (Engine.retry_cancels). Returns warning events."""
+    live = [s for s in segs if s.phase in LIVE_PHASES]
+    failed = slurm.cancel([s.job_id for s in live if s.job_id]) if live else {}
+    events = []
+    for s in live:
+        if s.job_id in failed:
+            if s.extra.get("cancel_failed") != failed[s.job_id]:
+                events.append((s.idx, "warning", f"segment {s.idx} (job {s.job_id}) could not be cancelled: "
+                                                 f"{failed[s.job_id]}; trying again every watcher tick"))
+            s.extra["cancel_failed"] = failed[s.job_id]
+            continue
+        s.extra.pop("cancel_failed", None)
+        settle.mark_cancelled(c, s, reason, time.time())
+    if failed:
+        c.extra["cancel_pending"], c.extra["cancel_reason"] = True, reason
+    else:
+        c.extra.pop("cancel_pending", None)
+        c.extra.pop("cancel_reason", None)
+    return events
 
 
 def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "cancelled by the user") -> list[str]:
-    """Cancel a chain's queued and running segments; returns the job ids cancelled."""
+    """Cancel a chain's queued and running segments; returns the job ids cancelled. Jobs Slurm would not
+    cancel stay live (the watcher asks again) and raise SlurmError once the rest is recorded."""
     from chainrun.state.records import CANCELLED
 
     segs = store.segments(c.id)
-    live = [s for s in segs if s.phase in LIVE_PHASES]
-    ids = [s.job_id for s in live if s.job_id]
-    if ids:
-        try:
-            slurm.cancel(ids)
-        except SlurmRefused as e:  # some ended meanwhile: the watcher reads how (chain/settle.py)
-            log.warning("scancel %s: %s", ids, e)
-    now = time.time()
-    for s in live:
-        settle.mark_cancelled(c, s, reason, now)
-    c.status, c.reason, c.finished = CANCELLED, reason, now
-    store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(ids)} job(s) cancelled)")])
-    return ids
+    ids = [s.job_id for s in segs if s.phase in LIVE_PHASES and s.job_id]
+    events = cancel_live(slurm, c, segs, reason)
+    stuck = [s for s in segs if s.phase in LIVE_PHASES and s.extra.get("cancel_failed")]
+    done = [j for j in ids if j not in {s.job_id for s in stuck}]
+    c.status, c.reason, c.finished = CANCELLED, reason, time.time()
+    store.save(c, segs, [(None, "cancelled", f"chain {c.id} cancelled ({len(done)} job(s) cancelled)"), *events])
+    if stuck:
+        raise SlurmError(f"chain {c.id} cancelled, but Slurm did not cancel job(s) "
+                         f"{', '.join(s.job_id for s in stuck)}: {stuck[0].extra['cancel_failed']}",
+                         hint="the watcher asks again every tick; or run `scancel` on them yourself")
+    return done
 
 
 def trained_so_far(s: Segment, now: float) -> float:

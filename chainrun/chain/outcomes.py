@@ -16,14 +16,22 @@ from chainrun.chain.contract import control_path, parse_outcome
 from chainrun.runner.base import Runner
 from chainrun.slurm.parsers import AcctRow
 from chainrun.state.records import (
-    CANCELLED_OUT, CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, ENDED, HANDOFF, SKIPPED, UNSTARTED, Chain, Segment,
+    CANCELLED_OUT, CHECKPOINT_CRASH, CONTINUE, CRASH, DONE, ENDED, HANDOFF, NO_RUN_FOLDER, SKIPPED, UNSTARTED, Chain,
+    Segment,
 )
+
+# the wrapper's exit code when the run folder (its token, control/token) is not there on its node: it
+# trains nothing and usually cannot write an outcome file either (templates/wrapper.sh)
+NO_RUN_FOLDER_EXIT = 86
+# the batch step could not open its output file, so the script never ran (sacct ExitCode 0:53)
+OUTPUT_NOT_OPENED_SIGNAL = 53
 
 FINAL_STATES = {
     "COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "REVOKED",
 }
-_CRASH_STATES = {"FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+_CRASH_STATES = {"FAILED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+_LOST_NODE_STATES = {"NODE_FAIL", "PREEMPTED"}  # the job's node went away under it: not the payload's doing
 
 
 def is_final(state: str) -> bool:
@@ -39,23 +47,41 @@ class Result:
     external: bool = False  # cancelled by someone other than chainrun
 
 
-def read_outcome_file(runner: Runner, chain: Chain, seg: Segment) -> dict[str, str]:
+def read_outcome_file(runner: Runner, chain: Chain, seg: Segment, *, run_start: float | None = None) -> dict[str, str]:
     """What the wrapper wrote about this job: its outcome file, else its last state (``phase=...``).
 
     A segment killed before it could write an outcome still left its state: ``waiting`` (it
-    never trained) or ``training`` with the payload's start time.
+    never trained) or ``training`` with the payload's start time. ``run_start``: when the job's
+    last run started (a requeued job runs again under the same id); what an earlier run wrote
+    does not count.
     """
     for kind in ("outcome", "state"):
         res = runner.run(["cat", control_path(chain.run_dir, seg.idx, kind)], 30)
         if not res.ok:
             continue
         info = parse_outcome(res.stdout)
+        raw = next((line.partition("=")[2].strip() for line in res.stdout.splitlines()
+                    if line.partition("=")[0].strip() == "outcome"), "")
+        if raw == NO_RUN_FOLDER:  # known to this reader whether or not the contract's list has it yet
+            info["outcome_raw"] = raw
         # a file left by another job with the same index (a resubmission) does not count
         if info.get("job") and seg.job_id and info["job"] != seg.job_id:
             continue
-        if kind == "state" or info.get("outcome"):
+        if run_start and earlier_run(info, run_start):
+            continue
+        if kind == "state" or info.get("outcome") or info.get("outcome_raw"):
             return info
     return {}
+
+
+REQUEUE_SLACK_S = 5.0  # clocks of the node and of slurmctld may differ a little
+
+
+def earlier_run(info: dict[str, str], run_start: float) -> bool:
+    """The wrapper wrote ``info`` in an earlier run of the same job (before a requeue): its write time,
+    or its payload's start, comes before this run started."""
+    when = _num(info.get("written")) or _num(info.get("payload_start")) or _num(info.get("since"))
+    return when is not None and when < run_start - REQUEUE_SLACK_S
 
 
 def read_tail(runner: Runner, chain: Chain, seg: Segment) -> str:
@@ -90,6 +116,12 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
     never_trained = outcome in (UNSTARTED, SKIPPED) or (outcome is None and window is None and info.get("phase") == "waiting")
     if outcome == DONE:
         return Result(DONE, trained, "payload said done", f"{what} finished training")
+    if is_no_run_folder(row, info):
+        node = ran_on(row) or "?"
+        seen = f" ({info['reason']})" if info.get("reason") else ""  # the wrapper's words, where it could write
+        reason = (f"the run folder {chain.run_dir} is not visible on node {node}{seen}: put it on a shared "
+                  "filesystem (one every compute node mounts)")
+        return Result(NO_RUN_FOLDER, 0.0, reason, f"{what} trained nothing: {reason}")
     if row.state == "CANCELLED" and not we_cancelled and not (never_trained and outcome == UNSTARTED):
         reason = f"{what} was cancelled outside chainrun ({row.state_detail})"
         return Result(CANCELLED_OUT, trained, reason, reason, external=True)
@@ -124,8 +156,15 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
     if row.state == "TIMEOUT":
         return Result(CONTINUE, trained, "reached its time limit",
                       f"{what} reached its time limit; next segment resumes from the last checkpoint")
-    if row.state == "PREEMPTED":
-        return Result(CONTINUE, trained, "preempted", f"{what} was preempted; next segment resumes")
+    if row.state in _LOST_NODE_STATES:
+        # not requeued by Slurm (--no-requeue, JobRequeue=0): retried as a new job, and a retry is spent
+        # only if it trained (docs/reliability.md, "Requeue")
+        how = "was preempted" if row.state == "PREEMPTED" else "lost its node (NODE_FAIL)"
+        if window is None and info.get("phase") != "training":
+            reason = f"{how} before training; retried as a new job"
+            return Result(UNSTARTED, 0.0, reason, f"{what} {reason}")
+        reason = f"{how} after {_fmt(trained)} of training, with no outcome written"
+        return Result(CRASH, trained, reason, f"{what} {reason}; the next segment resumes from the last checkpoint")
     if row.state == "CANCELLED":
         return Result(CANCELLED_OUT, trained, "cancelled by chainrun", f"{what} cancelled")
     if row.state in _CRASH_STATES or row.state == "COMPLETED":
@@ -184,6 +223,29 @@ def newest_checkpoint(runner: Runner, chain: Chain) -> float | None:
         return None
     times = [v for v in map(_num, res.stdout.split()) if v is not None] if res.ok else []
     return max(times) if times else None
+
+
+def is_no_run_folder(row: AcctRow, info: dict[str, str]) -> bool:
+    """The segment's node does not see its run folder. Two ways it shows: Slurm could not create the
+    job's output file (in <run folder>/logs unless the user chose --output): the batch script never
+    ran, and sacct says FAILED with ExitCode 0:53 (slurmstepd's job_rc 4021, ``& 127``; slurmd logs
+    "Could not open stdout file"), and nothing was written; or the wrapper ran, found no token and
+    exited 86, usually unable to write an outcome file (or wrote outcome ``no-run-folder``). A payload
+    that exits 86 is a crash: its wrapper writes that outcome."""
+    if info.get("outcome_raw") == NO_RUN_FOLDER or info.get("outcome") == NO_RUN_FOLDER:
+        return True
+    if row.state == "FAILED" and row.exit_code == 0 and row.exit_signal == OUTPUT_NOT_OPENED_SIGNAL and not info:
+        return True
+    return (not info.get("outcome") and row.exit_code == NO_RUN_FOLDER_EXIT and row.exit_signal == 0
+            and info.get("phase") != "training")
+
+
+def ran_on(row: AcctRow) -> str:
+    """The node a job's batch script ran on (the first of its nodes); "" if Slurm did not say."""
+    from chainrun.slurm.parsers import expand_hostlist
+
+    nodes = expand_hostlist(row.nodelist) if row.nodelist else []
+    return nodes[0] if nodes else ""
 
 
 def payload_overlaps(windows: dict[str, tuple[float, float | None]], now: float) -> list[tuple[str, str, float]]:

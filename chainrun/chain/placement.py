@@ -177,6 +177,18 @@ def after_segment(chain, segs: list, seg) -> list[tuple[int | None, str, str]]:
     return events
 
 
+def exclude(chain, node: str, why: str, idx: int | None, at: float | None) -> bool:
+    """Exclude ``node`` from the chain's later segments for a reason other than its pace (e.g. it does
+    not see the run folder); False if it was excluded already. `chainrun unexclude` pardons it."""
+    adapt = chain.extra.setdefault("adapt", {})
+    if node in (adapt.get("exclude") or []):
+        return False
+    adapt["exclude"] = sorted(set(adapt.get("exclude") or []) | {node})
+    chain.extra.setdefault("placement", {}).setdefault("excluded_why", {})[node] = why
+    _note_change(chain, idx, at, f"--exclude {node}: {why}")
+    return True
+
+
 def _note_change(chain, idx: int | None, at: float | None, what: str) -> None:
     """Every change to the request of later segments, kept for `status` (also an event)."""
     changes = chain.extra.setdefault("placement", {}).setdefault("changes", [])

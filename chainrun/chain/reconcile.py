@@ -14,6 +14,7 @@ from typing import Iterable, Protocol
 from chainrun.chain.segments import job_name, parse_job_name
 from chainrun.state.records import ENDED, LIVE_PHASES, Segment
 
+ACCT_PLACEHOLDER_NAME = "allocation"
 REUSE_SLACK_S = 3600  # a recorded job whose Slurm submit time is this far from ours is another job
 EARLIER_S = 60  # a job with our id submitted this long before ours held the id before us (our clock may lag)
 UNCONFIRMED = "submission was not confirmed and no such job exists"
@@ -28,9 +29,13 @@ class JobRow(Protocol):
 
 def is_ours(chain_id: str, seg: Segment, row: JobRow) -> bool:
     """``row`` (from squeue or sacct) is the job recorded for ``seg``, not a job that reuses its id."""
-    if row.name and row.name != job_name(chain_id, seg.idx):
+    # sacct names a job "allocation" for about a second after it ended before its script ran (seen on the
+    # test cluster with a segment whose output file could not be opened): no name yet, not another job's
+    if row.name and row.name != ACCT_PLACEHOLDER_NAME and row.name != job_name(chain_id, seg.idx):
         return False
     ref = seg.submit or seg.intent_at
+    if row.name and seg.start and row.submit and row.submit >= seg.start:
+        return True  # a requeue of the job we saw start gives it a new submit time (job_mgr.c), never an earlier one
     return not (ref and row.submit and abs(row.submit - ref) > REUSE_SLACK_S)
 
 

@@ -136,8 +136,18 @@ def set_default(name: Annotated[str, typer.Argument(help="A cluster name, or loc
     typer.echo(f"default cluster: {name}")
 
 
-@cluster_app.command("test", help="Connect; show the Slurm version, partitions and limits, and whether other users' jobs are visible.")
-def test(name: Annotated[str, typer.Argument(help="The cluster to test (or local).")], json_out: JsonOpt = False) -> None:
+@cluster_app.command("test", help="Connect; show the Slurm version, partitions and limits, and whether other users' jobs are "
+                                  "visible. With --probe, also run a 1-minute job that checks a compute node sees the run folder.")
+def test(
+    name: Annotated[str, typer.Argument(help="The cluster to test (or local).")],
+    probe: Annotated[bool, typer.Option("--probe", help="Submit a 1-minute job: does a compute node see a token written "
+                                                        "here in --folder, and on what filesystem type?")] = False,
+    folder: Annotated[str | None, typer.Option("--folder", help="The folder to probe (default: where `submit` puts run "
+                                                                "folders: this directory, or the cluster's workdir).")] = None,
+    probe_args: Annotated[str | None, typer.Option("--sbatch", help="sbatch options for the probe job, e.g. "
+                                                                    "'--partition=gpu --account=x'.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
     import time
 
     from chainrun.context import open_runner
@@ -155,6 +165,7 @@ def test(name: Annotated[str, typer.Argument(help="The cluster to test (or local
         users = {line.strip() for line in slurm._call(["squeue", "--all", "-h", "-o", "%u"], what="squeue").stdout.splitlines() if line.strip()}
         private = (slurm.config_value("PrivateData") or "none").lower()
         me = getattr(runner, "user", None) or _me()
+        probed = _probe(name, runner, slurm, folder, probe_args) if probe else None
     finally:
         runner.close()
     hidden = "jobs" in private
@@ -164,8 +175,12 @@ def test(name: Annotated[str, typer.Argument(help="The cluster to test (or local
                         "state": p.state} for p in parts.values()],
         "others_jobs_visible": not hidden, "private_data": private, "other_users_in_queue": len(users - {me}),
     }
+    if probed is not None:
+        data["probe"] = probed.as_dict()
     if json_out:
         typer.echo(envelope("cluster test", data))
+        if probed is not None and not probed.sees_token:
+            raise typer.Exit(1)
         return
     from chainrun.durations import format_duration
 
@@ -175,6 +190,26 @@ def test(name: Annotated[str, typer.Argument(help="The cluster to test (or local
         typer.echo(f"  partition {p.name}{' (default)' if p.is_default else ''}: max {limit}, {p.total_nodes} node(s), {p.state}")
     vis = "hidden (PrivateData=jobs): the predicted policy sees only your jobs" if hidden else "visible"
     typer.echo(f"  other users' jobs: {vis}; {data['other_users_in_queue']} other user(s) in the queue now")
+    if probed is not None:
+        typer.echo(f"  probe (job {probed.job_id}, {probed.seconds:.0f}s): {probed.verdict}")
+        if probed.node_mount or probed.submit_fstype:
+            typer.echo(f"    the node's mount: {probed.node_mount or '?'}; here: {probed.submit_fstype or '?'}")
+        if not probed.sees_token:
+            raise typer.Exit(1)
+
+
+def _probe(name: str, runner, slurm, folder: str | None, probe_args: str | None):
+    """The probe's core (chainrun/probe.py) with the folder `submit` would use and the cluster's [sbatch] options."""
+    import os
+    import shlex
+
+    from chainrun import clusters
+    from chainrun.probe import probe
+
+    if folder is None:
+        folder = os.getcwd() if name == clusters.LOCAL else (getattr(runner.cluster, "workdir", None) or runner.home())
+    args = clusters.site_options(name) + (shlex.split(probe_args) if probe_args else [])
+    return probe(runner, slurm, folder, sbatch_args=args)
 
 
 def _public(c) -> dict:

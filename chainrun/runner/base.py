@@ -38,10 +38,11 @@ class Runner(Protocol):
         argv: Sequence[str],
         timeout: float = 60.0,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         stdin: str | None = None,
     ) -> RunResult:
         """Run ``argv`` (no shell), with extra environment ``env``, and return its result.
+        A ``None`` value in ``env`` removes that variable from the command's environment.
 
         Raises :class:`chainrun.errors.RemoteError` only when the machine cannot be reached
         at all; a command that runs and fails is a RunResult with a non-zero returncode.

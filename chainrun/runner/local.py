@@ -15,6 +15,17 @@ from chainrun.runner.base import RunResult
 log = logging.getLogger(__name__)
 
 
+def with_env(base: Mapping[str, str], env: Mapping[str, str | None]) -> dict[str, str]:
+    """``base`` with ``env`` applied: a value sets the variable, ``None`` removes it."""
+    out = dict(base)
+    for k, v in env.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
 class LocalRunner:
     name = "local"
 
@@ -23,11 +34,11 @@ class LocalRunner:
         argv: Sequence[str],
         timeout: float = 60.0,
         *,
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         stdin: str | None = None,
     ) -> RunResult:
         argv = tuple(str(a) for a in argv)
-        full_env = {**os.environ, **env} if env else None
+        full_env = with_env(os.environ, env) if env else None
         t0 = time.monotonic()
         try:
             p = subprocess.run(

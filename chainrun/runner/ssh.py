@@ -79,11 +79,14 @@ class _Refuse(paramiko.MissingHostKeyPolicy):
         )
 
 
-def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, *, login_shell: bool = False) -> str:
-    """The single string sshd hands to the remote shell; every argument stays one literal word."""
+def command_line(argv: Sequence[str], env: Mapping[str, str | None] | None = None, *, login_shell: bool = False) -> str:
+    """The single string sshd hands to the remote shell; every argument stays one literal word.
+    ``env``: ``K=V`` sets a variable, ``K: None`` removes it (``env -u K``) from what the remote
+    profile left in the environment."""
     words = [str(a) for a in argv]
     if env:
-        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
+        unset = [w for k, v in env.items() if v is None for w in ("-u", k)]
+        words = ["env", *unset, *(f"{k}={v}" for k, v in env.items() if v is not None), *words]
     line = shlex.join(words)
     return shlex.join(["bash", "-lc", line]) if login_shell else line
 
@@ -242,7 +245,7 @@ class SSHRunner:
 
     # ------------------------------------------------------------------ commands
     def run(
-        self, argv: Sequence[str], timeout: float = 60.0, *, env: Mapping[str, str] | None = None,
+        self, argv: Sequence[str], timeout: float = 60.0, *, env: Mapping[str, str | None] | None = None,
         stdin: str | None = None,
     ) -> RunResult:
         argv = tuple(str(a) for a in argv)

@@ -3,7 +3,9 @@
 Every call goes through :meth:`SlurmClient._call`, which counts calls (the watcher's
 budget is one ``squeue`` and at most one ``sacct`` per tick, see bench/watch_rpcs.py),
 asks for epoch timestamps (``SLURM_TIME_FORMAT=%s``: no time-zone guessing, also over
-SSH), and turns "the controller did not answer" into :class:`TransientSlurmError`.
+SSH), removes the user's ``SQUEUE_*``/``SACCT_FORMAT`` settings (:data:`UNSET_FOR_READS`),
+and turns "the controller did not answer" into :class:`TransientSlurmError`. Only stdout
+is parsed; stderr is read for error words only.
 """
 
 from __future__ import annotations
@@ -35,13 +37,20 @@ _TRANSIENT_RE = re.compile(
     re.IGNORECASE,
 )
 # sbatch refusing this job for what it asks: retrying the same request cannot help
+CANCEL_ATTEMPTS = 3
+CANCEL_PAUSE_S = 1.0  # then 2 s: a busy controller gets a moment, the tick is not held long
 _REFUSED_RE = re.compile(
     r"invalid|not available|unrecognized|unrecognised|violates|permission denied|access denied|"
     r"unable to open file|not permitted|requested .* not|no such|exceeds|too many|must be|illegal|"
     r"batch script contains dos line breaks|script arguments not permitted|does not exist",
     re.IGNORECASE,
 )
-_ENV = {"SLURM_TIME_FORMAT": "%s"}
+# a user's profile may set these for their own use of squeue/sacct (squeue(1), sacct(1): ENVIRONMENT
+# VARIABLES); they filter rows out (a running owner hidden by SQUEUE_STATES=PD) or change the columns.
+# chainrun's reads remove them; SLURM_CONF and the user's SBATCH_* defaults stay.
+UNSET_FOR_READS = ("SQUEUE_STATES", "SQUEUE_USERS", "SQUEUE_PARTITION", "SQUEUE_ACCOUNT", "SQUEUE_QOS",
+                   "SQUEUE_NAMES", "SQUEUE_FORMAT", "SQUEUE_FORMAT2", "SQUEUE_SORT", "SACCT_FORMAT")
+_ENV: dict[str, str | None] = {"SLURM_TIME_FORMAT": "%s", **{k: None for k in UNSET_FOR_READS}}
 # sacct reads a wall-clock -S/-E in the zone of the process that runs it (the cluster's, over
 # SSH): chainrun gives them relative to the cluster's own "now" instead, which no zone, and no
 # profile that resets TZ, can shift; and reads times back as epoch seconds
@@ -120,7 +129,7 @@ class SlurmClient:
 
     # -------------------------------------------------------------- plumbing
     def _call(self, argv: Sequence[str], *, what: str, stdin: str | None = None,
-              env: dict | None = None) -> RunResult:
+              env: dict[str, str | None] | None = None) -> RunResult:
         self.calls[argv[0]] += 1
         res = self.runner.run(argv, self.timeout, env=env or _ENV, stdin=stdin)
         if res.ok:
@@ -236,14 +245,62 @@ class SlurmClient:
         res = self._call(["sbatch", "--test-only", *sbatch_args, script_path, *script_args], what="sbatch --test-only")
         return parsers.parse_test_only(res.stderr + "\n" + res.stdout)
 
-    def cancel(self, job_ids: Iterable[str]) -> None:
-        ids = sorted(set(job_ids))
-        if ids:
-            self._call(["scancel", *ids], what="scancel")
+    def cancel(self, job_ids: Iterable[str], *, attempts: int = CANCEL_ATTEMPTS,
+               pause_s: float | None = None) -> dict[str, str]:
+        """``scancel`` the jobs; returns ``{job id: error}`` for those still not cancelled after
+        ``attempts`` tries (each failure logged). A job Slurm no longer knows or that is already
+        ending counts as cancelled: it runs no more. Callers record only the others as cancelled."""
+        left = sorted(set(job_ids), key=lambda j: (len(j), j))
+        pause_s = CANCEL_PAUSE_S if pause_s is None else pause_s
+        failed: dict[str, str] = {}
+        for attempt in range(1, attempts + 1):
+            if not left:
+                break
+            self.calls["scancel"] += 1
+            res = self.runner.run(["scancel", *left], self.timeout, env=_ENV)
+            failed = {} if res.ok else cancel_failures(left, res)
+            if failed:
+                log.warning("scancel %s (attempt %d of %d): %s", " ".join(failed), attempt, attempts,
+                            "; ".join(sorted(set(failed.values()))))
+                if attempt < attempts:
+                    time.sleep(pause_s * attempt)
+            left = sorted(failed, key=lambda j: (len(j), j))
+        return failed
 
     def signal(self, job_id: str, signal: str) -> None:
         """Signal the batch shell (``--batch``: a script without steps gets nothing otherwise)."""
         self._call(["scancel", "--batch", f"--signal={signal}", job_id], what="scancel --signal")
+
+
+# scancel's per-job errors meaning the job runs no more (slurm_errno.c: ESLURM_INVALID_JOB_ID,
+# ESLURM_ALREADY_DONE, "Job/step already completing or completed")
+_CANCEL_DONE_RE = re.compile(r"invalid job id|already (?:completing|completed|done)|job has already finished",
+                             re.IGNORECASE)
+_JOB_IN_LINE_RE = re.compile(r"job(?:\s+id)?\s+(\d+(?:_\d+)?)", re.IGNORECASE)
+
+
+def cancel_failures(ids: Sequence[str], res: RunResult) -> dict[str, str]:
+    """``{job id: error}`` for the jobs a failed ``scancel`` did not cancel, from its stderr.
+
+    scancel goes on after a per-job error and names the job in it (``scancel: error: Kill job
+    error on job id 74: Access/permission denied``); an error naming no job (the controller did
+    not answer, a timeout) leaves every job of the call uncertain: all of them failed."""
+    if res.timed_out:
+        return {j: "scancel timed out" for j in ids}
+    per_job: dict[str, str] = {}
+    general = []
+    for line in (res.stderr or "").splitlines():
+        if not line.strip():
+            continue
+        m = _JOB_IN_LINE_RE.search(line)
+        if m and m.group(1) in ids:
+            per_job[m.group(1)] = line.strip()
+        else:
+            general.append(line.strip())
+    if general or not per_job:
+        why = general[0] if general else res.first_error_line()
+        return {j: per_job.get(j, why) for j in ids if not _CANCEL_DONE_RE.search(per_job.get(j, why))}
+    return {j: err for j, err in per_job.items() if not _CANCEL_DONE_RE.search(err)}
 
 
 def _since(epoch: float) -> str:

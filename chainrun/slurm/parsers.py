@@ -228,7 +228,7 @@ def parse_squeue(text: str) -> list[QueueRow]:
 
 SACCT_FIELDS = (
     "JobIDRaw,User,Partition,QOS,Account,Submit,Eligible,Start,End,Elapsed,TimelimitRaw,"
-    "NNodes,NCPUS,AllocTRES,ReqTRES,State,ExitCode,Reason,JobName"
+    "NNodes,NCPUS,AllocTRES,ReqTRES,State,ExitCode,Reason,NodeList,JobName"
 )
 """The one sacct field list: the watcher's job checks, the model's history and ``chainrun.traces``
 read the same fields (by header name). JobName last: a name may contain the separator."""
@@ -256,6 +256,7 @@ class AcctRow:
     reason: str
     state_detail: str  # the full text, e.g. "CANCELLED by 0"
     account: str = ""
+    nodelist: str = ""  # the nodes it ran on, compressed (``n[1-2]``); "" or "None assigned" if it never ran
 
     @property
     def wait_s(self) -> float | None:
@@ -286,6 +287,7 @@ SACCT_HEADER_ALIASES: dict[str, tuple[str, ...]] = {
     "state": ("state",),
     "exit_code": ("exitcode",),
     "reason": ("reason",),
+    "nodelist": ("nodelist",),
     "priority": ("priority",),
 }
 NO_VAL_MINUTES = 4294967294  # NO_VAL / INFINITE in TimelimitRaw: no limit
@@ -347,6 +349,7 @@ def parse_sacct(text: str) -> list[AcctRow]:
                 reason=_get(r, "reason"),
                 state_detail=state_text,
                 account=_get(r, "account"),
+                nodelist="" if _get(r, "nodelist") in ("", "None assigned", "(null)") else _get(r, "nodelist"),
             )
         )
     return rows

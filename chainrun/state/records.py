@@ -26,6 +26,7 @@ CRASH = "crash"  # ended on its own with an error, or the node failed
 CANCELLED_OUT = "cancelled"  # cancelled by chainrun (or the user) before or while running
 SKIPPED = "skipped"  # started after the chain was already finished
 UNSTARTED = "unstarted"  # ended while waiting for the chain (signal, limit, kill): never trained, no retry spent
+NO_RUN_FOLDER = "no-run-folder"  # the wrapper could not see the run folder on its node: trained nothing
 CHECKPOINT_CRASH = "checkpoint-crash"  # trained, got the signal, then failed while saving: a warning
 
 

@@ -10,7 +10,7 @@ no step was lost or trained twice and that no two segments trained at once.
 TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries; TOY_CRASH_RANK limits it to one rank); TOY_IGNORE_SIGNAL=1 makes it
 ignore CHAINRUN_SIGNAL (many real trainers do: only TERM at the limit stops it); TOY_CRASH_ON_SAVE=1
 makes it fail with a traceback while saving after a signal. Each line of steps.log ends with the
-Slurm job id, so a test can tell which job trained when.
+Slurm job id and SLURM_RESTART_COUNT, so a test can tell which job (and which run of a requeued job) trained when.
 Progress (the optional contract): every step appends "<time> <step> - <step seconds> [<total>]" to this
 rank's $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME>. TOY_SLOW_NODES="n2=2.0" makes steps on
 that Slurm node (SLURMD_NODENAME: test nodes share one hostname) that many times slower; TOY_SWITCHES=
@@ -67,6 +67,7 @@ sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
 ignore_signal = os.environ.get("TOY_IGNORE_SIGNAL") == "1"
 crash_on_save = os.environ.get("TOY_CRASH_ON_SAVE") == "1"
 job = os.environ.get("SLURM_JOB_ID", "-")
+restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job runs again under its id: which run
 rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
 node = os.environ.get("SLURMD_NODENAME", "") or "local"
 slow = dict((k, float(v)) for k, _, v in (x.partition("=") for x in os.environ.get("TOY_SLOW_NODES", "").split(",")) if v)
@@ -149,14 +150,14 @@ with (steps_log.open("a") if rank == 0 else open(os.devnull, "w")) as log:
             if crash_on_save:
                 raise RuntimeError(f"toy: cannot write the checkpoint for step {step} (TOY_CRASH_ON_SAVE)")
             save(step)
-            log.write(f"save {segment} {step} {time.time():.3f} {job}\n")
+            log.write(f"save {segment} {step} {time.time():.3f} {job} {restart}\n")
             print(f"toy: {stop['why']} -> saved step {step}, exiting", flush=True)
             sys.exit(0)
         if total_steps and step >= total_steps:
             save(step)
             if rank == 0:
                 Path(os.environ.get("CHAINRUN_DONE_FILE", ckpt_dir / "CHAINRUN_DONE")).write_text("done\n")
-            log.write(f"done {segment} {step} {time.time():.3f} {job}\n")
+            log.write(f"done {segment} {step} {time.time():.3f} {job} {restart}\n")
             print(f"toy: reached {total_steps} steps, training finished", flush=True)
             sys.exit(0)
         t0 = time.time()
@@ -165,7 +166,7 @@ with (steps_log.open("a") if rank == 0 else open(os.devnull, "w")) as log:
         if progress:
             progress.write(f"{time.time():.3f} {step} - {time.time() - t0:.4f}{f' {total_steps}' if total_steps else ''}\n")
             progress.flush()
-        log.write(f"step {segment} {step} {time.time():.3f} {job}\n")
+        log.write(f"step {segment} {step} {time.time():.3f} {job} {restart}\n")
         log.flush()
         if crash_at and step == crash_at and (crash_rank is None or str(rank) == crash_rank):
             print(f"toy: crashing at step {step} as asked", flush=True)

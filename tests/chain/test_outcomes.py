@@ -39,8 +39,15 @@ TRAINED = {"payload_start": "10", "payload_end": "90"}  # 80 s of training insid
         ("FAILED", {"phase": "waiting"}, "unstarted", 0),  # killed (e.g. SIGKILL) while waiting: never trained
         ("TIMEOUT", {"phase": "waiting"}, "unstarted", 0),
         ("OUT_OF_MEMORY", {"phase": "training", "payload_start": "10"}, "crash", 90),
-        ("NODE_FAIL", {}, "crash", 0),
-        ("PREEMPTED", {"phase": "training", "payload_start": "40"}, "continue", 60),
+        # not requeued by Slurm (--no-requeue, JobRequeue=0): a new job; a retry is spent only if it trained
+        ("NODE_FAIL", {}, "unstarted", 0),
+        ("NODE_FAIL", {"phase": "waiting"}, "unstarted", 0),
+        ("PREEMPTED", {}, "unstarted", 0),
+        ("NODE_FAIL", {"phase": "training", "payload_start": "40"}, "crash", 60),
+        ("PREEMPTED", {"phase": "training", "payload_start": "40"}, "crash", 60),
+        ("PREEMPTED", {"outcome": "continue", "signaled": "1", **TRAINED}, "continue", 80),  # it saved on TERM
+        # the wrapper could not see the run folder on its node (exit 86, nothing written)
+        ("FAILED", {}, "crash", 0),
         ("COMPLETED", {}, "crash", 0),  # exit 0 with no outcome written: the control folder is broken
     ],
 )
@@ -133,3 +140,20 @@ def test_newest_checkpoint_reads_the_folder_through_the_runner(tmp_path):
     assert newest_checkpoint(runner, ch) == 1_700_000_100
     ch.checkpoint_dir = str(tmp_path / "missing")
     assert newest_checkpoint(runner, ch) is None
+
+
+def test_exit_86_without_an_outcome_is_a_blind_node():
+    r86 = AcctRow(**{**row("FAILED", code=86).__dict__, "nodelist": "n[2-3]"})
+    r = classify(chain(), Segment(chain_id="c", idx=0, job_id="7"), r86, {})
+    assert r.outcome == "no-run-folder" and r.credit_s == 0 and "not visible on node n2" in r.reason
+    assert classify(chain(), Segment(chain_id="c", idx=0, job_id="7"), r86,
+                    {"phase": "training", "payload_start": "10"}).outcome == "crash"  # it trained: not the folder
+
+
+def test_an_output_file_slurm_could_not_open_is_a_blind_node():
+    """sacct's 0:53 (slurmd: "Could not open stdout file"): the script never ran, nothing was written."""
+    r53 = AcctRow(**{**row("FAILED", elapsed=0, code=0, sig=53).__dict__, "nodelist": "n4"})
+    seg = Segment(chain_id="c", idx=0, job_id="7")
+    r = classify(chain(), seg, r53, {})
+    assert r.outcome == "no-run-folder" and "not visible on node n4" in r.reason
+    assert classify(chain(), seg, r53, {"phase": "waiting"}).outcome != "no-run-folder"  # it ran: something else

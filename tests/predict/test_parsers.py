@@ -149,10 +149,10 @@ def test_one_sacct_reader_two_speeds():
     head = SACCT_FIELDS.replace(",", "|")
     text = head + "\n" + "\n".join([
         "11|ann|gpu|normal|proj|1700000000|1700000010|1700000100|1700003700|01:00:00|120|2|16|"
-        "cpu=16,gres/gpu=4,gres/gpu:a100=4|cpu=16,gres/gpu=4|COMPLETED|0:0|None|train|a|b",
-        "12|bob|gpu|normal|proj|1700000000|1700000000|Unknown|Unknown|00:00:00|60|1|8||gres/gpu:a100=2|PENDING|0:0|Priority|x",
-        "13|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8||gres/gpu=1|CANCELLED by 0|0:15|None|y",
-        "13.batch|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8|||COMPLETED|0:0|None|batch",
+        "cpu=16,gres/gpu=4,gres/gpu:a100=4|cpu=16,gres/gpu=4|COMPLETED|0:0|None|n[1-2]|train|a|b",
+        "12|bob|gpu|normal|proj|1700000000|1700000000|Unknown|Unknown|00:00:00|60|1|8||gres/gpu:a100=2|PENDING|0:0|Priority|None assigned|x",
+        "13|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8||gres/gpu=1|CANCELLED by 0|0:15|None|n3|y",
+        "13.batch|bob|gpu|normal|proj|1700000000|1700000000|1700000005|1700000050|00:00:45|60|1|8|||COMPLETED|0:0|None|n3|batch",
     ])
     rows = {r.job_id: r for r in parse_sacct(text)}
     df = parse_sacct_rows(text).set_index("job_id")
@@ -166,3 +166,4 @@ def test_one_sacct_reader_two_speeds():
             assert (a is None and math.isnan(b)) or a == b
     assert rows["11"].gpus == 4 and rows["11"].name == "train|a|b"  # the typed duplicate is not counted twice
     assert rows["12"].gpus == 2  # pending: ReqTRES
+    assert (rows["11"].nodelist, rows["12"].nodelist) == ("n[1-2]", "")  # where it ran; nothing before it ran

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from chainrun.runner.base import RunResult
 
 SQ_HEAD = "JOBID|USER|STATE|REASON|SUBMIT_TIME|START_TIME|END_TIME|TIME_LIMIT|TIME|PARTITION|QOS|NODES|CPUS|TRES_PER_NODE|DEPENDENCY|COMMENT|NAME"
-SA_HEAD = "JobIDRaw|JobName|User|Partition|QOS|Submit|Eligible|Start|End|Elapsed|TimelimitRaw|NNodes|NCPUS|AllocTRES|State|ExitCode|Reason"
+SA_HEAD = ("JobIDRaw|JobName|User|Partition|QOS|Submit|Eligible|Start|End|Elapsed|TimelimitRaw|NNodes|NCPUS|AllocTRES|"
+           "State|ExitCode|Reason|NodeList")
 
 
 @dataclass
@@ -28,6 +29,8 @@ class Job:
     user: str = "root"
     in_queue: bool = True
     in_acct: bool = True
+    node: str = "n1"  # where it runs once started
+    exit_code: str = "0:0"  # sacct's ExitCode once it ended
 
 
 @dataclass
@@ -44,6 +47,7 @@ class FakeSlurm:
     acct_only: list = field(default_factory=list)  # Jobs only accounting knows (older jobs of a reused id)
     nodes: dict = field(default_factory=dict)  # node -> State, for `scontrol show node` (empty: not answered)
     reservations: str = ""  # what `scontrol show reservation --oneliner` prints (empty: not answered)
+    updates: list = field(default_factory=list)  # (job id, {field: value}) of `scontrol update` on queued jobs
     name = "fake"
 
     # ---------------------------------------------------------- Runner
@@ -85,7 +89,8 @@ class FakeSlurm:
                 el = int((j.end or self.now) - j.start) if j.start else 0
                 rows.append(f"{j.id}|{j.name}|{j.user}|short|normal|{int(j.submit)}|{int(j.submit)}|"
                             f"{int(j.start) if j.start else 'Unknown'}|{int(j.end) if j.end else 'Unknown'}|"
-                            f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|0:0|None")
+                            f"00:{el // 60:02d}:{el % 60:02d}|2|1|1|cpu=1|{j.state}|{j.exit_code}|None|"
+                            f"{j.node if j.start else 'None assigned'}")
             return RunResult(argv, 0, "\n".join(rows) + "\n", "", 0.0)
         if argv[:3] == ("scontrol", "show", "node") and self.nodes:
             text = "".join(f"NodeName={n} State={st} Partitions=short,long\n" for n, st in self.nodes.items())
@@ -103,6 +108,13 @@ class FakeSlurm:
             for a in argv[1:]:
                 if a in self.jobs and self.jobs[a].state in ("PENDING", "RUNNING"):
                     self.jobs[a].state, self.jobs[a].end = "CANCELLED", self.now
+            return RunResult(argv, 0, "", "", 0.0)
+        if cmd == "scontrol" and argv[1:2] == ("update",):  # a queued job's request changed in place
+            jid = argv[2].split("=", 1)[1]
+            fields = dict(a.split("=", 1) for a in argv[3:])
+            if jid not in self.jobs or self.jobs[jid].state != "PENDING":
+                return RunResult(argv, 1, "", "scontrol: error: Job is no longer pending execution", 0.0)
+            self.updates.append((jid, fields))
             return RunResult(argv, 0, "", "", 0.0)
         return RunResult(argv, 127, "", f"{cmd}: command not found", 0.0)
 
@@ -132,3 +144,9 @@ class FakeSlurm:
     def finish(self, jid: str, state: str = "TIMEOUT") -> None:
         self.jobs[jid].state, self.jobs[jid].end = state, self.now
         self.jobs[jid].in_queue = False
+
+    def requeue(self, jid: str) -> None:
+        """Slurm requeued it (node failure, preemption, `scontrol requeue`): pending again under the
+        same id, with a new submit time (job_mgr.c resets it)."""
+        j = self.jobs[jid]
+        j.state, j.start, j.end, j.submit, j.in_queue = "PENDING", None, None, self.now, True

@@ -263,3 +263,17 @@ def test_backoff_is_capped():
 
 def test_engine_module_keeps_its_budget_constants():
     assert engine_mod.ADOPT_AFTER_S >= 30 and engine_mod.LOST_AFTER_S > engine_mod.ADOPT_AFTER_S
+
+
+def test_sacct_placeholder_name_of_a_just_ended_job_is_still_ours(world):
+    """sacct says JobName "allocation" for about a second after a job that failed before its script ran
+    (its output file could not be opened): the segment is read from it, not taken for another job."""
+    fake, store, eng, c = world
+    seg = store.segments(c.id)[0]
+    job = fake.jobs[seg.job_id]
+    fake.start(job.id)
+    fake.finish(job.id, "FAILED")
+    job.name = "allocation"
+    eng.tick()
+    events = [e.message for _, e in store.events(c.id)]
+    assert store.segments(c.id)[0].phase == ENDED and not any("names another job" in m for m in events)

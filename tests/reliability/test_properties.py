@@ -265,7 +265,7 @@ def test_every_slurm_failure_is_a_classified_chainrun_error(rc, out, err, timed_
     res = RunResult(("sbatch",), rc, out, err, 0.0, timed_out=timed_out)
     assert not (is_transient(res) and is_refusal(res))
     for call in (lambda: client.queue(), lambda: client.accounting(["1"]), lambda: client.submit("/w", []),
-                 lambda: client.partitions(), lambda: client.cancel(["1"])):
+                 lambda: client.partitions(), lambda: client.cancel(["1"], pause_s=0)):
         try:
             call()
         except (TransientSlurmError, SlurmRefused, SlurmParseError, SlurmError) as e:

@@ -51,6 +51,21 @@ def test_arguments_arrive_literally_and_run_nothing(ssh_server, login_shell, tmp
     assert not os.path.exists(marker), "a command substitution ran on the remote side"
 
 
+@pytest.mark.parametrize("login_shell", [False, True])
+def test_env_none_removes_a_variable_the_remote_side_has(ssh_server, login_shell):
+    """chainrun's Slurm reads unset the user's SQUEUE_*/SACCT_FORMAT (slurm/client.py): over SSH that is
+    `env -u`, after the remote profile ran. HOME stands in for a variable the remote shell always sets."""
+    r = runner_for(ssh_server, ssh_server.known_hosts, login_shell=login_shell)
+    try:
+        kept = r.run(["env"], 30, env={"CR_TEST": "x"})
+        gone = r.run(["env"], 30, env={"HOME": None, "CR_TEST": "x"})
+    finally:
+        r.close()
+    assert any(line.startswith("HOME=") for line in kept.stdout.splitlines())
+    assert gone.ok and "CR_TEST=x" in gone.stdout.splitlines()
+    assert not any(line.startswith("HOME=") for line in gone.stdout.splitlines())
+
+
 def test_stdin_exit_codes_timeout_and_one_connection(ssh_server):
     r = runner_for(ssh_server, ssh_server.known_hosts)
     try:
