@@ -23,7 +23,6 @@ import logging
 import os
 import posixpath
 import select
-import shlex
 import socket
 import time
 from pathlib import Path
@@ -33,7 +32,9 @@ import paramiko
 
 from chainrun.clusters import Cluster, Target, resolve, resolve_jump
 from chainrun.errors import RemoteError
-from chainrun.runner.base import RunResult
+from chainrun.runner.base import HostKeyError, RemoteUnreachable, RunResult, command_line
+
+__all__ = ["HostKeyError", "RemoteUnreachable", "SSHRunner", "command_line", "fingerprint"]
 
 log = logging.getLogger(__name__)
 # paramiko's transport thread logs failures with tracebacks; without a handler Python would print them on
@@ -43,12 +44,20 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _NET_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
 
 
-class RemoteUnreachable(RemoteError):
-    """The login node cannot be reached right now; the watcher retries on a later tick."""
+class _SecondFactor(paramiko.AuthenticationException):
+    """The server took the key and then asked for keyboard-interactive (a one-time code)."""
 
 
-class HostKeyError(RemoteError):
-    """The server's host key is unknown or has changed."""
+class _NoPromptClient(paramiko.SSHClient):
+    """An SSHClient that never prompts: after a key's partial success paramiko would ask for the
+    second factor on this process's stdin (``auth_interactive_dumb``); a tick must fail instead."""
+
+    def _auth(self, username, *args, **kwargs):  # paramiko's private hook, called once per connect
+        def refuse(*_a, **_k):
+            raise _SecondFactor("the server asks for a second factor")
+
+        self._transport.auth_interactive_dumb = refuse
+        return super()._auth(username, *args, **kwargs)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -77,15 +86,6 @@ class _Refuse(paramiko.MissingHostKeyPolicy):
             hint=f"if that fingerprint is right, trust it with `chainrun cluster add {self.cluster_name} ... "
             f"--accept-new-host-key`, or add `ssh-keyscan` output for {hostname} to ~/.ssh/known_hosts",
         )
-
-
-def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, *, login_shell: bool = False) -> str:
-    """The single string sshd hands to the remote shell; every argument stays one literal word."""
-    words = [str(a) for a in argv]
-    if env:
-        words = ["env", *(f"{k}={v}" for k, v in env.items()), *words]
-    line = shlex.join(words)
-    return shlex.join(["bash", "-lc", line]) if login_shell else line
 
 
 class SSHRunner:
@@ -164,6 +164,14 @@ class SSHRunner:
                     f"`ssh-keygen -R {known_host_name(hop.hostname, hop.port)}` (and from "
                     f"{self.known_hosts}), then add the new one",
                 ) from None
+            except _SecondFactor:
+                client.close()
+                raise RemoteError(
+                    f"{hop.user}@{hop.hostname}:{hop.port} took the key, then asked for a second factor "
+                    "(keyboard-interactive: a one-time code or password), which the built-in SSH client never answers",
+                    hint=f"use the system ssh: `chainrun cluster add {self.name} --ssh ALIAS` (a Host in ~/.ssh/config), "
+                    f"then log in once with `chainrun cluster login {self.name}`",
+                ) from None
             except paramiko.AuthenticationException as e:
                 client.close()
                 tried = ", ".join(keys) if keys else "your SSH agent's and ~/.ssh's keys"
@@ -205,7 +213,7 @@ class SSHRunner:
         return keys
 
     def _client_for(self) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
+        client = _NoPromptClient()
         try:
             client.load_system_host_keys()  # ~/.ssh/known_hosts
         except (OSError, paramiko.SSHException) as e:
