@@ -73,14 +73,20 @@ def known_host_name(hostname: str, port: int) -> str:
 class _Refuse(paramiko.MissingHostKeyPolicy):
     """RejectPolicy that says which key it refused and how to trust it."""
 
-    def __init__(self, cluster_name: str, accept_new: bool) -> None:
+    def __init__(self, cluster_name: str, accept_new: bool, cert_authority: bool = False) -> None:
         self.cluster_name, self.accept_new = cluster_name, accept_new
+        self.cert_authority = cert_authority  # a known_hosts trusts a CA: paramiko cannot check host certificates
         self.accepted: tuple[str, paramiko.PKey] | None = None
 
     def missing_host_key(self, client, hostname, key) -> None:
         if self.accept_new:  # only from `cluster add --accept-new-host-key`: the user asked for it
             self.accepted = (hostname, key)
             return
+        if self.cert_authority:
+            raise HostKeyError(
+                f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}; your known_hosts trusts "
+                "a @cert-authority, which the built-in SSH client cannot check",
+                hint=f"use the system ssh: `chainrun cluster add {self.cluster_name} --ssh ALIAS` (a Host in ~/.ssh/config)")
         raise HostKeyError(
             f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
             hint=f"if that fingerprint is right, trust it with `chainrun cluster add {self.cluster_name} ... "
@@ -214,14 +220,11 @@ class SSHRunner:
 
     def _client_for(self) -> paramiko.SSHClient:
         client = _NoPromptClient()
-        try:
-            client.load_system_host_keys()  # ~/.ssh/known_hosts
-        except (OSError, paramiko.SSHException) as e:
-            log.warning("cannot read ~/.ssh/known_hosts: %s", e)
-        if self.known_hosts.exists():
-            # chainrun's own file: read only; it is written by `cluster add --accept-new-host-key`
-            client.get_host_keys().load(str(self.known_hosts))
-        policy = _Refuse(self.name, self.accept_new_host_key)
+        # ~/.ssh/known_hosts, and chainrun's own file (read only; written by `cluster add --accept-new-host-key`)
+        cert_authority = False
+        for f in (Path.home() / ".ssh" / "known_hosts", self.known_hosts):
+            cert_authority |= _load_known_hosts(client.get_host_keys(), f)
+        policy = _Refuse(self.name, self.accept_new_host_key, cert_authority=cert_authority)
         client.set_missing_host_key_policy(policy)
         client._chainrun_policy = policy  # type: ignore[attr-defined]
         return client
@@ -357,6 +360,38 @@ class SSHRunner:
                 sftp.mkdir(d, 0o755)  # slurmd runs the job as the same user; 755 like a normal mkdir
             except OSError:
                 sftp.stat(d)  # made meanwhile by someone else is fine; anything else raises
+
+
+def _load_known_hosts(keys: paramiko.HostKeys, path: Path) -> bool:
+    """Add a known_hosts file's plain entries; True if it has ``@cert-authority`` lines.
+
+    paramiko's own loader raises on marker lines (``@cert-authority``, ``@revoked``) and on any line
+    it cannot parse; ssh skips what it does not use, and so does this.
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning("cannot read %s: %s", path, e)
+        return False
+    markers = False
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("@"):
+            markers |= line.startswith("@cert-authority")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError, TypeError) as e:
+            log.debug("%s:%d: skipped (%s)", path, lineno, e)
+            continue
+        if entry is not None and entry.key is not None:
+            for host in entry.hostnames:
+                keys.add(host, entry.key.get_name(), entry.key)
+    return markers
 
 
 def _describe(e: BaseException) -> str:

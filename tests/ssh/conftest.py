@@ -110,18 +110,30 @@ def ssh_home(tmp_path, ssh_server) -> Path:
 MFA_PORT = 2224
 
 
+CERT_PORT = 2225
+
+
+def _start_kind(kind: str, dir_: Path, port: int) -> Server:
+    if os.geteuid() != 0:
+        _need(f"the {kind} test server needs root")
+    p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(dir_)],
+                       env={**os.environ, "CHAINRUN_SSH_PORT": str(port), "CHAINRUN_SSH_KIND": kind},
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        _need(f"the {kind} sshd did not start: {p.stderr.strip()[-500:]}")
+    return Server(dir_, port)
+
+
 @pytest.fixture(scope="session")
 def mfa_server(ssh_server) -> Server:
     """sshd-mfa on :2224: the key, then a one-time code asked by its own PAM stack (start-sshd.sh, kind mfa)."""
-    if os.geteuid() != 0:
-        _need("the MFA test server needs root")
-    dir_ = Path("/tmp/chainrun-sshd-mfa")
-    p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(dir_)],
-                       env={**os.environ, "CHAINRUN_SSH_PORT": str(MFA_PORT), "CHAINRUN_SSH_KIND": "mfa"},
-                       capture_output=True, text=True, timeout=300)
-    if p.returncode != 0:
-        _need(f"sshd-mfa did not start: {p.stderr.strip()[-500:]}")
-    return Server(dir_, MFA_PORT)
+    return _start_kind("mfa", Path("/tmp/chainrun-sshd-mfa"), MFA_PORT)
+
+
+@pytest.fixture(scope="session")
+def cert_server(ssh_server) -> Server:
+    """sshd on :2225 taking only a user certificate of its test CA; its host key is a certificate too."""
+    return _start_kind("cert", Path("/tmp/chainrun-sshd-cert"), CERT_PORT)
 
 
 def host_block(alias: str, server: Server, known_hosts: Path | None = None, **extra: str) -> str:

@@ -220,3 +220,22 @@ def test_openssh_proxy_jump_from_the_users_config(ssh_server, openssh_env):
     procs = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout.splitlines()
     jumps = [a for a in procs if os.environ["CHAINRUN_SSH_CONFIG"] in a and " -W " in a and "bastion" in a]
     assert len(jumps) == 1, "the master reaches the cluster through one `ssh -W` to the bastion"
+
+
+def test_paramiko_reads_known_hosts_as_ssh_does(ssh_server, tmp_path):
+    """Hashed names, marker lines (@cert-authority, @revoked) and a line it cannot parse: paramiko's own
+    loader raised on the markers (an internal error); ssh skips what it does not use, and so do we."""
+    import subprocess
+
+    kh = tmp_path / "known_hosts"
+    kh.write_text(ssh_server.known_hosts.read_text())
+    subprocess.run(["ssh-keygen", "-H", "-f", str(kh)], capture_output=True, check=True)  # hash the names
+    assert "127.0.0.1" not in kh.read_text()
+    ca = (ssh_server.dir / "id_ed25519.pub").read_text().split()[:2]
+    kh.write_text(f"@cert-authority *.example.org {' '.join(ca)}\n@revoked * {' '.join(ca)}\nnot a key line\n"
+                  + kh.read_text())
+    r = runner_for(ssh_server, kh)
+    try:
+        assert r.run(["true"], 30).ok
+    finally:
+        r.close()
