@@ -126,7 +126,7 @@ def login(
 
 
 @cluster_app.command("logout", help="Close the SSH master of a --ssh cluster (`ssh -O exit`).")
-def logout(name: Annotated[str, typer.Argument(help="The cluster (added with --ssh).")]) -> None:
+def logout(name: Annotated[str, typer.Argument(help="The cluster (added with --ssh).")], json_out: JsonOpt = False) -> None:
     from chainrun import clusters
     from chainrun.errors import UsageError
     from chainrun.runner import openssh
@@ -135,6 +135,9 @@ def logout(name: Annotated[str, typer.Argument(help="The cluster (added with --s
     if not spec.openssh:
         raise UsageError(f"cluster {name} uses the built-in SSH client: it keeps no SSH master")
     closed = openssh.master_exit(spec.host)
+    if json_out:
+        typer.echo(envelope("cluster logout", {"cluster": name, "closed": closed}))
+        return
     typer.echo(f"{name}: " + ("SSH master closed" if closed else "no SSH master was open"))
 
 
