@@ -7,7 +7,8 @@ chainrun adds only what an unattended caller must have, on every call:
 - ``BatchMode=yes``: never a prompt (no passphrase, no password, no one-time code);
 - ``StrictHostKeyChecking=yes`` (``accept-new`` only from ``cluster add --accept-new-host-key``);
 - a ControlMaster socket in a short private folder (:func:`control_dir`), ``ControlMaster=auto``
-  and ``ControlPersist``: each command is a new session over one authenticated connection.
+  and ``ControlPersist``: each command is a new session over one authenticated connection;
+- ``LogLevel=ERROR``: a site's login banner must not land in a command's stderr.
 
 On an MFA site the master is opened by a human once (:func:`login`, ``chainrun cluster login``);
 when it is gone, a call fails with :class:`LoginRequired` (one line: log in again) and later
@@ -121,6 +122,9 @@ def base_argv(alias: str, *, accept_new: bool = False, persist: str = DEFAULT_PE
         "-o", f"ControlPersist={persist}",
         "-o", f"ConnectTimeout={connect_timeout}",
         "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=4",
+        # stderr is the remote command's (parsers read sbatch's): no login banner, no "Permanently added";
+        # ssh's own failures are errors and still show
+        *(["-o", "LogLevel=ERROR"] if batch else []),
         "-T", check_alias(alias),
     ]
 

@@ -189,6 +189,16 @@ def test_certificates_both_ways_over_openssh_only(tmp_path, cert_server, openssh
     t = run_cli("cluster", "test", "cert", "--json", home=home)
     assert t.returncode == 0 and json.loads(t.stdout)["data"]["slurm_version"].startswith("slurm"), t.stderr
 
+    # the call that opens the master gets the site's login banner from ssh: it must not reach the command's stderr
+    assert run_cli("cluster", "logout", "cert", home=home).returncode == 0
+    from chainrun.clusters import Cluster
+    from chainrun.runner.openssh import OpenSSHRunner
+
+    r = OpenSSHRunner(Cluster(name="cert", host="crcert", transport="openssh"))
+    res = r.run(["sh", "-c", "echo out; echo err >&2"], 60)
+    assert (res.stdout, res.stderr) == ("out\n", "err\n")
+    assert "banner" in (cert_server.dir / "sshd_config").read_text().lower()  # the server does print one
+
     # the same key without its certificate is refused: the server takes certificates only (the master
     # is per user@host:port, so the certificate's master is closed first)
     assert run_cli("cluster", "logout", "cert", home=home).returncode == 0
