@@ -248,10 +248,12 @@ class OpenSSHRunner:
             self._failures += 1
             self._retry_at = time.monotonic() + min(self.max_backoff_s, 2.0 ** (self._failures - 1))
             raise RemoteUnreachable(f"cannot connect to {self.name} (ssh {self.alias}): {what}")
-        if _LOST.search(text):
-            # the command may have run: never re-send it here
-            raise RemoteUnreachable(f"connection to {self.name} lost during `{res.argv[0]}`: {what}")
-        # exit 255 with nothing ssh-like on stderr: the remote command's own code
+        if _LOST.search(text) or not master_check(self.alias):
+            # the command may have run: never re-send it here. A session cut by its master's end
+            # exits 255 without a word, like a command's own `exit 255`: the master tells them apart
+            raise RemoteUnreachable(f"connection to {self.name} lost during `{res.argv[0]}`: "
+                                    + (what if lines else "the SSH master closed"))
+        # exit 255 with nothing ssh-like on stderr and the master alive: the remote command's own code
 
     # ------------------------------------------------------------------ files
     def home(self) -> str:

@@ -239,3 +239,37 @@ def test_paramiko_reads_known_hosts_as_ssh_does(ssh_server, tmp_path):
         assert r.run(["true"], 30).ok
     finally:
         r.close()
+
+
+def test_openssh_session_cut_by_its_master_is_lost_not_an_exit_code(ssh_server, openssh_env):
+    """Both end with ssh's exit 255 and no message: a remote `exit 255` is a result, a session whose
+    master went away is RemoteUnreachable (the command may have run: the caller must not re-send it)."""
+    import threading
+
+    openssh_env(host_block(ALIAS, ssh_server))
+    r = OpenSSHRunner(Cluster(name="lo", host=ALIAS, transport="openssh"))
+    own = r.run(["sh", "-c", "exit 255"], 30)
+    assert own.returncode == 255 and not own.ok
+    caught: list[BaseException] = []
+
+    def long_call():
+        try:
+            r.run(["sleep", "60"], 90)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            caught.append(e)
+
+    t = threading.Thread(target=long_call)
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "sleep 60" not in _remote_procs():
+        time.sleep(0.2)
+    assert openssh.master_exit(ALIAS)
+    t.join(60)
+    assert not t.is_alive() and len(caught) == 1 and isinstance(caught[0], RemoteUnreachable), caught
+    assert "lost during `sleep`" in str(caught[0])
+
+
+def _remote_procs() -> str:
+    import subprocess
+
+    return subprocess.run(["ps", "-u", REMOTE_USER, "-o", "args="], capture_output=True, text=True).stdout
