@@ -65,14 +65,12 @@ class LoginRequired(RemoteError):
 
 def control_dir() -> Path:
     """The short private folder for ControlMaster sockets: ``CHAINRUN_SSH_CONTROL_DIR``, else
-    ``$XDG_RUNTIME_DIR/chainrun-ssh``, else ``/tmp/chainrun-ssh-UID`` (never the chainrun home:
-    a macOS home path is too long for a socket, and NFS homes may not hold sockets)."""
+    ``/tmp/chainrun-ssh-UID``. Never the chainrun home (a macOS home path is too long for a socket,
+    NFS homes may not hold sockets), and never ``$XDG_RUNTIME_DIR``: a tick from cron has no such
+    variable and must find the master that `cluster login` opened from a terminal."""
     override = os.environ.get("CHAINRUN_SSH_CONTROL_DIR")
     if override:
         return Path(override).expanduser()
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime):
-        return Path(runtime) / "chainrun-ssh"
     return Path("/tmp") / f"chainrun-ssh-{os.getuid()}"
 
 
@@ -173,6 +171,7 @@ class OpenSSHRunner:
         self._user: str | None = None
         self._home: str | None = None
         self._needs_login = False
+        self._dir_ready = False
         self._failures = 0
         self._retry_at = 0.0
 
@@ -196,6 +195,9 @@ class OpenSSHRunner:
         return res
 
     def _ssh(self, line: str, argv: tuple[str, ...], timeout: float, stdin: str | None) -> RunResult:
+        if not self._dir_ready:  # /tmp may have been emptied since `cluster add` (a reboot)
+            ensure_control_dir()
+            self._dir_ready = True
         self._gate()
         full = [*base_argv(self.alias, accept_new=self.accept_new_host_key, connect_timeout=self.connect_timeout), line]
         t0 = time.monotonic()

@@ -273,3 +273,16 @@ def _remote_procs() -> str:
     import subprocess
 
     return subprocess.run(["ps", "-u", REMOTE_USER, "-o", "args="], capture_output=True, text=True).stdout
+
+
+def test_openssh_recreates_a_missing_control_folder(ssh_server, openssh_env):
+    """/tmp emptied by a reboot since `cluster add`: the first call makes the folder again (0700) and
+    its master lives there, instead of ssh running without one."""
+    import shutil
+    import stat
+
+    openssh_env(host_block(ALIAS, ssh_server))
+    shutil.rmtree(openssh.control_dir())
+    r = OpenSSHRunner(Cluster(name="lo", host=ALIAS, transport="openssh"))
+    assert r.run(["true"], 30).ok
+    assert stat.S_IMODE(openssh.control_dir().stat().st_mode) == 0o700 and master_pid() is not None
