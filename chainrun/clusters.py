@@ -20,6 +20,8 @@ from chainrun import paths
 from chainrun.errors import NotFoundError, UsageError
 
 LOCAL = "local"
+OPENSSH = "openssh"
+TRANSPORTS = {OPENSSH, "paramiko"}
 RESERVED = {LOCAL, "all"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")
 
@@ -34,6 +36,12 @@ class Cluster:
     proxy_jump: str | None = None
     login_shell: bool = False
     workdir: str | None = None  # remote folder holding chainrun-runs/ (default: the remote home)
+    # None: the built-in client (paramiko, keys only); "openssh": the system ssh, `host` is a ~/.ssh/config alias
+    transport: str | None = None
+
+    @property
+    def openssh(self) -> bool:
+        return self.transport == OPENSSH
 
     def to_toml(self) -> str:
         lines = [f"[clusters.{self.name}]"]
@@ -158,7 +166,8 @@ def run_mode() -> int:
 
 
 _TYPE_WORDS = {str: "a string", int: "a whole number", bool: "true or false"}  # words, not Python type names
-_TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str}
+_TYPES = {"host": str, "user": str, "port": int, "key": str, "proxy_jump": str, "login_shell": bool, "workdir": str,
+          "transport": str}
 
 
 def _check_shape(path: Path, name: str, table: dict) -> None:
@@ -169,6 +178,8 @@ def _check_shape(path: Path, name: str, table: dict) -> None:
         v = table.get(key)
         if v is not None and (not isinstance(v, typ) or (typ is int and isinstance(v, bool))):
             raise UsageError(f"{path}: [clusters.{name}] {key} must be {_TYPE_WORDS[typ]}, not {v!r}")
+    if table.get("transport") not in (None, *TRANSPORTS):
+        raise UsageError(f"{path}: [clusters.{name}] transport must be one of {', '.join(sorted(TRANSPORTS))}")
     port = table.get("port")
     if port is not None and not 0 < port < 65536:
         raise UsageError(f"{path}: [clusters.{name}] port {port} is out of range")

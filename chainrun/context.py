@@ -53,10 +53,10 @@ def open_runner(name: str, *, accept_new_host_key: bool = False) -> tuple[Runner
 
         return LocalRunner(), None
     from chainrun import clusters
-    from chainrun.runner.ssh import SSHRunner  # paramiko: only once a remote cluster is used
+    from chainrun.runner import for_cluster
 
     spec = clusters.get(name)
-    runner = SSHRunner(spec, known_hosts=clusters.known_hosts_path(), accept_new_host_key=accept_new_host_key)
+    runner = for_cluster(spec, known_hosts=clusters.known_hosts_path(), accept_new_host_key=accept_new_host_key)
     return runner, spec
 
 

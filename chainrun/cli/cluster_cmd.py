@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
 @cluster_app.command("add", help="Add (or replace) a cluster reached over SSH. Keys and agents only: no passwords.")
 def add(
     name: Annotated[str, typer.Argument(help="A short name for the cluster, used with --cluster.")],
-    host: Annotated[str, typer.Option("--host", help="Login node host name (or a Host alias from ~/.ssh/config).")],
+    host: Annotated[Optional[str], typer.Option("--host", help="Login node host name (or a Host alias from ~/.ssh/config), reached with the built-in SSH client (keys only).")] = None,
+    ssh: Annotated[Optional[str], typer.Option("--ssh", help="A Host alias from ~/.ssh/config, reached with the system ssh as configured (MFA, certificates, ProxyCommand); see `cluster login`.")] = None,
     user: Annotated[Optional[str], typer.Option("--user", help="Remote user (default: ~/.ssh/config, else yours).")] = None,
     port: Annotated[Optional[int], typer.Option("--port", min=1, max=65535, help="SSH port (default: ~/.ssh/config, else 22).")] = None,
     key: Annotated[Optional[str], typer.Option("--key", help="Private key file (its path is stored, never its content).")] = None,
@@ -38,29 +39,106 @@ def add(
 ) -> None:
     from chainrun import clusters
 
+    from chainrun.errors import UsageError
+
     clusters.check_name(name)
     cfg = clusters.load()
-    spec = clusters.Cluster(name=name, host=host, user=user, port=port, key=key, proxy_jump=proxy_jump,
-                            login_shell=login_shell, workdir=workdir)
+    if (host is None) == (ssh is None):
+        raise UsageError("give --host (built-in SSH, keys only) or --ssh ALIAS (the system ssh), not both or neither")
+    if ssh is not None:
+        given = [o for o, v in (("--user", user), ("--port", port), ("--key", key), ("--proxy-jump", proxy_jump)) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)} cannot go with --ssh",
+                             hint=f"put User, Port, IdentityFile or ProxyJump in the `Host {ssh}` block of ~/.ssh/config")
+    spec = clusters.Cluster(name=name, host=host or ssh, user=user, port=port, key=key, proxy_jump=proxy_jump,
+                            login_shell=login_shell, workdir=workdir, transport=clusters.OPENSSH if ssh else None)
     if no_check and accept_new_host_key:
-        from chainrun.errors import UsageError
-
         raise UsageError("--accept-new-host-key needs a connection", hint="drop --no-check, or drop --accept-new-host-key")
     trusted: list[dict] = []
-    if not no_check:  # connect now: a wrong host, port, user, key or an untrusted host key saves nothing
+    login_needed = False
+    if spec.openssh:
+        from chainrun.runner.openssh import check_alias, ensure_control_dir
+
+        check_alias(ssh)
+        ensure_control_dir()  # a socket path too long for this machine is refused now, not at the first tick
+        if not no_check:
+            login_needed = _check_openssh(spec, accept_new=accept_new_host_key)
+    elif not no_check:  # connect now: a wrong host, port, user, key or an untrusted host key saves nothing
         trusted = _check_connection(spec, accept_new=accept_new_host_key)
     cfg.clusters[name] = spec
     if default:
         cfg.default = name
     path = clusters.save(cfg)
     if json_out:
-        typer.echo(envelope("cluster add", {"cluster": _public(spec), "default": cfg.default, "trusted_keys": trusted}))
+        typer.echo(envelope("cluster add", {"cluster": _public(spec), "default": cfg.default, "trusted_keys": trusted,
+                                            "login_needed": login_needed}))
         return
     for k in trusted:
         typer.echo(f"trusted host key for {k['host']}: {k['type']} {k['fingerprint']}")
     typer.echo(f"cluster {name} saved in {path}" + (" (default)" if cfg.default == name else ""))
     if no_check:
         typer.echo(f"not checked: check it with `chainrun cluster test {name}`")
+    if login_needed:
+        typer.echo(f"{name} asks for a login (MFA): open one with `chainrun cluster login {name}`")
+
+
+def _check_openssh(spec, *, accept_new: bool) -> bool:
+    """Run ``true`` over the system ssh, never prompting. True when the host answered but wants a
+    human to log in (its host key was verified before that, so the cluster is saved)."""
+    from chainrun.runner.openssh import LoginRequired, OpenSSHRunner
+
+    runner = OpenSSHRunner(spec, accept_new_host_key=accept_new)
+    try:
+        res = runner.run(["true"], 60)
+    except LoginRequired:
+        return True
+    except RemoteError as e:
+        fix = f"{e.hint}; " if e.hint else ""
+        raise type(e)(e.message, hint=f"{fix}nothing was saved; --no-check saves without connecting") from None
+    if not res.ok:
+        raise RemoteError(f"connected to {spec.name}, but `true` failed: {res.first_error_line()}",
+                          hint="check that the account has a working shell; nothing was saved")
+    return False
+
+
+@cluster_app.command("login", help="Open the SSH master of a --ssh cluster on this terminal: answer the site's MFA prompt once; ticks reuse it and never prompt.")
+def login(
+    name: Annotated[str, typer.Argument(help="The cluster (added with --ssh).")],
+    persist: Annotated[str, typer.Option("--persist", help="How long the master stays open when idle (ssh's ControlPersist: yes = until the connection drops, or e.g. 12h).")] = "yes",
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun import clusters
+    from chainrun.errors import UsageError
+    from chainrun.runner import openssh
+
+    spec = clusters.get(name)
+    if not spec.openssh:
+        raise UsageError(f"cluster {name} uses the built-in SSH client (keys only): there is no login to open",
+                         hint=f"for a site with MFA, re-add it with `chainrun cluster add {name} --ssh ALIAS`")
+    done = openssh.login(spec, persist=persist)
+    if json_out:
+        typer.echo(envelope("cluster login", done))
+        return
+    if done["already_open"]:
+        typer.echo(f"{name}: already logged in (an SSH master is open); commands run over it")
+    else:
+        typer.echo(f"{name}: logged in; ticks run over this SSH master until it closes (ControlPersist={persist})")
+
+
+@cluster_app.command("logout", help="Close the SSH master of a --ssh cluster (`ssh -O exit`).")
+def logout(name: Annotated[str, typer.Argument(help="The cluster (added with --ssh).")], json_out: JsonOpt = False) -> None:
+    from chainrun import clusters
+    from chainrun.errors import UsageError
+    from chainrun.runner import openssh
+
+    spec = clusters.get(name)
+    if not spec.openssh:
+        raise UsageError(f"cluster {name} uses the built-in SSH client: it keeps no SSH master")
+    closed = openssh.master_exit(spec.host)
+    if json_out:
+        typer.echo(envelope("cluster logout", {"cluster": name, "closed": closed}))
+        return
+    typer.echo(f"{name}: " + ("SSH master closed" if closed else "no SSH master was open"))
 
 
 def _check_connection(spec, *, accept_new: bool) -> list[dict]:
@@ -224,6 +302,8 @@ def _where(r: dict) -> str:
         s += f" via {r['proxy_jump']}"
     if r.get("login_shell"):
         s += " (login shell)"
+    if r.get("transport") == "openssh":
+        s = f"ssh {r['host']}" + s[len(r["host"]):]
     return s
 
 

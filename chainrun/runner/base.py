@@ -1,9 +1,36 @@
-"""The Runner protocol and its result object."""
+"""The Runner protocol, its result object, and what both SSH transports share.
+
+The remote errors and the command line live here, not in runner/ssh.py, so the OpenSSH
+transport (runner/openssh.py) raises the same types without importing paramiko.
+"""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
+
+from chainrun.errors import RemoteError
+
+
+class RemoteUnreachable(RemoteError):
+    """The login node cannot be reached right now; the watcher retries on a later tick."""
+
+
+class HostKeyError(RemoteError):
+    """The server's host key is unknown or has changed."""
+
+
+def command_line(argv: Sequence[str], env: Mapping[str, str | None] | None = None, *, login_shell: bool = False) -> str:
+    """The single string sshd hands to the remote shell; every argument stays one literal word.
+    ``env``: ``K=V`` sets a variable, ``K: None`` removes it (``env -u K``) from what the remote
+    profile left in the environment."""
+    words = [str(a) for a in argv]
+    if env:
+        unset = [w for k, v in env.items() if v is None for w in ("-u", k)]
+        words = ["env", *unset, *(f"{k}={v}" for k, v in env.items() if v is not None), *words]
+    line = shlex.join(words)
+    return shlex.join(["bash", "-lc", line]) if login_shell else line
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,6 @@ import logging
 import os
 import posixpath
 import select
-import shlex
 import socket
 import time
 from pathlib import Path
@@ -33,7 +32,9 @@ import paramiko
 
 from chainrun.clusters import Cluster, Target, resolve, resolve_jump
 from chainrun.errors import RemoteError
-from chainrun.runner.base import RunResult
+from chainrun.runner.base import HostKeyError, RemoteUnreachable, RunResult, command_line
+
+__all__ = ["HostKeyError", "RemoteUnreachable", "SSHRunner", "command_line", "fingerprint"]
 
 log = logging.getLogger(__name__)
 # paramiko's transport thread logs failures with tracebacks; without a handler Python would print them on
@@ -43,12 +44,20 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _NET_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
 
 
-class RemoteUnreachable(RemoteError):
-    """The login node cannot be reached right now; the watcher retries on a later tick."""
+class _SecondFactor(paramiko.AuthenticationException):
+    """The server took the key and then asked for keyboard-interactive (a one-time code)."""
 
 
-class HostKeyError(RemoteError):
-    """The server's host key is unknown or has changed."""
+class _NoPromptClient(paramiko.SSHClient):
+    """An SSHClient that never prompts: after a key's partial success paramiko would ask for the
+    second factor on this process's stdin (``auth_interactive_dumb``); a tick must fail instead."""
+
+    def _auth(self, username, *args, **kwargs):  # paramiko's private hook, called once per connect
+        def refuse(*_a, **_k):
+            raise _SecondFactor("the server asks for a second factor")
+
+        self._transport.auth_interactive_dumb = refuse
+        return super()._auth(username, *args, **kwargs)
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -64,31 +73,25 @@ def known_host_name(hostname: str, port: int) -> str:
 class _Refuse(paramiko.MissingHostKeyPolicy):
     """RejectPolicy that says which key it refused and how to trust it."""
 
-    def __init__(self, cluster_name: str, accept_new: bool) -> None:
+    def __init__(self, cluster_name: str, accept_new: bool, cert_authority: bool = False) -> None:
         self.cluster_name, self.accept_new = cluster_name, accept_new
+        self.cert_authority = cert_authority  # a known_hosts trusts a CA: paramiko cannot check host certificates
         self.accepted: tuple[str, paramiko.PKey] | None = None
 
     def missing_host_key(self, client, hostname, key) -> None:
         if self.accept_new:  # only from `cluster add --accept-new-host-key`: the user asked for it
             self.accepted = (hostname, key)
             return
+        if self.cert_authority:
+            raise HostKeyError(
+                f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}; your known_hosts trusts "
+                "a @cert-authority, which the built-in SSH client cannot check",
+                hint=f"use the system ssh: `chainrun cluster add {self.cluster_name} --ssh ALIAS` (a Host in ~/.ssh/config)")
         raise HostKeyError(
             f"unknown host key for {hostname}: {key.get_name()} {fingerprint(key)}",
             hint=f"if that fingerprint is right, trust it with `chainrun cluster add {self.cluster_name} ... "
             f"--accept-new-host-key`, or add `ssh-keyscan` output for {hostname} to ~/.ssh/known_hosts",
         )
-
-
-def command_line(argv: Sequence[str], env: Mapping[str, str | None] | None = None, *, login_shell: bool = False) -> str:
-    """The single string sshd hands to the remote shell; every argument stays one literal word.
-    ``env``: ``K=V`` sets a variable, ``K: None`` removes it (``env -u K``) from what the remote
-    profile left in the environment."""
-    words = [str(a) for a in argv]
-    if env:
-        unset = [w for k, v in env.items() if v is None for w in ("-u", k)]
-        words = ["env", *unset, *(f"{k}={v}" for k, v in env.items() if v is not None), *words]
-    line = shlex.join(words)
-    return shlex.join(["bash", "-lc", line]) if login_shell else line
 
 
 class SSHRunner:
@@ -167,6 +170,14 @@ class SSHRunner:
                     f"`ssh-keygen -R {known_host_name(hop.hostname, hop.port)}` (and from "
                     f"{self.known_hosts}), then add the new one",
                 ) from None
+            except _SecondFactor:
+                client.close()
+                raise RemoteError(
+                    f"{hop.user}@{hop.hostname}:{hop.port} took the key, then asked for a second factor "
+                    "(keyboard-interactive: a one-time code or password), which the built-in SSH client never answers",
+                    hint=f"use the system ssh: `chainrun cluster add {self.name} --ssh ALIAS` (a Host in ~/.ssh/config), "
+                    f"then log in once with `chainrun cluster login {self.name}`",
+                ) from None
             except paramiko.AuthenticationException as e:
                 client.close()
                 tried = ", ".join(keys) if keys else "your SSH agent's and ~/.ssh's keys"
@@ -208,15 +219,12 @@ class SSHRunner:
         return keys
 
     def _client_for(self) -> paramiko.SSHClient:
-        client = paramiko.SSHClient()
-        try:
-            client.load_system_host_keys()  # ~/.ssh/known_hosts
-        except (OSError, paramiko.SSHException) as e:
-            log.warning("cannot read ~/.ssh/known_hosts: %s", e)
-        if self.known_hosts.exists():
-            # chainrun's own file: read only; it is written by `cluster add --accept-new-host-key`
-            client.get_host_keys().load(str(self.known_hosts))
-        policy = _Refuse(self.name, self.accept_new_host_key)
+        client = _NoPromptClient()
+        # ~/.ssh/known_hosts, and chainrun's own file (read only; written by `cluster add --accept-new-host-key`)
+        cert_authority = False
+        for f in (Path.home() / ".ssh" / "known_hosts", self.known_hosts):
+            cert_authority |= _load_known_hosts(client.get_host_keys(), f)
+        policy = _Refuse(self.name, self.accept_new_host_key, cert_authority=cert_authority)
         client.set_missing_host_key_policy(policy)
         client._chainrun_policy = policy  # type: ignore[attr-defined]
         return client
@@ -352,6 +360,38 @@ class SSHRunner:
                 sftp.mkdir(d, 0o755)  # slurmd runs the job as the same user; 755 like a normal mkdir
             except OSError:
                 sftp.stat(d)  # made meanwhile by someone else is fine; anything else raises
+
+
+def _load_known_hosts(keys: paramiko.HostKeys, path: Path) -> bool:
+    """Add a known_hosts file's plain entries; True if it has ``@cert-authority`` lines.
+
+    paramiko's own loader raises on marker lines (``@cert-authority``, ``@revoked``) and on any line
+    it cannot parse; ssh skips what it does not use, and so does this.
+    """
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        log.warning("cannot read %s: %s", path, e)
+        return False
+    markers = False
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if line.startswith("@"):
+            markers |= line.startswith("@cert-authority")
+            continue
+        if not line or line.startswith("#"):
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
+        except (paramiko.hostkeys.InvalidHostKey, paramiko.SSHException, ValueError, TypeError) as e:
+            log.debug("%s:%d: skipped (%s)", path, lineno, e)
+            continue
+        if entry is not None and entry.key is not None:
+            for host in entry.hostnames:
+                keys.add(host, entry.key.get_name(), entry.key)
+    return markers
 
 
 def _describe(e: BaseException) -> str:

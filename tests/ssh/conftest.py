@@ -104,3 +104,65 @@ def make_home(home: Path, servers: dict[str, Server], *, trust: bool = True) -> 
 @pytest.fixture
 def ssh_home(tmp_path, ssh_server) -> Path:
     return make_home(tmp_path / "home", {"lo": ssh_server})
+
+
+# ---------------------------------------------------------------------------- the OpenSSH transport
+MFA_PORT = 2224
+
+
+CERT_PORT = 2225
+
+
+def _start_kind(kind: str, dir_: Path, port: int) -> Server:
+    if os.geteuid() != 0:
+        _need(f"the {kind} test server needs root")
+    p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(dir_)],
+                       env={**os.environ, "CHAINRUN_SSH_PORT": str(port), "CHAINRUN_SSH_KIND": kind},
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        _need(f"the {kind} sshd did not start: {p.stderr.strip()[-500:]}")
+    return Server(dir_, port)
+
+
+@pytest.fixture(scope="session")
+def mfa_server(ssh_server) -> Server:
+    """sshd-mfa on :2224: the key, then a one-time code asked by its own PAM stack (start-sshd.sh, kind mfa)."""
+    return _start_kind("mfa", Path("/tmp/chainrun-sshd-mfa"), MFA_PORT)
+
+
+@pytest.fixture(scope="session")
+def cert_server(ssh_server) -> Server:
+    """sshd on :2225 taking only a user certificate of its test CA; its host key is a certificate too."""
+    return _start_kind("cert", Path("/tmp/chainrun-sshd-cert"), CERT_PORT)
+
+
+def host_block(alias: str, server: Server, known_hosts: Path | None = None, **extra: str) -> str:
+    """A ``Host`` block of a user's ~/.ssh/config for one test server (what `--ssh ALIAS` reads)."""
+    lines = [f"Host {alias}", "  HostName 127.0.0.1", f"  Port {server.port}", f"  User {REMOTE_USER}",
+             f"  IdentityFile {server.key}", "  IdentitiesOnly yes",
+             f"  UserKnownHostsFile {known_hosts or server.known_hosts}", *(f"  {k} {v}" for k, v in extra.items())]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def openssh_env(monkeypatch):
+    """This test's own ssh config file and control-socket folder (short: a socket path holds ~104 bytes).
+
+    Returns ``write(text)``, which sets the config's content. Masters left open are closed afterwards.
+    """
+    import tempfile
+
+    cm = Path(tempfile.mkdtemp(prefix="crcm", dir="/tmp"))
+    cfg = cm.parent / f"{cm.name}.ssh_config"
+    monkeypatch.setenv("CHAINRUN_SSH_CONTROL_DIR", str(cm))
+    monkeypatch.setenv("CHAINRUN_SSH_CONFIG", str(cfg))
+
+    def write(text: str) -> Path:
+        cfg.write_text(text)
+        return cfg
+
+    yield write
+    for sock in cm.iterdir():  # `ssh -O exit` for every master this test left open
+        subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=30)
+    shutil.rmtree(cm, ignore_errors=True)
+    cfg.unlink(missing_ok=True)

@@ -2,7 +2,8 @@
 
 Like tests/chain/test_chain_slurm.py: every scenario is submitted at once and one real
 `chainrun watch --until-done` process drives them all; then each test checks one result.
-Three clusters share that watcher: ``lo`` (sshd :2222), ``flaky`` (a second sshd, :2223)
+Four clusters share that watcher: ``lo`` (sshd :2222), ``flaky`` (a second sshd, :2223),
+``ossh`` (the :2222 server again, through the system ssh and a ControlMaster: `cluster add --ssh`)
 and ``local``. In the middle of the run the flaky server is stopped, its sessions are
 killed, and it is started again 30 s later: the fault test checks that its chain carried
 on, that no segment was submitted twice and that the user saw warnings, not a traceback.
@@ -19,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import pytest
 
 from tests.chain.test_chain_slurm import assert_continuous_and_exclusive
 from tests.conftest import REPO, run_cli
-from tests.ssh.conftest import REMOTE_HOME, REMOTE_USER, TOY_DIR, make_home, start, stop
+from tests.ssh.conftest import REMOTE_HOME, REMOTE_USER, TOY_DIR, host_block, make_home, start, stop
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 
@@ -77,6 +79,10 @@ SCENARIOS = {
     # (policies pinned: "lo" has a model in this home, so the default there would be predicted)
     "literal-upload": Scenario("lo", ["--name", NASTY, "--total", "2m", "--policy", "lead", "--", N4]),
     "literal-remote": Scenario("lo", ["--remote-script", "--name", NASTY, "--total", "2m", "--policy", "lead", "--", N4]),
+    # the same server through the system ssh (the OpenSSH transport): upload, sbatch, ticks over one master
+    "openssh": Scenario("ossh", ["--total", "3m", "--policy", "lead", "--lead", "40s", "--", N4,
+                                 f"--export=ALL,{TOY}"]),
+    "literal-openssh": Scenario("ossh", ["--name", NASTY, "--total", "2m", "--policy", "lead", "--", N4]),
     "local": Scenario("local", ["--total", "2m", "--policy", "lead", "--", N4, "--export=ALL,TOY_TOTAL_STEPS=10"],
                       script=str(REPO / "templates" / "toy_train.sh")),
 }
@@ -98,12 +104,19 @@ def chain_status(home: Path, chain: str) -> dict:
 @pytest.fixture(scope="module")
 def run(slurm_cluster, ssh_server, flaky_server, tmp_path_factory):
     home = make_home(tmp_path_factory.mktemp("ssh-chains") / "home", {"lo": ssh_server, "flaky": flaky_server})
+    env = pytest.MonkeyPatch()  # the ossh cluster's ~/.ssh/config and control folder, for every process below
+    cm = Path(tempfile.mkdtemp(prefix="crcm", dir="/tmp"))
+    (cm / "config").write_text(host_block("crlo", ssh_server))
+    env.setenv("CHAINRUN_SSH_CONFIG", str(cm / "config"))
+    env.setenv("CHAINRUN_SSH_CONTROL_DIR", str(cm))
+    p = run_cli("cluster", "add", "ossh", "--ssh", "crlo", home=home)
+    assert p.returncode == 0, p.stderr
     p = run_cli("model", "refresh", "--cluster", "lo", "--json", home=home, timeout=300)
     assert p.returncode == 0, p.stderr
     local_dir = tmp_path_factory.mktemp("literal") / f"sp ace's;$(touch {MARK_NAME}-3)\nx"
     local_dir.mkdir()
     (local_dir / f"pay load;$(touch {MARK_NAME}-4).sh").write_text(LITERAL_SCRIPT)
-    SCENARIOS["literal-upload"].script = str(next(local_dir.iterdir()))
+    SCENARIOS["literal-upload"].script = SCENARIOS["literal-openssh"].script = str(next(local_dir.iterdir()))
     remote_dir = REMOTE_HOME / f"cr-literal-{uuid.uuid4().hex[:6]} it's;$(touch {MARK_NAME}-5)\n`touch {MARK_NAME}-6`"
     remote_dir.mkdir()
     remote_script = remote_dir / f"run me;$(touch {MARK_NAME}-7).sh"
@@ -142,8 +155,14 @@ def run(slurm_cluster, ssh_server, flaky_server, tmp_path_factory):
         sc.result["script"] = store.chain(sc.chain).script  # where the payload really was on the cluster
     store.close()
     yield {"work": work, "home": home, "log": out, "stderr": err, "outage": outage, "first_tick": first_tick,
-           "remote_script": remote_script, "local_script": SCENARIOS["literal-upload"].script}
+           "remote_script": remote_script, "local_script": SCENARIOS["literal-upload"].script,
+           "control_dir": cm}
     shutil.rmtree(remote_dir, ignore_errors=True)
+    for sock in cm.iterdir():
+        if sock.is_socket():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=30)
+    shutil.rmtree(cm, ignore_errors=True)
+    env.undo()
 
 
 def _outage(home: Path, chain: str, server) -> dict:
@@ -195,7 +214,7 @@ def segs(name: str) -> list[dict]:
 
 def test_one_squeue_per_cluster_per_tick(run):
     calls = run["first_tick"]["slurm_calls"]
-    for cluster in ("lo:", "flaky:", ""):
+    for cluster in ("lo:", "flaky:", "ossh:", ""):
         assert calls.get(f"{cluster}squeue") == 1, calls
         assert calls.get(f"{cluster}sacct", 0) <= 1, calls
 
@@ -265,14 +284,15 @@ def test_crash_fails_after_retries_and_cancels_successor(run):
 
 
 def test_nasty_names_and_paths_pass_literally(run):
-    for name in ("literal-upload", "literal-remote"):
+    for name in ("literal-upload", "literal-remote", "literal-openssh"):
         sc = SCENARIOS[name]
         assert sc.result["status"] == "COMPLETED", (name, sc.result["reason"])
         assert sc.result["name"] == NASTY
         ran = Path(sc.result["checkpoint_dir"], "ran").read_text()
         assert ran == f"ran as {sc.result['script']}\n"  # the payload ran from its literal path
-    uploaded = Path(SCENARIOS["literal-upload"].result["script"])
-    assert uploaded.name == Path(run["local_script"]).name and uploaded.read_text() == LITERAL_SCRIPT
+    for name in ("literal-upload", "literal-openssh"):  # SFTP, and `cat >` over the system ssh
+        uploaded = Path(SCENARIOS[name].result["script"])
+        assert uploaded.name == Path(run["local_script"]).name and uploaded.read_text() == LITERAL_SCRIPT
     assert SCENARIOS["literal-remote"].result["script"] == str(run["remote_script"])
     # wherever an injected command would have run: the remote home (sshd and the jobs), our cwd, /tmp
     leaked = [p for d in (Path("/tmp"), REMOTE_HOME, run["work"], Path.cwd()) for p in d.glob(f"{MARK_NAME}*")]
@@ -283,3 +303,14 @@ def test_local_chain_in_the_same_loop(run):
     sc = SCENARIOS["local"]
     assert sc.result["status"] == "COMPLETED", sc.result["reason"]
     assert sc.result["cluster"] == "local" and not sc.result["run_dir"].startswith(str(REMOTE_HOME))
+
+
+def test_chain_over_the_openssh_transport(run):
+    sc = SCENARIOS["openssh"]
+    assert sc.result["status"] == "COMPLETED", sc.result["reason"]
+    ran = [s for s in segs("openssh") if s["start"] is not None]
+    assert len(ran) >= 2 and not any(s["outcome"] == "crash" for s in ran), ran  # several segments, none crashed
+    assert_continuous_and_exclusive(sc)
+    # every call went over one master in the test's short private folder
+    socks = [p for p in run["control_dir"].iterdir() if p.is_socket()]
+    assert len(socks) == 1 and oct(run["control_dir"].stat().st_mode & 0o777) == "0o700"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import stat
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,38 @@ def test_ssh_config_fills_what_the_cluster_leaves_open(tmp_path, monkeypatch):
     assert (t.hostname, t.user, t.port, t.proxy_jump) == ("10.0.0.5", "carol", 22, "bob@gate.example.org:2222")
     jump = clusters.resolve_jump("bob@gate.example.org:2222")
     assert (jump.hostname, jump.user, jump.port) == ("gate.example.org", "bob", 2222)
+
+
+def test_transport_is_stored_checked_and_selects_the_runner(chainrun_home, monkeypatch, tmp_path):
+    chainrun_home.mkdir(mode=0o700)
+    cfg = clusters.load()
+    cfg.clusters["ls6"] = clusters.Cluster(name="ls6", host="ls6", transport=clusters.OPENSSH)
+    clusters.save(cfg)
+    spec = clusters.load().clusters["ls6"]
+    assert spec.openssh and spec == cfg.clusters["ls6"]
+    from chainrun.runner import for_cluster
+    from chainrun.runner.openssh import OpenSSHRunner, control_dir, ensure_control_dir
+
+    assert isinstance(for_cluster(spec, known_hosts=tmp_path / "kh"), OpenSSHRunner)
+    (chainrun_home / "config.toml").write_text('[clusters.x]\nhost = "h"\ntransport = "telnet"\n')
+    with pytest.raises(UsageError, match="transport must be one of openssh, paramiko"):
+        clusters.load()
+    # the socket folder: the override, made 0700; one that is not a folder is refused; pytest's own
+    # tmp_path is already too long for a socket in it
+    import shutil
+    import tempfile
+
+    with pytest.raises(UsageError, match="too long for a socket"):
+        monkeypatch.setenv("CHAINRUN_SSH_CONTROL_DIR", str(tmp_path / "cm"))
+        ensure_control_dir()
+    short = Path(tempfile.mkdtemp(prefix="crt", dir="/tmp"))
+    try:
+        monkeypatch.setenv("CHAINRUN_SSH_CONTROL_DIR", str(short / "cm"))
+        assert ensure_control_dir() == control_dir() == short / "cm"
+        assert stat.S_IMODE((short / "cm").stat().st_mode) == 0o700
+        (short / "file").write_text("")
+        monkeypatch.setenv("CHAINRUN_SSH_CONTROL_DIR", str(short / "file"))
+        with pytest.raises(UsageError, match="control folder"):
+            ensure_control_dir()
+    finally:
+        shutil.rmtree(short)

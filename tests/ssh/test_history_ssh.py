@@ -2,7 +2,8 @@
 
 The remote account (``chainrun``) is not this process's (root): the history must be the
 cluster's view (its user, its root-ness), and its window must not depend on any time zone.
-One tiny job on the ``short`` partition; well under a minute unless the cluster is busy.
+One tiny job on the ``short`` partition per transport (paramiko, and the system ssh over a
+ControlMaster); well under a minute each unless the cluster is busy.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from chainrun.runner.local import LocalRunner
 from chainrun.slurm.client import SlurmClient
 from chainrun.slurm.parsers import parse_sacct
 
-from tests.ssh.test_runner import runner_for
+from tests.ssh.test_runner import make_runner  # noqa: F401 (a fixture: both transports)
 from tests.ssh.conftest import REMOTE_USER
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
@@ -34,8 +35,8 @@ def far_east_zone(monkeypatch):
     time.tzset()
 
 
-def test_history_over_ssh_is_the_clusters_view(ssh_server, slurm_cluster, far_east_zone):
-    r = runner_for(ssh_server, ssh_server.known_hosts)
+def test_history_over_ssh_is_the_clusters_view(ssh_server, slurm_cluster, far_east_zone, make_runner):
+    r = make_runner(ssh_server, ssh_server.known_hosts)
     try:
         name = f"crhist-{uuid.uuid4().hex[:8]}"
         client = SlurmClient(r, timeout=60)
