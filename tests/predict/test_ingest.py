@@ -7,6 +7,7 @@ import pytest
 
 from chainrun.predict import ingest, service
 from chainrun.runner.base import RunResult
+from chainrun.slurm.client import SACCT_ENV
 
 from .predict_helpers import DATA
 
@@ -26,7 +27,7 @@ class FakeRunner:
         if argv[0] == "sacct":
             if self.refuse_all and "-a" in argv:
                 return RunResult(tuple(argv), 1, "", "sacct: error: Access denied", 0.0)
-            assert env == {"SLURM_TIME_FORMAT": "%s"}  # epoch out; -S/-E relative to the cluster's now
+            assert env == SACCT_ENV and env["SLURM_TIME_FORMAT"] == "%s"  # epoch out; -S/-E relative to the cluster's now; the user's SACCT_FORMAT unset
             header = "|".join(ingest.LEGACY_FORMAT.split(","))  # the capture's fields, as sacct heads them
             return RunResult(tuple(argv), 0, header + "\n" + self.text if self.text else header + "\n", "", 0.0)
         if argv == ["id", "-u"]:
