@@ -150,6 +150,18 @@ def _hhmmss(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+
+def create_exclusive(path) -> int:
+    """``open(O_CREAT|O_EXCL)``; raises FileExistsError when the file exists. sshfs (SFTP) reports a
+    lost create race as EPERM ("Operation not permitted"), not EEXIST: when the file is there, that is
+    the same answer, and treating it as a failure crashed a writer under load."""
+    try:
+        return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except PermissionError:
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "exists", str(path)) from None
+        raise
+
 class LeaseFile:
     """One lease file: take (O_EXCL), break when expired (rename aside), renew, release.
 
@@ -225,7 +237,7 @@ class LeaseFile:
         while True:
             rec = self._record(epoch)
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                fd = create_exclusive(self.path)
             except FileExistsError:
                 pass
             else:
@@ -258,7 +270,7 @@ class LeaseFile:
         """
         token = self.path.with_name(f"{self.path.name}.break.{judged.nonce if judged else f'm{mtime:.6f}'}")
         try:
-            os.close(os.open(token, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            os.close(create_exclusive(token))
         except FileExistsError:
             try:  # a contender that died between token and rename (milliseconds) must not block it for good
                 if self.clock() - token.stat().st_mtime > self.timing.lease_s + self.timing.skew_s:
@@ -292,7 +304,7 @@ class LeaseFile:
         except OSError:
             pass  # no hard links here (sshfs, some FUSE mounts): an exclusive copy does the same
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            fd = create_exclusive(self.path)
         except FileExistsError:
             return
         try:
