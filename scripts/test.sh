@@ -43,7 +43,9 @@ fi
 # under /tmp/chainrun-slurm-b (own slurmctld, slurmd x4, slurmdbd and MariaDB on other ports);
 # lane A, everything else, on the main cluster, which the SSH tests' remote shell also reaches.
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
-        tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py)
+        tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py
+        tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py tests/predict/test_slurm_doubt.py
+        tests/chain/test_requeue_slurm.py)
 lane_b=(); ignore_b=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue

@@ -127,7 +127,7 @@ def test_a_cancelled_training_segment_shows_what_slurm_and_the_trainer_recorded(
     # trained: the payload's run time, bracketing the trainer's own first and last step
     stamps = [float(ln.split()[3]) for ln in (made["cancelled"]["ckpt"] / "steps.log").read_text().splitlines()
               if ln.startswith("step")]
-    assert stamps[-1] - stamps[0] - 1 <= s0["credit_s"] <= acct["elapsed"]  # the wrapper's clock: whole seconds
+    assert stamps[-1] - stamps[0] - 1 <= s0["credit_s"] <= acct["elapsed"] + 1  # whole seconds on both clocks (CI saw 13 vs 12)
     assert v["trained_s"] == pytest.approx(sum(s["credit_s"] for s in v["segments_detail"]))
     assert not [m for m in _events(home, made["cancelled"]["id"]) if "now names another job" in m]
 
