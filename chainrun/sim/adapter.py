@@ -164,6 +164,7 @@ class SimWatcher:
         self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
         self.cost = {"predictions": 0, "predict_s": 0.0}
         self._cache: dict = {}
+        self._within: dict = {}  # estimate's cache key -> {seconds: P(wait <= seconds)}
         self.test_only = True  # shape_waits: also Slurm's --test-only answer, as the engine asks it
         self.test_only_horizon_s = 14 * 86400.0
 
@@ -250,6 +251,7 @@ class SimWatcher:
         hit = key in self._cache
         if not hit and len(self._cache) > 20000:
             self._cache.clear()
+            self._within.clear()
         model = _Cached(self.k.predictor(now), self._cache, key)
         if hit:  # the model is not run: only the chain's own row, which _estimate needs for the request
             rows, history = self.queue_rows(sim, now, seg, cur, nodes, only_own=True), None
@@ -260,6 +262,8 @@ class SimWatcher:
                 est = _estimate(model, history, chain, seg, rows)
             if target is not None and model.last is not None:
                 est = replace(est, target=target, seconds=float(model.last.quantile(target)))
+            if est.prob_within is not None:  # the same distribution for every ask of this state
+                est = replace(est, prob_within=self._remembered(key, est.prob_within))
         except (ChainrunError, ValueError):
             # the watcher logs a ChainrunError and falls back to --lead; the model also raises
             # ValueError when no job in its window ever waited: the same fallback, counted
@@ -272,6 +276,19 @@ class SimWatcher:
         else:
             self.cost["cache_hits"] = self.cost.get("cache_hits", 0) + 1
         return est
+
+    def _remembered(self, key, prob_within):
+        """``prob_within`` answering from memory: the slack rule asks the same distribution at the
+        same few hundred points on every ask of a state (a pure function of the cached prediction)."""
+        seen = self._within.setdefault(key, {})
+
+        def within(seconds):
+            v = seen.get(seconds)
+            if v is None:
+                v = seen[seconds] = prob_within(seconds)
+            return v
+
+        return within
 
     def queue_rows(self, sim, now: float, seg: Segment, cur, nodes: int, only_own: bool = False) -> list:
         from chainrun.slurm.parsers import QueueRow

@@ -17,6 +17,7 @@ from chainrun.sim.fairshare import priority_terms
 from chainrun.sim.fidelity import fidelity, replay_alone
 from chainrun.sim.knowledge import Knowledge, chainrun_predictor
 from chainrun.sim.scheduler import Scheduler
+from chainrun.sim.trunk import Trunk
 from chainrun.sim.workload import build_workload
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class ChainsConfig:
     inject_until: float | None = None
     max_chains: int | None = None
     seed: int = 0  # bootstrap
+    share: bool = True  # the policies at a point share the replay until they act differently (trunk.py)
 
 
 @dataclass
@@ -170,12 +172,16 @@ def _run_chunk(points):
                      fairshare=s.get("fs"))
     n = len(w.jobs)
     out: list[ChainRun] = []
+    shared = 0
     for i, (t0, k, *own) in enumerate(points):
         base.run_until(t0)
+        trunk = Trunk() if cfg.share else None  # one per point: its policies share the same job ids
         for j, spec in enumerate(own[0] if own else s["specs"]):
-            out.append(run_chain(base, t0, k, n + 10_000 * (i * 256 + j), spec, cfg.work, watcher))
+            jid0 = n + 10_000 * (i * 256 + (0 if cfg.share else j))
+            out.append(run_chain(base, t0, k, jid0, spec, cfg.work, watcher, trunk))
+        shared += trunk.hits if trunk else 0
     cost = {"fits": knowledge.cost["fits"], "fit_s": knowledge.cost["fit_s"], **watcher.cost,
-            "fallbacks": watcher.fallbacks, "worker_s": time.monotonic() - t_begin}
+            "fallbacks": watcher.fallbacks, "trunk_hits": shared, "worker_s": time.monotonic() - t_begin}
     return out, cost
 
 

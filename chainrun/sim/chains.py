@@ -178,22 +178,26 @@ class ChainRun:
 
 
 def run_chain(base: Scheduler, t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
-              watcher) -> ChainRun:
-    """One chain under one policy, on its own fork of ``base`` (already run to ``t0``)."""
-    c = _Chain(base, t0, nodes, jid0, spec, work, watcher)
+              watcher, trunk=None) -> ChainRun:
+    """One chain under one policy, on its own fork of ``base`` (already run to ``t0``). ``trunk``
+    (chainrun/sim/trunk.py, one per point, the same ``jid0`` for every policy): the stretches of
+    replay this chain shares with a policy run before it at this point are not recomputed."""
+    c = _Chain(base, t0, nodes, jid0, spec, work, watcher, trunk)
     r = c.run()
     r.ended = max(r.finish, c.sim.now) if r.done else c.sim.now  # all it saw of the trace is before this
     return r
 
 
 class _Chain:
-    def __init__(self, base, t0, nodes, jid0, spec, work, watcher) -> None:
+    def __init__(self, base, t0, nodes, jid0, spec, work, watcher, trunk=None) -> None:
         from chainrun.sim.adapter import engine_chain
 
         if work.successor_limit not in SUCCESSOR_LIMITS:
             raise ValueError(f"successor_limit {work.successor_limit!r}: use shipped or handover")
         self.sim = base.fork()
         self.sim.run_until(t0)
+        self.trunk = trunk
+        self.log: tuple | None = () if trunk is not None else None  # what it did to the partition (trunk.py)
         self.t0, self.nodes, self.spec, self.work, self.watcher = t0, nodes, spec, work, watcher
         self.lead_s = spec.lead_s if spec.lead_s is not None else \
             (default_lead_s(spec.policy) if work.lead_s is None else work.lead_s)  # as chainrun submit does
@@ -274,6 +278,7 @@ class _Chain:
             self.sim.submit_after(s.jid, dep.jid, nodes, s.limit, runtime)
         else:
             self.sim.submit(s.jid, nodes, s.limit, runtime)
+        self._did(("submit", s.jid, dep.jid if dep is not None else None, nodes, s.limit, runtime))
         self.segs.append(s)
         return s
 
@@ -324,7 +329,7 @@ class _Chain:
             d = self.ask(cur, running=False, left_after=after)
             if d.submit:
                 nxt = self.submit(w.work_s - self.expected(cur), cur if d.dependency else None, cur)
-        b = self.sim.run_until_started(cur.jid, horizon)
+        b = self._until_started(cur.jid, horizon)
         if b != b:
             return run
         cur.start = cur.train_start = b
@@ -353,7 +358,7 @@ class _Chain:
                 self.done_s = done_s
                 nxt = self.oracle(cur, h, left_after) if self.spec.policy == "oracle" else \
                     self.poll(cur, h, left_after)
-            bn = self.sim.run_until_started(nxt.jid, horizon)
+            bn = self._until_started(nxt.jid, horizon)
             if bn != bn:
                 return run
             nxt.start = bn
@@ -374,6 +379,7 @@ class _Chain:
                     cur.stop = bn
                     cur.exit = min(h, bn + w.handoff_s)
                     self.sim.cut(cur.jid, cur.exit)
+                    self._did(("cut", cur.jid, cur.exit))
                     nxt.train_start = cur.exit
                     run.handoff_s += cur.exit - bn
                     run.twice_node_s += (cur.exit - bn) * nxt.nodes
@@ -391,6 +397,23 @@ class _Chain:
             run.slow_s += (1.0 - cur.rate) * trained
             cur, nxt = nxt, None
 
+    # ---- the partition, through the point's trunk when there is one (trunk.py) ----------------
+    def _did(self, action: tuple) -> None:
+        if self.log is not None:
+            self.log = self.log + ((self.sim.now, *action),)
+
+    def _run_until(self, t: float) -> None:
+        if self.log is None:
+            self.sim.run_until(t)
+        else:
+            self.sim = self.trunk.advance(self.sim, self.log, t)
+
+    def _until_started(self, jid: int, horizon: float) -> float:
+        if self.log is None:
+            return self.sim.run_until_started(jid, horizon)
+        r, self.sim = self.trunk.until_started(self.sim, self.log, jid, horizon)
+        return r
+
     def poll(self, cur: Seg, h: float, left_after: float) -> Seg:
         """Ask the policy on the watcher's tick grid while ``cur`` runs; submit when it says so,
         or once ``cur`` has ended (every policy's fallback: the whole of reactive)."""
@@ -400,18 +423,19 @@ class _Chain:
             if first is not None:
                 t = max(t, first)
         while t < h:
-            self.sim.run_until(t)
+            self._run_until(t)
             d = self.ask(cur, running=True, left_after=left_after)
             if d.submit and self.may_submit(cur, self.done_s):
                 return self.submit(left_after, cur if d.dependency else None, cur, self.done_s)
             t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
-        self.sim.run_until(h + self.work.reactive_latency_s)
+        self._run_until(h + self.work.reactive_latency_s)
         return self.submit(left_after)  # the current segment has ended: nothing to take over
 
     def oracle(self, cur: Seg, h: float, left_after: float) -> Seg:
         """Greedy per boundary, future known: the latest grid submit time whose successor starts
         by ``h`` (no interruption, the least cut); if none does, the earliest."""
         w = self.work
+        self.log = None  # it forks the partition itself: from here on it shares nothing (trunk.py)
         limit = self.limit_for(left_after)  # the oracle submits by the hand-over point: no take-over needed
         probe = -2  # a job id no one else uses
         grid: list[tuple[float, Scheduler]] = []
