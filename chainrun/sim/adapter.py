@@ -164,6 +164,7 @@ class SimWatcher:
         self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
         self.cost = {"predictions": 0, "predict_s": 0.0}
         self._cache: dict = {}
+        self._past: dict = {}  # now -> the masked past (Knowledge.history)
         self._within: dict = {}  # estimate's cache key -> {seconds: P(wait <= seconds)}
         self.test_only = True  # shape_waits: also Slurm's --test-only answer, as the engine asks it
         self.test_only_horizon_s = 14 * 86400.0
@@ -321,7 +322,11 @@ class SimWatcher:
         import numpy as np
         import pandas as pd
 
-        h = self.k.history(now)
+        h = self._past.get(now)
+        if h is None:  # the masked past depends on the clock only: asked by many states at the same tick
+            if len(self._past) >= 64:
+                self._past.clear()
+            h = self._past[now] = self.k.history(now)  # read, never changed, by the model (_universe)
         own = [s for s in segs if s.submit < now]
         if not own:
             return h

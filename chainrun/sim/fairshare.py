@@ -26,6 +26,7 @@ user, as the predictor also sees it).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from bisect import bisect_right
@@ -144,13 +145,22 @@ class Usage:
             usage[u] = usage.get(u, 0.0) + nodes * (g - e0) / k
         n1 = bisect_right(self.fs.since, now) + 1  # the users known by now and the chain's
         ranked = sorted(usage, key=usage.__getitem__, reverse=True)
-        self.factor = {u: (i + 1) / n1 for i, u in enumerate(ranked) if usage[u] > 0.0}
+        m = len(ranked)  # usage >= 0: the users without any are last (every 5 min of every fork: kept lean)
+        while m and not usage[ranked[m - 1]] > 0.0:
+            m -= 1
+        self.factor = dict(zip(ranked[:m] if m < len(ranked) else ranked, _ranks(n1, m)))
         p = self.fs.period_s
         self.next_calc = (math.floor(now / p) + 1) * p
 
     def bonus_s(self, jid: int, nodes: int, total: int) -> float:
         """Fair share plus job size, in seconds of age."""
         return self.fs.weight_s * self.factor.get(self.user(jid), 1.0) + self.fs.size_weight_s * nodes / total
+
+
+@functools.lru_cache(maxsize=64)
+def _ranks(n1: int, m: int) -> tuple[float, ...]:
+    """The factors of the m users with usage, most first: (i + 1) / n1."""
+    return tuple((i + 1) / n1 for i in range(m))
 
 
 PRIORITIES = ("age", "multifactor", "fairshare")

@@ -257,8 +257,13 @@ class Scheduler:
         u.recalc(now)
         oldest = now - u.fs.max_age_s
         total = self.total
+        # Usage.bonus_s inlined (the same expression, so the same floats): every pending job, every 5 min
+        fs = u.fs
+        w, sw, users, n_users, factor = fs.weight_s, fs.size_weight_s, fs.users, fs.n_users, u.factor
+        n = len(users)
         self.pending = sorted(
-            (max(p[6], oldest) - u.bonus_s(p[2], p[3], total),) + p[1:] for p in self.pending
+            (max(p[6], oldest) - (w * factor.get(users[p[2]] if 0 <= p[2] < n else n_users, 1.0)
+                                  + sw * p[3] / total),) + p[1:] for p in self.pending
         )
 
     # ---- views for policies ---------------------------------------------------------------
