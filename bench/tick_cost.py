@@ -3,7 +3,7 @@
 
 Installs `chainrun watch --install-schedule --every 1m --via scrontab` in a fresh home (your scrontab
 is saved and put back), lets it tick for --minutes with one chain running, removes it, then reads
-sacct for the tick jobs (name cr.tick): how long each waited (Start - Eligible) and ran, and the CPU
+sacct for the tick jobs (name cr.tick; -D: a scrontab job runs again under its id): how long each waited (Start - Eligible) and ran, and the CPU
 time charged (AllocCPUS x Elapsed). The Slurm calls of one tick are those of `watch --once`: read from
 one `watch --once --json` (slurm_calls) in the same home. Needs scripts/start-cluster.sh; ~N+1 minutes.
 
@@ -53,7 +53,7 @@ def main() -> None:
         for ch in json.loads(cli("status", "--json", home=home).stdout or '{"data": []}')["data"]:
             cli("cancel", ch["id"], home=home)
     time.sleep(3)
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "--name", "cr.tick", "-S", f"now-{int(time.time() - t0) + 5}seconds",
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "--name", "cr.tick", "-S", f"now-{int(time.time() - t0) + 5}seconds",
                           "-o", "JobID,State,Eligible,Start,End,Elapsed,AllocCPUS,ReqMem"],
                          env={**os.environ, "SLURM_TIME_FORMAT": "%s"}, capture_output=True, text=True, check=True)
     rows = [ln.split("|") for ln in out.stdout.splitlines() if ln.strip()]

@@ -296,7 +296,6 @@ class Installed:
     lines: list[str]
     changed: bool
     log: str = ""
-    note: str = ""
 
 
 def install_entry(runner: "Runner", name: str, choice: Choice, block: list[str], *,

@@ -75,13 +75,16 @@ for u in slurm munge mysql; do id "$u" >/dev/null 2>&1 || die "system user '$u' 
 # ---------------------------------------------------------------- scrontab
 # Debian 12's slurm-client ships no `scrontab` (its .install list leaves it out; the library and slurmctld
 # have the crontab RPCs). Build the client alone from Debian's source of the installed version, linked to the
-# installed libslurmfull; ~40 s, once per machine (configure is most of it). Needs gcc, ld, objcopy, make.
+# installed libslurmfull; ~45 s, once per machine (configure is most of it); gcc and binutils installed if missing.
 install_scrontab() {
   local ver lib work srcdir
   ver=$(dpkg-query -W -f='${Version}' slurm-client)
   lib=$(dirname "$(dpkg -L slurm-wlm-basic-plugins | grep '/libslurmfull\.so$' | head -1)")
   [[ -n $ver && -f $lib/libslurmfull.so ]] || die "cannot find slurm-client's version or libslurmfull.so"
-  for t in gcc ld objcopy make; do command -v "$t" >/dev/null || die "building scrontab needs $t (apt-get install gcc binutils make)"; done
+  if ! command -v gcc >/dev/null || ! command -v objcopy >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev binutils \
+      >/tmp/chainrun-slurm-apt.log 2>&1 || die "building scrontab needs gcc and binutils (apt-get install failed)"
+  fi
   work=$(mktemp -d /tmp/chainrun-scrontab.XXXXXX)
   log "building scrontab from Debian's source of slurm-wlm $ver (into /usr/local/bin)"
   mkdir -p "$work/lists/partial" "$work/parts"
