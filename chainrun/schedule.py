@@ -527,8 +527,10 @@ def tick_status(store: "Store", now: float | None = None) -> TickStatus | None:
     late = ""
     if gap > max(LATE_PERIODS * every, every + LATE_MIN_S):
         what = f"last tick {_ago(now - last)} ago" if last else f"no tick since the install {_ago(gap)} ago"
-        where = (f"tick jobs may be queued or held: `squeue --me --name {TICK_JOB_NAME}`" if rec.get("via") ==
-                 "scrontab" else f"is cron running on {rec.get('host')}? see {rec.get('log')}")
+        where = (f"tick jobs may be queued or held (`squeue --me --name {TICK_JOB_NAME}`), or the entry disabled: "
+                 "Slurm comments it out (#DISABLED in `scrontab -l`) when a tick job is cancelled; "
+                 "`chainrun watch --install-schedule` puts it back" if rec.get("via") == "scrontab"
+                 else f"is cron running on {rec.get('host')}? see {rec.get('log')}")
         late = f"ticks are late: {what}, expected every {_ago(every)}; {where}"
     return TickStatus(source, every, last, nxt, late=late, why=rec.get("why", ""))
 

@@ -11,6 +11,7 @@ def schedule_options(*, install: bool, uninstall: bool, every: str | None, via: 
                      json_out: bool, other_options: list[str]) -> None:
     from chainrun import paths, schedule
     from chainrun.cli.render import envelope
+    from chainrun.durations import format_duration
     from chainrun.runner.local import LocalRunner
     from chainrun.state.store import Store
 
@@ -41,7 +42,7 @@ def schedule_options(*, install: bool, uninstall: bool, every: str | None, via: 
             return
         where = "your scrontab" if res.via == "scrontab" else f"the crontab of {res.host}"
         typer.echo(f"{'installed in' if res.changed else 'already in'} {where}: a tick every "
-                   f"{schedule._ago(res.every_s)} (`chainrun watch --once --plain`)")
+                   f"{format_duration(res.every_s)} (`chainrun watch --once --plain`)")
         typer.echo(f"why {res.via}: {res.why}")
         typer.echo(f"log: {res.log}")
         for line in res.lines:
