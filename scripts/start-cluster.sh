@@ -13,7 +13,10 @@
 #   CHAINRUN_SLURM_DB_PORT (3307), CHAINRUN_SLURM_USERS (extra users to give an association),
 #   CHAINRUN_SLURM_ETC_LINK (1: point /etc/slurm/slurm.conf at DIR/etc/slurm.conf),
 #   CHAINRUN_SLURM_TIMEOUT (90 s, per wait step), CHAINRUN_SLURM_PROCTRACK (proctrack/linuxproc),
-#   CHAINRUN_SLURM_TASK (task/none).
+#   CHAINRUN_SLURM_TASK (task/none), CHAINRUN_SLURM_RESTART (0; 1: a running cluster whose configuration
+#   would change is stopped and started again; a change `scontrol reconfigure` applies is applied in place).
+# Debian's slurm-client has no `scrontab`: it is built once from Debian's source of the same Slurm
+# (install_scrontab below) into /usr/local/bin.
 set -euo pipefail
 
 DIR=${1:-${CHAINRUN_SLURM_DIR:-/tmp/chainrun-slurm}}
@@ -30,6 +33,7 @@ ETC_LINK=${CHAINRUN_SLURM_ETC_LINK:-1}
 TIMEOUT=${CHAINRUN_SLURM_TIMEOUT:-90}
 PROCTRACK=${CHAINRUN_SLURM_PROCTRACK:-proctrack/linuxproc}
 TASKPLUGIN=${CHAINRUN_SLURM_TASK:-task/none}
+RESTART=${CHAINRUN_SLURM_RESTART:-0}
 CTLD_PORT=$PORT_BASE
 DBD_PORT=$((PORT_BASE + 2))
 PKGS=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client slurm-wlm-basic-plugins slurm-wlm-mysql-plugin)
@@ -68,6 +72,46 @@ if ((${#missing[@]})); then
 fi
 for u in slurm munge mysql; do id "$u" >/dev/null 2>&1 || die "system user '$u' missing after install"; done
 
+# ---------------------------------------------------------------- scrontab
+# Debian 12's slurm-client ships no `scrontab` (its .install list leaves it out; the library and slurmctld
+# have the crontab RPCs). Build the client alone from Debian's source of the installed version, linked to the
+# installed libslurmfull; ~45 s, once per machine (configure is most of it); gcc and binutils installed if missing.
+install_scrontab() {
+  local ver lib work srcdir
+  ver=$(dpkg-query -W -f='${Version}' slurm-client)
+  lib=$(dirname "$(dpkg -L slurm-wlm-basic-plugins | grep '/libslurmfull\.so$' | head -1)")
+  [[ -n $ver && -f $lib/libslurmfull.so ]] || die "cannot find slurm-client's version or libslurmfull.so"
+  if ! command -v gcc >/dev/null || ! command -v objcopy >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gcc libc6-dev binutils \
+      >/tmp/chainrun-slurm-apt.log 2>&1 || die "building scrontab needs gcc and binutils (apt-get install failed)"
+  fi
+  work=$(mktemp -d /tmp/chainrun-scrontab.XXXXXX)
+  log "building scrontab from Debian's source of slurm-wlm $ver (into /usr/local/bin)"
+  mkdir -p "$work/lists/partial" "$work/parts"
+  # the system's own Debian sources, as deb-src, in a private list folder: the system's apt state is untouched
+  sed 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$work/parts/debian-src.sources"
+  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/parts" -o "Dir::State::Lists=$work/lists")
+  ( cd "$work" && apt-get "${apt[@]}" update -qq && apt-get "${apt[@]}" source --download-only "slurm-wlm=$ver" ) \
+    >"$work/apt.log" 2>&1 || { tail -5 "$work/apt.log" >&2; die "could not download slurm-wlm's source"; }
+  tar -xzf "$work"/slurm-wlm_*.orig.tar.gz -C "$work"
+  srcdir=$(find "$work" -maxdepth 2 -type d -path '*/src' -printf '%h\n' | head -1)
+  [[ -d $srcdir/src/scrontab ]] || die "no src/scrontab in slurm-wlm's source"
+  ( cd "$srcdir" && ./configure --prefix=/usr --sysconfdir=/etc/slurm --without-munge >"$work/configure.log" 2>&1 ) \
+    || { tail -5 "$work/configure.log" >&2; die "configure of slurm's source failed"; }
+  ( cd "$srcdir/src/scrontab" && set -e
+    for t in default_crontab usage; do  # text compiled in as data, as its Makefile does
+      ld -r -o "$work/$t.bino" -z noexecstack --format=binary "$t.txt"
+      objcopy --rename-section .data=.rodata,alloc,load,readonly,data,contents "$work/$t.bino"
+    done
+    gcc -O2 -DHAVE_CONFIG_H -I../.. -I../../slurm -o "$work/scrontab" env.c opt.c parse.c scrontab.c \
+      "$work/default_crontab.bino" "$work/usage.bino" -Wl,-rpath="$lib" -L"$lib" -lslurmfull -ldl -lpthread
+  ) >"$work/build.log" 2>&1 || { tail -10 "$work/build.log" >&2; die "building scrontab failed"; }
+  install -m 755 "$work/scrontab" /usr/local/bin/scrontab
+  rm -rf "$work"
+  log "scrontab installed: /usr/local/bin/scrontab"
+}
+command -v scrontab >/dev/null || install_scrontab
+
 # ---------------------------------------------------------------- helpers
 # pid_of PIDFILE NAME...: print pid if PIDFILE names a live process whose comm is one of NAMEs
 pid_of() {
@@ -96,6 +140,18 @@ stage() {
   local f=$1; cat > "$f.new"; chmod "$2" "$f.new"; chown "$3" "$f.new"
   if [[ -f $f ]] && cmp -s "$f.new" "$f"; then rm -f "$f.new"; else STAGED+=("$f"); fi
 }
+
+# changed_keys FILE: the keys of the lines that differ between FILE and FILE.new (comments ignored)
+changed_keys() {
+  diff <(grep -v '^#' "$1") <(grep -v '^#' "$1.new") | sed -n 's/^[<>] *\([A-Za-z]*\)=.*/\1/p' | sort -u
+}
+# only_reconfigurable FILE: every changed key of slurm.conf is one `scontrol reconfigure` applies (no restart)
+only_reconfigurable() {
+  local k keys; keys=$(changed_keys "$1"); [[ -n $keys ]] || return 1
+  for k in $keys; do [[ " $RECONFIGURABLE " == *" $k "* ]] || return 1; done
+}
+RECONFIGURABLE="ScronParameters"
+RECONFIGURE=0
 
 ETC=$DIR/etc; MUNGE=$DIR/munge; DB=$DIR/mysql; SL=$DIR/slurm; SD=$DIR/slurmd
 export SLURM_CONF=$ETC/slurm.conf
@@ -194,6 +250,8 @@ AccountingStoragePort=$DBD_PORT
 AccountingStoragePass=$MUNGE/munge.socket.2
 AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
+# scrontab (Slurm's per-user cron, run as batch jobs): chainrun's scheduled ticks use it where a site enables it
+ScronParameters=enable
 KillWait=10
 MinJobAge=300
 EOF
@@ -252,9 +310,18 @@ if ((${#STAGED[@]})); then
   pid_of "$SL/slurmdbd.pid" slurmdbd >/dev/null && running+=(slurmdbd)
   pid_of "$SL/slurmctld.pid" slurmctld slurmctld-wlm >/dev/null && running+=(slurmctld)
   for f in "$SD"/*.pid; do pid_of "$f" slurmd slurmd-wlm >/dev/null && running+=("slurmd:$(basename "$f" .pid)"); done
+  if ((${#running[@]})) && [[ ${STAGED[*]} == "$ETC/slurm.conf" ]] && only_reconfigurable "$ETC/slurm.conf"; then
+    # a cluster started by an older start-cluster.sh: what changed, `scontrol reconfigure` applies in place
+    log "slurm.conf changed ($(changed_keys "$ETC/slurm.conf" | paste -sd, -)): applying with scontrol reconfigure"
+    RECONFIGURE=1; running=()
+  elif ((${#running[@]})) && [[ $RESTART == 1 ]]; then
+    log "configuration changes (${STAGED[*]##*/}) while ${running[*]} run: restarting (CHAINRUN_SLURM_RESTART=1)"
+    bash "$(dirname "${BASH_SOURCE[0]}")/stop-cluster.sh" "$DIR" || die "stop-cluster.sh $DIR failed"
+    running=()
+  fi
   if ((${#running[@]})); then
     for f in "${STAGED[@]}"; do rm -f "$f.new"; done
-    die "configuration would change (${STAGED[*]##*/}) while ${running[*]} run from $DIR; run stop-cluster.sh $DIR first (nothing was modified)"
+    die "configuration would change (${STAGED[*]##*/}) while ${running[*]} run from $DIR; run stop-cluster.sh $DIR first, or set CHAINRUN_SLURM_RESTART=1 to restart (nothing was modified)"
   fi
   for f in "${STAGED[@]}"; do mv -f "$f.new" "$f"; done
 fi
@@ -338,6 +405,7 @@ else
   /usr/sbin/slurmctld -f "$ETC/slurm.conf" </dev/null >>"$SL/slurmctld.stdout" 2>&1 || die "slurmctld failed to start (see $SL/slurmctld.log)"
 fi
 wait_for "slurmctld" "$SL/slurmctld.log" bash -c "scontrol ping | grep -q 'is UP'"
+if ((RECONFIGURE)); then scontrol reconfigure || die "scontrol reconfigure failed (see $SL/slurmctld.log)"; fi
 
 # ---------------------------------------------------------------- slurmd x N
 for i in $(seq 1 "$NODES"); do

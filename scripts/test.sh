@@ -25,6 +25,12 @@ fi
 command -v tmux >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null; } || echo "[test] tmux missing; the watch screenshot test will say so" >&2
 # sshfs: tests/test_store_shared_mount.py mounts one export twice (two login nodes' caches) where the kernel has no NFS
 command -v sshfs >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sshfs >/dev/null; } || echo "[test] sshfs missing; the shared-mount store test will skip and say so" >&2
+# crontab: tests/test_schedule.py edits a real crontab (and puts it back); the cron daemon is kept from starting
+if ! command -v crontab >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  nopol=0; [[ -e /usr/sbin/policy-rc.d ]] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; nopol=1; }
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cron >/dev/null; } || echo "[test] cron missing; the crontab test will skip and say so" >&2
+  if ((nopol)); then rm -f /usr/sbin/policy-rc.d; fi
+fi
 export CHAINRUN_SLURM_USERS=${CHAINRUN_SLURM_USERS:-chainrun}  # the SSH tests' remote user gets an association
 bash scripts/start-cluster.sh >/dev/null
 export SLURM_CONF=${SLURM_CONF:-/tmp/chainrun-slurm/etc/slurm.conf}

@@ -205,6 +205,9 @@ def status(
         if cluster:  # only that cluster's chains (without --cluster: every cluster's)
             chains = [ch for ch in chains if ch.cluster == c.cluster]
         views = [view_chain(ch, c.store.segments(ch.id)) for ch in chains]
+        from chainrun.schedule import tick_status
+
+        ticks = tick_status(c.store)  # where scheduled ticks come from, last/next, late (schedule.py)
     finally:
         c.close()
     if json_out:
@@ -220,6 +223,8 @@ def status(
                            tables.chain_lines(views, out.width))
     else:
         out.print(tables.chain_detail(views[0]) if chain else tables.chain_list(views))
+    if ticks is not None:
+        tables.print_lines(out, tables.tick_lines(ticks, out.width))
 
 
 def watch(
@@ -233,8 +238,24 @@ def watch(
         "--notify", metavar="NAME|ADDRESS", help="Notify this notifier (a name from [notifiers] in config.toml, "
         "where its webhook URL stays out of `ps`) or mail address on completion, failure and long interruptions "
         "(repeatable; defaults: [notify] in config.toml).")] = None,
+    install_schedule: Annotated[bool, typer.Option("--install-schedule", help="Install one periodic `watch --once "
+        "--plain` tick (scrontab where the site enables it, else cron) and exit; safe to repeat.")] = False,
+    uninstall_schedule: Annotated[bool, typer.Option("--uninstall-schedule", help="Remove chainrun's tick entry "
+        "(your other scrontab/crontab lines stay) and exit.")] = False,
+    every: Annotated[Optional[str], typer.Option("--every", help="With --install-schedule: the tick period, "
+        "whole minutes dividing an hour or hours dividing a day (default 5m).")] = None,
+    via: Annotated[Optional[str], typer.Option("--via", metavar="scrontab|cron", help="With --install-schedule: "
+        "force scrontab or cron (default: scrontab where enabled).")] = None,
 ) -> None:
+    if install_schedule or uninstall_schedule or every or via:  # chainrun/schedule.py; renders in cli/schedule_cmd.py
+        from chainrun.cli.schedule_cmd import schedule_options
+
+        used = [o for o, on in (("--once", once), ("--until-done", until_done), ("--cluster", cluster),
+                                ("--notify", notify)) if on]
+        return schedule_options(install=install_schedule, uninstall=uninstall_schedule, every=every, via=via,
+                                json_out=json_out, other_options=used)
     from chainrun import paths
+    from chainrun import schedule
     from chainrun.chain.multi import MultiEngine
     from chainrun.chain.watcher import fenced_open
     from chainrun.context import open_context
@@ -244,6 +265,7 @@ def watch(
     # without --cluster every cluster's chains move, one Engine (one squeue/sacct) per cluster per tick
     c = open_context(cluster) if cluster else None  # checks the name; the connection opens on first use
     store = c.store if c else Store(paths.state_db())
+    schedule.tick_started(store)  # inside a job: its SLURM_* never reach sbatch; a scheduled tick is recorded
     lease = ActingLease(store)  # one watcher of this home acts; the others are read-only views
     _exit_on_sigterm()  # so `finally` releases the lease (else another host waits for its expiry)
     engine = MultiEngine(store, only=cluster, predictor_for=_predictor_for, open_context=fenced_open(open_context, lease))

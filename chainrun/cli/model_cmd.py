@@ -42,7 +42,7 @@ def _fmt(seconds: float) -> str:
 @model_app.command("refresh", help="Read new sacct history, retrain the model and save it.")
 def refresh(
     cluster: ClusterOpt = "local",
-    install_cron: Annotated[bool, typer.Option("--install-cron", help="Also put a refresh line (every 6 h) in your crontab; safe to repeat.")] = False,
+    install_cron: Annotated[bool, typer.Option("--install-cron", help="Also put a refresh entry (every 6 h) in your crontab (your scrontab where cron is barred; the same code as `watch --install-schedule`); safe to repeat.")] = False,
     print_cron: Annotated[bool, typer.Option("--print-cron", help="Only print the crontab line, change nothing.")] = False,
     lookback: Annotated[Optional[str], typer.Option("--lookback", help="History to read on the first refresh, e.g. 60d.")] = None,
     json_out: JsonOpt = False,
@@ -60,7 +60,7 @@ def refresh(
         res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days)
     finally:
         runner.close()
-    if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab
+    if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab (chainrun/schedule.py)
         line, changed = service.install_cron(_runner(), cluster)
         res["cron"] = {"line": line, "changed": changed}
     if json_out:

@@ -465,3 +465,18 @@ class ChainDetail:
 
 def chain_detail(v: ChainView) -> ChainDetail:
     return ChainDetail(v)
+
+
+def tick_lines(ts, width: int, now: float | None = None) -> list[str]:
+    """Where scheduled ticks come from, the last and next one, and a warning when late (chainrun/schedule.py)."""
+    from chainrun.durations import format_duration
+
+    now = time.time() if now is None else now
+    if not ts.source:
+        return wrap_text(f"ticks: {ts.why}; last {_ts(ts.last, now)}", width)
+    last = f"{_ts(ts.last, now)} ({format_duration(now - ts.last)} ago)" if ts.last else "none yet"
+    out = wrap_text(f"ticks: {ts.source} every {format_duration(ts.every_s)}; last {last}, "
+                    f"next ~{_ts(ts.next, now)}", width)
+    if ts.late:
+        out += wrap_text(f"warning: {ts.late}", width)
+    return out

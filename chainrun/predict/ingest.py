@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import SlurmError, TransientSlurmError
+from chainrun.schedule import IGNORED_JOB_NAMES
 from chainrun.slurm.client import SACCT_ENV
 from chainrun.slurm.parsers import SACCT_FIELDS
 from chainrun.traces import CANONICAL_COLUMNS, parse_trace_text
@@ -138,6 +139,7 @@ def merge_history(old: "pd.DataFrame | None", new: "pd.DataFrame") -> "pd.DataFr
     else:
         out = pd.concat([old, new], ignore_index=True)
     out = out.drop_duplicates("job_id", keep="last")
+    out = out[~out["name"].isin(IGNORED_JOB_NAMES)]  # chainrun's scheduled ticks: not the queue's history
     return out.sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import math
-import shlex
-import shutil
+import os
 import sys
 import time
 from pathlib import Path
@@ -293,27 +292,23 @@ def time_limit_note(runner: "Runner", *, timelimit_s: float, partition: str = ""
 
 
 def cron_line(cluster: str) -> str:
-    beside = Path(sys.executable).parent / "chainrun"  # the venv's script, even when not on PATH
-    exe = shutil.which("chainrun") or (str(beside) if beside.exists() else f"{sys.executable} -m chainrun.cli.main")
-    return f"17 */6 * * * {exe} -q model refresh --cluster {shlex.quote(cluster)} {CRON_MARK} {cluster}"
+    """The refresh entry's schedule and command line (what --print-cron shows)."""
+    from chainrun import schedule
+    from chainrun.paths import home, logs_dir
+
+    argv = [sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
+    command = schedule.tick_command(home=home(), source=None, argv=argv, log=logs_dir() / "model-refresh.log",
+                                    environ=os.environ)
+    return f"{schedule.cron_spec(6 * 3600, minute=17)} {command}"
 
 
 def install_cron(runner: "Runner", cluster: str) -> tuple[str, bool]:
-    """Put the refresh line in the user's crontab, replacing ours for this cluster. Idempotent."""
-    line = cron_line(cluster)
-    cur = runner.run(["crontab", "-l"], 30)
-    if cur.returncode == 127:
-        raise SlurmError("crontab is not installed here", hint="add this line with your scheduler: " + line)
-    existing = cur.stdout.splitlines() if cur.ok else []  # "no crontab for user" is rc 1
-    tag = f"{CRON_MARK} {cluster}"
-    kept = [ln for ln in existing if not ln.rstrip().endswith(tag)]
-    if line in existing and len(kept) == len(existing) - 1:
-        return line, False
-    new = "\n".join([*kept, line]) + "\n"
-    res = runner.run(["crontab", "-"], 30, stdin=new)
-    if not res.ok:
-        raise SlurmError(f"crontab refused the new table: {res.first_error_line()}")
-    return line, True
+    """Put the refresh entry in the user's crontab (scrontab where cron is barred), replacing ours for
+    this cluster: the same code as `chainrun watch --install-schedule` (chainrun/schedule.py). Idempotent."""
+    from chainrun import schedule
+
+    res = schedule.install_refresh(runner, cluster, old_tag=f"{CRON_MARK} {cluster}")
+    return next(ln for ln in res.lines if not ln.startswith("#")), res.changed
 
 
 def eval_trace(trace: str | None, *, cluster: str, train_until: str | None, test_until: str | None,

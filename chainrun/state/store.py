@@ -245,6 +245,23 @@ class Store:
                             "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (str(epoch),))
         return epoch
 
+    # ---------------------------------------------------------------- small keyed values (e.g. schedule.py)
+    def get_meta(self, key: str) -> str | None:
+        with self.reading():
+            row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        """Set (or with None remove) one value; outside the acting watcher's fence: not chain state."""
+        if key in ("schema_version", "acting_epoch"):
+            raise ValueError(f"{key} is the store's own")
+        with self.tx(fenced=False) as db:
+            if value is None:
+                db.execute("DELETE FROM meta WHERE key=?", (key,))
+            else:
+                db.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
+                           "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
     def close(self) -> None:
         self._db.close()
 

@@ -7,6 +7,8 @@ import pytest
 
 from chainrun.predict import ingest, service
 from chainrun.runner.base import RunResult
+from chainrun.paths import home
+from chainrun.schedule import begin_marker, end_marker, refresh_name
 from chainrun.slurm.client import SACCT_ENV
 
 from .predict_helpers import DATA
@@ -43,6 +45,8 @@ class FakeRunner:
         if argv[:2] == ["crontab", "-"]:
             self.crontab = stdin
             return RunResult(tuple(argv), 0, "", "", 0.0)
+        if argv[:3] == ["scontrol", "show", "config"] or argv[0] == "scrontab":  # no Slurm here: cron only
+            return RunResult(tuple(argv), 127, "", f"{argv[0]}: command not found", 0.0)
         raise AssertionError(argv)
 
 
@@ -113,10 +117,10 @@ def test_live_snapshot_from_squeue():
     assert np.isfinite(snap["start"]).all()
 
 
-def test_install_cron_is_idempotent():
+def test_install_cron_is_idempotent(chainrun_home):
     r = FakeRunner(crontab="0 1 * * * backup\n")
     line, changed = service.install_cron(r, "ls6")
-    assert changed and r.crontab.splitlines() == ["0 1 * * * backup", line]
+    assert changed and r.crontab.splitlines()[:3] == ["0 1 * * * backup", begin_marker(refresh_name("ls6", home())), line]
     line2, changed2 = service.install_cron(r, "ls6")
     assert line2 == line and not changed2 and r.crontab.count("model refresh") == 1
     service.install_cron(r, "other")
@@ -124,10 +128,19 @@ def test_install_cron_is_idempotent():
     assert "--cluster ls6" in line and line.split()[0:5] == ["17", "*/6", "*", "*", "*"]
 
 
-def test_empty_crontab_gets_the_line():
+def test_empty_crontab_gets_the_line(chainrun_home):
     r = FakeRunner(crontab=None)
     line, changed = service.install_cron(r, "local")
-    assert changed and r.crontab == line + "\n"
+    assert changed and r.crontab.splitlines() == [begin_marker(refresh_name("local", home())), line,
+                                                  end_marker(refresh_name("local", home()))]
+
+
+def test_install_cron_replaces_an_earlier_one_line_entry(chainrun_home):
+    old = "17 */6 * * * /old/chainrun -q model refresh --cluster ls6 # chainrun-model-refresh ls6\n"
+    r = FakeRunner(crontab="0 1 * * * backup\n" + old)
+    line, changed = service.install_cron(r, "ls6")
+    assert changed and "/old/chainrun" not in r.crontab and r.crontab.startswith("0 1 * * * backup\n")
+    assert r.crontab.count("model refresh") == 1 and line in r.crontab
 
 
 @pytest.mark.parametrize("bad", ["--nodes", "--time"])
