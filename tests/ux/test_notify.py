@@ -194,7 +194,7 @@ def test_config_defaults_and_other_tables_untouched(chainrun_home):
     (chainrun_home / "config.toml").write_text(text)
     cfg = load_config(extra_targets=["you@example.org"])
     assert cfg.webhooks == ["https://hooks.example/a/b"] and cfg.mails == ["me@example.org", "you@example.org"]
-    assert cfg.gap_s == 2700 and cfg.mail_command == "mail" and cfg.on == {"completed", "failed", "gap"}
+    assert cfg.gap_s == 2700 and cfg.mail_command == "mail" and cfg.on == {"completed", "failed", "gap", "login"}
     assert (chainrun_home / "config.toml").read_text() == text
     assert redact("https://hooks.slack.com/services/T/B/X") == "https://hooks.slack.com/..."
 
