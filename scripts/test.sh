@@ -45,7 +45,7 @@ fi
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
         tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py
         tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py tests/predict/test_slurm_doubt.py
-        tests/chain/test_requeue_slurm.py)
+        tests/chain/test_requeue_slurm.py tests/install/test_login_node_install.py)
 lane_b=(); ignore_b=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue
