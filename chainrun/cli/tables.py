@@ -299,9 +299,12 @@ def untended_line(v: ChainView, now: float) -> str:
     if o["needs_tick"] is not None:
         when = "now" if o["tick_before"] is None or o["tick_before"] <= now else \
             f"before {clock(o['tick_before'], now=now)}"
-        stop = f" (without one, training stops at {clock(o['stops_at'], now=now)})" if o["stops_at"] else ""
+        stop = f" (without one, training may stop as early as {clock(o['stops_at'], now=now)})" if o["stops_at"] else ""
         parts.append(f"segment {o['needs_tick']} needs a tick {when}{stop}")
-    return f"{head}: {'; '.join(parts)}" if parts else head
+    if not parts:
+        return head
+    after = "; ".join(parts)
+    return f"{head}. {after[0].upper()}{after[1:]}"
 
 
 def _chain_notes(v: ChainView, width: int) -> list[str]:

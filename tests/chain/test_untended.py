@@ -49,8 +49,8 @@ def test_a_running_and_a_queued_segment_the_queued_one_starts_the_next_needs_a_t
     v = view_chain(c, segs, now=T0, ticks={"a": untended.ClusterTicks("a", ok_at=T0 - 2 * H)})
     line = untended_line(v, T0)
     assert line.startswith("not ticked since ") and "(2h00m ago)" in line
-    assert "the queued segment 2 will start; segment 3 needs a tick before " in line
-    assert "training stops at" in line
+    assert ". The queued segment 2 will start; segment 3 needs a tick before " in line
+    assert "training may stop as early as" in line
 
 
 def test_behind_a_dependency_the_queued_segment_starts_when_its_predecessor_ends():
@@ -68,7 +68,7 @@ def test_reactive_needs_the_tick_at_the_end_and_an_empty_chain_needs_one_now():
     o = untended.outlook(c, [seg(0, ENDED, start=T0 - 11 * H, end=T0 - H)], None, now=T0)
     assert (o.needs_tick, o.tick_before, o.stops_at, o.queued) == (1, T0 - H, None, ())
     v = view_chain(c, [seg(0, ENDED, start=T0 - 11 * H, end=T0 - H)], now=T0, ticks={})
-    assert "no tick has reached a yet" in untended_line(v, T0) and "segment 1 needs a tick now" in untended_line(v, T0)
+    assert "no tick has reached a yet" in untended_line(v, T0) and "Segment 1 needs a tick now" in untended_line(v, T0)
 
 
 def test_an_unconfirmed_submission_is_said_and_a_recent_tick_or_finished_chain_says_nothing():
@@ -90,7 +90,7 @@ def test_failing_ticks_are_said_even_right_after_they_started():
     o = untended.outlook(c, segs, t, now=T0)
     assert o.stale and o.failing.startswith("log in again") and o.failing_since == T0 - 60
     line = untended_line(view_chain(c, segs, now=T0, ticks={"a": t}), T0)
-    assert line.startswith("ticks of a fail since ") and "cluster login a" in line and "segment 1 needs a tick" in line
+    assert line.startswith("ticks of a fail since ") and "cluster login a" in line and "Segment 1 needs a tick" in line
 
 
 # ---------------------------------------------------------------------------- the record, the notice
