@@ -111,7 +111,7 @@ class Outlook:
     running: int | None  # the running segment, if any
     queued: tuple[int, ...]  # queued segments: Slurm starts them without a tick
     unconfirmed: tuple[int, ...]  # submissions not yet seen in Slurm: a tick adopts or resubmits them
-    needs_tick: int | None  # the next segment, which only a tick can submit
+    needs_tick: int | None  # the next segment, which only a tick can submit (None: the live ones finish the chain)
     tick_before: float | None  # the latest moment the policy plans that submission (now or past: overdue)
     stops_at: float | None  # without a tick, the chain trains until here (the last live segment's end)
 
@@ -131,6 +131,10 @@ def outlook(chain: Chain, segs: list[Segment], ticks: ClusterTicks | None, now: 
     if chain.status != ACTIVE:
         return None
     now = time.time() if now is None else now
+    last = ticks.ok_at if ticks else None
+    failing = ticks.error if ticks and ticks.failed_since and (last is None or ticks.failed_since >= last) else ""
+    since = ticks.failed_since if failing else None
+    stale = bool(failing) or now - (last if last is not None else chain.created) > STALE_S
     live = sorted((s for s in segs if s.phase in LIVE_PHASES), key=lambda s: s.idx)
     running = next((s.idx for s in live if s.phase == RUNNING), None)
     queued = tuple(s.idx for s in live if s.phase == PENDING)
@@ -145,6 +149,9 @@ def outlook(chain: Chain, segs: list[Segment], ticks: ClusterTicks | None, now: 
             start = max(now, end) if (end is not None and s.dependency) else now
             end = start + limit
     needs = (max(s.idx for s in segs) + 1) if segs else 0
+    if live and _covers_the_rest(chain, segs, live):  # the last segment: training ends without a tick
+        return Outlook(last_tick=last, stale=stale, failing=failing, failing_since=since, running=running,
+                       queued=queued, unconfirmed=unconfirmed, needs_tick=None, tick_before=None, stops_at=end)
     if not live:  # nothing queued: the chain waits for a tick now (it has since its last segment ended)
         ended = [s.end for s in segs if s.end]
         before, stops = (max(ended) if ended else chain.created), None
@@ -156,10 +163,17 @@ def outlook(chain: Chain, segs: list[Segment], ticks: ClusterTicks | None, now: 
             before = start  # alone once its predecessor ended, i.e. when it starts
         else:
             before = max(start, end - chain.signal_lead_s - chain.lead_s)
-    last = ticks.ok_at if ticks else None
-    failing = ticks.error if ticks and ticks.failed_since and (last is None or ticks.failed_since >= last) else ""
-    since = ticks.failed_since if failing else None
-    seen = last if last is not None else chain.created
-    stale = bool(failing) or now - seen > STALE_S
     return Outlook(last_tick=last, stale=stale, failing=failing, failing_since=since, running=running,
                    queued=queued, unconfirmed=unconfirmed, needs_tick=needs, tick_before=before, stops_at=stops)
+
+
+def _covers_the_rest(chain: Chain, segs: list[Segment], live: list[Segment]) -> bool:
+    """Whether the live segments, trained to their hand-over points, reach --total: the engine's own
+    planning gate (engine._plan) then submits nothing more."""
+    from chainrun.chain import sizing
+    from chainrun.chain.engine import expected_training, segment_overhead, segment_rate, total_tolerance
+
+    overhead = segment_overhead(chain, segs)
+    expected = sum(sizing.expected_work(expected_training(chain, s, overhead), rate=segment_rate(chain, s, segs))
+                   for s in live)
+    return sizing.work_after(chain.total_s, chain.credited_s, expected) < total_tolerance(chain)

@@ -296,6 +296,8 @@ def untended_line(v: ChainView, now: float) -> str:
                      f"{', '.join(map(str, o['queued']))} will start")
     if o["unconfirmed"]:
         parts.append(f"segment {', '.join(map(str, o['unconfirmed']))} is not confirmed by Slurm yet")
+    if o["needs_tick"] is None and o["stops_at"]:
+        parts.append("no segment after these is needed: training ends by itself (the next tick records it)")
     if o["needs_tick"] is not None:
         when = "now" if o["tick_before"] is None or o["tick_before"] <= now else \
             f"before {clock(o['tick_before'], now=now)}"

@@ -82,6 +82,15 @@ def test_an_unconfirmed_submission_is_said_and_a_recent_tick_or_finished_chain_s
     assert untended.outlook(done, segs, None, now=T0) is None
 
 
+def test_when_the_live_segments_finish_the_chain_no_tick_is_needed():
+    c = chain("lead", credited_s=95 * H)  # 5 h left; the running segment trains up to 10 h
+    segs = [seg(0, RUNNING, start=T0 - H, end=T0 + 9 * H)]
+    o = untended.outlook(c, segs, None, now=T0)
+    assert (o.needs_tick, o.tick_before, o.stops_at) == (None, None, T0 + 9 * H)
+    line = untended_line(view_chain(c, segs, now=T0, ticks={}), T0)
+    assert "training ends by itself" in line and "needs a tick" not in line
+
+
 def test_failing_ticks_are_said_even_right_after_they_started():
     c = chain("lead")
     segs = [seg(0, RUNNING, start=T0 - H, end=T0 + 9 * H)]
