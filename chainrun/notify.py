@@ -16,7 +16,8 @@ Defaults come from the ``[notify]`` table of ``config.toml`` in the chainrun hom
     [notify]
     webhook = "https://hooks.slack.com/services/..."   # one URL or a list
     mail = "me@example.org"                            # one address or a list
-    on = ["completed", "failed", "gap"]                # event kinds, "gap" = long interruption
+    on = ["completed", "failed", "gap", "login"]       # event kinds; "gap" = long interruption, "login" = a
+                                                       # cluster waits for `chainrun cluster login` (told once)
     gap = "30m"                                         # what counts as long
     mail_command = "sendmail"                           # or "mail"; default: whichever exists
 
@@ -55,7 +56,7 @@ EVENT_KINDS = {"created", "submitted", "started", "continue", "handoff", "done",
                "failed", "cancelled", "warning", "adopted", "lost", "shape",  # shape: an elastic segment's node count changed
                "total",  # total: --total reached, the training segment was signalled to stop
                "settled"}  # settled: a cancelled segment's end and training read from Slurm (chain/settle.py)
-DEFAULT_ON = ("completed", "failed", "gap")
+DEFAULT_ON = ("completed", "failed", "gap", "login")  # login: a cluster's ticks wait for a person (once)
 DEFAULT_GAP_S = 1800
 MARK_KEY = "notify.last_event"
 GAP_KEY = "notify.gaps_sent"
@@ -118,7 +119,7 @@ def load_config(home: Path | None = None, extra_targets: Iterable[str] = ()) -> 
     cfg.mails += [_check_mail(m) for m in _as_list(table.get("mail"), path, "mail")]
     if "on" in table:
         on = set(_as_list(table["on"], path, "on"))
-        bad = on - EVENT_KINDS - {"gap"}
+        bad = on - EVENT_KINDS - {"gap", "login"}
         if bad:
             raise UsageError(f"{path}: [notify] on: unknown kind(s) {', '.join(sorted(bad))}",
                              hint="use gap or event kinds such as completed, failed, crash, retry, lost")
@@ -305,6 +306,19 @@ class Notifier:
             self._set_meta(MARK_KEY, str(mark))
         if "gap" in self.cfg.on:
             msgs += self._ongoing_gaps()
+        if "login" in self.cfg.on:
+            msgs += self._login_notices()
+        return msgs
+
+    def _login_notices(self) -> list[Message]:
+        """One message per cluster whose ticks wait for a person, until a tick reaches it again."""
+        from chainrun.chain import untended
+
+        msgs = []
+        for t in untended.to_notify(self.store):
+            untended.mark_notified(self.store, t.cluster)
+            msgs.append(Message(t.cluster, "login", f"chainrun: {t.cluster} needs you to log in",
+                                f"chainrun: cluster {t.cluster}: chains there are not ticked: {t.error}"))
         return msgs
 
     def _summary(self, chain_id: str) -> str:

@@ -28,7 +28,7 @@ command -v sshfs >/dev/null || { [[ $(id -u) -eq 0 ]] && DEBIAN_FRONTEND=noninte
 # crontab: tests/test_schedule.py edits a real crontab (and puts it back); the cron daemon is kept from starting
 if ! command -v crontab >/dev/null && [[ $(id -u) -eq 0 ]]; then
   nopol=0; [[ -e /usr/sbin/policy-rc.d ]] || { printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; nopol=1; }
-  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cron >/dev/null; } || echo "[test] cron missing; the crontab test will skip and say so" >&2
+  { DEBIAN_FRONTEND=noninteractive apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cron >/dev/null; } || echo "[test] cron missing; the crontab test will skip and say so" >&2
   if ((nopol)); then rm -f /usr/sbin/policy-rc.d; fi
 fi
 export CHAINRUN_SLURM_USERS=${CHAINRUN_SLURM_USERS:-chainrun}  # the SSH tests' remote user gets an association
@@ -51,7 +51,7 @@ fi
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
         tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py
         tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py tests/predict/test_slurm_doubt.py
-        tests/chain/test_requeue_slurm.py)
+        tests/chain/test_requeue_slurm.py tests/install/test_login_node_install.py)
 lane_b=(); ignore_b=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue

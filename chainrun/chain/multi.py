@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from chainrun.chain import untended
 from chainrun.chain.engine import Engine, TickReport
 from chainrun.chain.settle import needs_tick
 from chainrun.clusters import LOCAL
@@ -22,6 +23,14 @@ from chainrun.state.lease import LeaseLost
 from chainrun.state.store import Store
 
 log = logging.getLogger(__name__)
+
+
+def needs_human(e: Exception) -> bool:
+    """A failure only a person can end: a login (MFA, an expired certificate) or a host key."""
+    from chainrun.runner.base import HostKeyError
+    from chainrun.runner.openssh import LoginRequired
+
+    return isinstance(e, (LoginRequired, HostKeyError))
 
 
 class ClusterStore:
@@ -76,8 +85,11 @@ class MultiEngine:
                 total.warnings.append(f"{label}{e}")
                 total.chains += len([c for c in self.store.chains(active_only=True) if c.cluster == name])
                 failed += 1
+                untended.record(self.base_store, name, ok=False, error=str(e), needs_human=needs_human(e))
                 continue
             failed += bool(getattr(report, "failed", False))
+            untended.record(self.base_store, name, ok=not getattr(report, "failed", False),
+                            error="; ".join(report.warnings))
             total.chains += report.chains
             total.submitted += report.submitted
             total.ended += report.ended

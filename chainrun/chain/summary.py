@@ -81,6 +81,9 @@ class ChainView:
     current_note: str = ""  # the live segment's note: why it waits, what was planned for it
     shapes: tuple = ()  # --shapes: node counts, the reference (the shape --total is counted in) first
     time_min_s: int | None = None  # --time-min
+    # without ticks (chain/untended.py): since when its cluster was not ticked and what happens next;
+    # None when not asked for (view_chain without ``ticks``) or for a finished chain
+    untended: dict | None = None
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -91,7 +94,8 @@ class ChainView:
         return d
 
 
-def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> ChainView:
+def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, ticks: dict | None = None) -> ChainView:
+    """``ticks``: the clusters' tick records (untended.read_all), for the outlook without ticks."""
     now = time.time() if now is None else now
     live = [s for s in segs if s.phase in LIVE_PHASES]
     cur = live[0] if live else (segs[-1] if segs else None)
@@ -124,7 +128,17 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         created=chain.created, finished=chain.finished, segment_views=views,
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
         shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
+        untended=_untended(chain, segs, ticks, now),
     )
+
+
+def _untended(chain: Chain, segs: list[Segment], ticks: dict | None, now: float) -> dict | None:
+    if ticks is None:
+        return None
+    from chainrun.chain.untended import outlook
+
+    o = outlook(chain, segs, ticks.get(chain.cluster), now)
+    return o.to_dict() if o else None
 
 
 def _segment_view(s: Segment, now: float) -> SegmentView:

@@ -195,6 +195,7 @@ def status(
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun import clusters
+    from chainrun.chain import untended
     from chainrun.chain.summary import view_chain
     from chainrun.context import open_context
 
@@ -204,7 +205,8 @@ def status(
         chains = [c.store.chain(chain)] if chain else c.store.chains(active_only=not all_chains)
         if cluster:  # only that cluster's chains (without --cluster: every cluster's)
             chains = [ch for ch in chains if ch.cluster == c.cluster]
-        views = [view_chain(ch, c.store.segments(ch.id)) for ch in chains]
+        tended = untended.read_all(c.store)  # says what happens to a chain nothing ticks
+        views = [view_chain(ch, c.store.segments(ch.id), ticks=tended) for ch in chains]
         from chainrun.schedule import tick_status
 
         ticks = tick_status(c.store)  # where scheduled ticks come from, last/next, late (schedule.py)

@@ -123,6 +123,9 @@ def login(
         typer.echo(f"{name}: already logged in (an SSH master is open); commands run over it")
     else:
         typer.echo(f"{name}: logged in; ticks run over this SSH master until it closes (ControlPersist={persist})")
+    if done["sessions"] == "one":
+        typer.echo(f"{name} allows one SSH session at a time (sshd MaxSessions 1, multiplexing limited): chainrun's "
+                   "commands take turns over this login, a refused one waits and is sent again")
 
 
 @cluster_app.command("logout", help="Close the SSH master of a --ssh cluster (`ssh -O exit`).")

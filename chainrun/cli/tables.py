@@ -278,8 +278,41 @@ def _chain_record(v: ChainView, *, detail: bool = False) -> list[str]:
     return toks
 
 
+def untended_line(v: ChainView, now: float) -> str:
+    """Since when the chain's cluster was not ticked and what happens next (chain/untended.py);
+    "" while ticks come in time."""
+    o = getattr(v, "untended", None)
+    if not o or not o["stale"]:
+        return ""
+    if o["failing"]:
+        head = f"ticks of {v.cluster} fail since {clock(o['failing_since'], now=now)}: {o['failing']}"
+    elif o["last_tick"] is not None:
+        head = f"not ticked since {clock(o['last_tick'], now=now)} ({dur(now - o['last_tick'])} ago)"
+    else:
+        head = f"no tick has reached {v.cluster} yet (run `chainrun watch`)"
+    parts = []
+    if o["queued"]:
+        parts.append(f"the queued segment{'s' if len(o['queued']) > 1 else ''} "
+                     f"{', '.join(map(str, o['queued']))} will start")
+    if o["unconfirmed"]:
+        parts.append(f"segment {', '.join(map(str, o['unconfirmed']))} is not confirmed by Slurm yet")
+    if o["needs_tick"] is None and o["stops_at"]:
+        parts.append("no segment after these is needed: training ends by itself (the next tick records it)")
+    if o["needs_tick"] is not None:
+        when = "now" if o["tick_before"] is None or o["tick_before"] <= now else \
+            f"before {clock(o['tick_before'], now=now)}"
+        stop = f" (without one, training may stop as early as {clock(o['stops_at'], now=now)})" if o["stops_at"] else ""
+        parts.append(f"segment {o['needs_tick']} needs a tick {when}{stop}")
+    if not parts:
+        return head
+    after = "; ".join(parts)
+    return f"{head}. {after[0].upper()}{after[1:]}"
+
+
 def _chain_notes(v: ChainView, width: int) -> list[str]:
     out: list[str] = []
+    if line := untended_line(v, time.time()):
+        out += wrap_text(line, width, first=INDENT + "untended: ")
     for err in payload_overlap_errors(v):
         out += wrap_text(err, width, first=INDENT)
     for line in placement_lines(v):
@@ -388,6 +421,9 @@ class ChainList:
             yield Text("\n".join(chain_lines(self.views, width)))
             return
         yield _table(cols, self.title)
+        for v in self.views:
+            if line := untended_line(v, time.time()):
+                yield Text(f"{v.id}: {line}", style="yellow")
         if below:
             for v in self.views:
                 for err in payload_overlap_errors(v):
@@ -451,6 +487,8 @@ class ChainDetail:
             yield Text(line, style="yellow" if line.startswith("excluded") else "")
         if v.reason:
             yield Text(v.reason)
+        if line := untended_line(v, now):
+            yield Text(line, style="yellow")
         if rows:
             yield _table(cols)
         if below:

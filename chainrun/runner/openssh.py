@@ -55,12 +55,24 @@ _LOST = re.compile(
     r"mux_client|read from master failed|client_loop|packet_write_wait|session open refused|"
     r"administratively prohibited|channel \d+: open failed", re.IGNORECASE)
 _AUTH = re.compile(r"permission denied \(([^)]*)\)", re.IGNORECASE)
+# the master asked the server for a session and was refused (sshd's MaxSessions reached): ssh then
+# tries a connection of its own, which an MFA site refuses in BatchMode; the command never started
+_MUX_REFUSED = re.compile(r"mux_client\w*: session request failed: session open refused", re.IGNORECASE)
+# ...and these lines of ssh's own are not the remote command's stderr
+_MUX_NOISE = re.compile(r"^(mux_client\w*: |ControlSocket .* already exists, disabling multiplexing)")
+_NEVER_STARTED = re.compile(r"permission denied \(|channel \d+: open failed", re.IGNORECASE)
+SESSION_RETRY_S = (0.5, 1.0, 2.0, 4.0, 8.0)  # a refused session waits for the one in use (short calls)
 
 
 class LoginRequired(RemoteError):
     """The site needs a human (a one-time code, a fresh certificate or ticket) and no master is open."""
 
     exit_code = 8
+
+
+class SessionRefused(RemoteUnreachable):
+    """The master is open but the server refused one more session over it (sshd ``MaxSessions``):
+    the command never started, so it may be sent again."""
 
 
 def control_dir() -> Path:
@@ -201,17 +213,32 @@ class OpenSSHRunner:
         self._gate()
         full = [*base_argv(self.alias, accept_new=self.accept_new_host_key, connect_timeout=self.connect_timeout), line]
         t0 = time.monotonic()
-        self.calls += 1
-        try:
-            p = subprocess.run(full, input=stdin, capture_output=True, text=True, timeout=timeout,
-                               stdin=None if stdin is not None else subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired as e:
-            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            return RunResult(argv, -1, out, f"timed out after {timeout:.0f}s", time.monotonic() - t0, timed_out=True)
-        except FileNotFoundError:
-            raise RemoteError("the `ssh` command is not installed here",
-                              hint="install OpenSSH's client, or re-add the cluster with --host (built-in SSH)") from None
-        res = RunResult(argv, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+        for wait in (*SESSION_RETRY_S, None):
+            self.calls += 1
+            try:
+                p = subprocess.run(full, input=stdin, capture_output=True, text=True, timeout=timeout,
+                                   stdin=None if stdin is not None else subprocess.DEVNULL, check=False)
+            except subprocess.TimeoutExpired as e:
+                out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+                return RunResult(argv, -1, out, f"timed out after {timeout:.0f}s", time.monotonic() - t0, timed_out=True)
+            except FileNotFoundError:
+                raise RemoteError("the `ssh` command is not installed here",
+                                  hint="install OpenSSH's client, or re-add the cluster with --host (built-in SSH)") from None
+            refused = bool(_MUX_REFUSED.search(p.stderr))
+            if not (refused and p.returncode == 255 and _NEVER_STARTED.search(p.stderr)):
+                break
+            # another process's session holds the site's one session: never started, so wait and send again
+            if wait is None:
+                raise SessionRefused(
+                    f"{self.name} refused a session over the open SSH master, {len(SESSION_RETRY_S) + 1} times: "
+                    f"the site allows few sessions per login (sshd MaxSessions); `{argv[0]}` was not sent",
+                    hint="another chainrun command on this machine may hold it; try again")
+            log.info("openssh %s: session refused over the master (another one in use); again in %.1fs", self.name, wait)
+            time.sleep(wait)
+        stderr = p.stderr
+        if refused:  # ssh ran it over a connection of its own (a key-only site): its notes are not the command's
+            stderr = "".join(ln for ln in p.stderr.splitlines(keepends=True) if not _MUX_NOISE.match(ln))
+        res = RunResult(argv, p.returncode, p.stdout, stderr, time.monotonic() - t0)
         if p.returncode == 255:
             self._raise_if_ssh_failed(res)
         self._failures, self._retry_at = 0, 0.0
@@ -310,6 +337,13 @@ def login(cluster, *, persist: str = "yes", accept_new: bool = False) -> dict:
                 f"logged in to {cluster.name}, but no SSH master stayed open: multiplexing is disabled",
                 hint="ControlMaster/ControlPersist must be allowed on this machine's ssh; "
                 "on Windows' OpenSSH it is not (use WSL)")
+    sessions = sessions_allowed(alias)
+    if sessions == "none":
+        master_exit(alias)  # a master nothing can run over is only a held login
+        raise RemoteError(f"{cluster.name} disables SSH multiplexing: the server refuses every session over the "
+                          "master (sshd MaxSessions 0)",
+                          hint="chainrun cannot reuse one login there; run the watcher on a login node instead "
+                          "(docs/remote-clusters.md, \"Running unattended\")")
     probe = OpenSSHRunner(cluster, connect_timeout=15)
     try:
         res = probe.run(["true"], 60)
@@ -317,14 +351,40 @@ def login(cluster, *, persist: str = "yes", accept_new: bool = False) -> dict:
         raise RemoteError(f"the SSH master for {cluster.name} is open, but a command over it still asked to log in",
                           hint="the site may forbid multiplexed sessions; run the watcher on a login node instead "
                           "(docs/remote-clusters.md)") from None
-    except RemoteUnreachable as e:
-        if re.search(r"session open refused|administratively prohibited|open failed", e.message, re.IGNORECASE):
-            raise RemoteError(f"{cluster.name} disables SSH multiplexing (sessions over the master are refused)",
-                              hint="chainrun cannot reuse one login there; run the watcher on a login node "
-                              "instead (docs/remote-clusters.md)") from None
-        raise
     if not res.ok:
         raise RemoteError(f"logged in to {cluster.name}, but `true` failed: {res.first_error_line()}",
                           hint="check that the account has a working shell")
     return {"cluster": cluster.name, "alias": alias, "already_open": already, "persist": persist,
-            "control_dir": str(control_dir())}
+            "control_dir": str(control_dir()), "sessions": sessions}
+
+
+def sessions_allowed(alias: str, timeout: float = 60.0) -> str:
+    """How many sessions the server allows over the open master: "many", "one" (sshd
+    ``MaxSessions 1``, how sites turn multiplexing off: our ``-N`` master holds no session, so
+    one command at a time still runs) or "none" (``MaxSessions 0``). One command, then a second
+    while a first is held open; each asked once (no retries) and read from ssh's own words."""
+    argv = base_argv(alias)
+
+    def one_more() -> bool:  # True if the server refused the session over the master
+        p = subprocess.run([*argv, "true"], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL, check=False)
+        return bool(_MUX_REFUSED.search(p.stderr))
+
+    if one_more():
+        return "none"
+    held = subprocess.Popen([*argv, "echo held; exec cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        import select
+
+        ready, _, _ = select.select([held.stdout], [], [], timeout)
+        if not ready or held.stdout.readline().strip() != "held":  # not held open: a second one tells nothing
+            return "many"
+        return "one" if one_more() else "many"
+    finally:
+        held.stdin.close()  # `cat` ends, and with it the session
+        try:
+            held.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            held.kill()
+            held.wait()

@@ -113,11 +113,11 @@ MFA_PORT = 2224
 CERT_PORT = 2225
 
 
-def _start_kind(kind: str, dir_: Path, port: int) -> Server:
+def _start_kind(kind: str, dir_: Path, port: int, **env: str) -> Server:
     if os.geteuid() != 0:
         _need(f"the {kind} test server needs root")
     p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(dir_)],
-                       env={**os.environ, "CHAINRUN_SSH_PORT": str(port), "CHAINRUN_SSH_KIND": kind},
+                       env={**os.environ, "CHAINRUN_SSH_PORT": str(port), "CHAINRUN_SSH_KIND": kind, **env},
                        capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
         _need(f"the {kind} sshd did not start: {p.stderr.strip()[-500:]}")
@@ -134,6 +134,26 @@ def mfa_server(ssh_server) -> Server:
 def cert_server(ssh_server) -> Server:
     """sshd on :2225 taking only a user certificate of its test CA; its host key is a certificate too."""
     return _start_kind("cert", Path("/tmp/chainrun-sshd-cert"), CERT_PORT)
+
+
+ONE_SESSION_PORT = 2226
+NO_SESSION_PORT = 2227
+
+
+@pytest.fixture(scope="session")
+def one_session_server(ssh_server) -> Server:
+    """A key-only sshd on :2226 with ``MaxSessions 1``, how sites turn multiplexing off (stopped afterwards)."""
+    server = _start_kind("plain", Path("/tmp/chainrun-sshd-one"), ONE_SESSION_PORT, CHAINRUN_SSH_MAX_SESSIONS="1")
+    yield server
+    stop(server)
+
+
+@pytest.fixture(scope="session")
+def no_session_server(ssh_server) -> Server:
+    """A key-only sshd on :2227 with ``MaxSessions 0``: logins work, every session is refused."""
+    server = _start_kind("plain", Path("/tmp/chainrun-sshd-none"), NO_SESSION_PORT, CHAINRUN_SSH_MAX_SESSIONS="0")
+    yield server
+    stop(server)
 
 
 def host_block(alias: str, server: Server, known_hosts: Path | None = None, **extra: str) -> str:

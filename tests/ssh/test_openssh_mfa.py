@@ -64,9 +64,11 @@ def in_pty(args: list[str], home: Path, *, answer: str | None = None, timeout: f
 
 
 def segment_jobs(chain: str) -> dict[int, list[str]]:
-    """Slurm's own view (squeue here, as root): the job ids of each of the chain's segments."""
+    """Slurm's own view (squeue here, as root): the job ids of each of the chain's segments. The
+    cluster is the one the remote shell reaches (/etc/slurm/slurm.conf), not this process's SLURM_CONF."""
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
     out = subprocess.run(["squeue", "-h", "-u", REMOTE_USER, "-o", "%i %j"], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env=env).stdout
     jobs: dict[int, list[str]] = {}
     for line in out.splitlines():
         job, name = line.split(None, 1)
@@ -216,3 +218,58 @@ def test_certificates_both_ways_over_openssh_only(tmp_path, cert_server, openssh
     (home2 / "known_hosts").write_text(cert_server.known_hosts.read_text())
     pm = run_cli(*cert_server.add_args("pm"), home=home2)
     assert pm.returncode == 8 and "@cert-authority" in pm.stderr and "--ssh" in pm.stderr, pm.stderr
+
+
+@pytest.mark.slurm
+def test_a_cluster_waiting_for_a_login_is_notified_once_said_by_status_and_the_others_move(
+        mfa_home, mfa_server, slurm_cluster, tmp_path, monkeypatch):
+    """Ticks from a scheduler (`watch --once`, each a new process) while the MFA site's master is
+    closed: each says one line, ONE mail goes out for all of them, `status` says the chain there is
+    not ticked and why, and a chain on the local cluster keeps moving meanwhile."""
+    from tests.ux.notifyhelpers import fake_sendmail, mails
+
+    home = mfa_home
+    log = fake_sendmail(tmp_path / "bin")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")  # the ticks' sendmail
+    with open(home / "config.toml", "a") as f:
+        f.write('\n[notify]\nmail = "me@example.org"\nmail_command = "sendmail"\n')
+    code = (mfa_server.dir / "mfa-code").read_text().strip()
+    assert in_pty(["cluster", "login", "mfa"], home, answer=code)[1] == 0
+    toy = str(REPO / "templates" / "toy_train.sh")
+    sub = run_cli("submit", toy, "--cluster", "mfa", "--total", "2m", "--signal", "USR2@50", "--policy", "dependency",
+                  "--json", "--", f"--export=ALL,CHAINRUN_TOY={TOY_DIR / 'toy_train.sh'}", home=home, cwd=home)
+    assert sub.returncode == 0, sub.stderr
+    remote = json.loads(sub.stdout)["data"]["chain"]
+    work = tmp_path / "work"
+    work.mkdir()
+    sub = run_cli("submit", toy, "--total", "2m", "--signal", "USR2@50", "--policy", "dependency", "--json",
+                  home=home, cwd=work)
+    assert sub.returncode == 0, sub.stderr
+    local = json.loads(sub.stdout)["data"]["chain"]
+    try:
+        assert run_cli("cluster", "logout", "mfa", home=home).returncode == 0
+        for _ in range(3):  # three scheduled ticks
+            shown, rc, prompts = in_pty(["watch", "--once", "--plain"], home)
+            assert rc == 0 and prompts == 0, shown
+            lines = [ln for ln in shown.splitlines() if " warning: mfa: " in ln]
+            assert len(lines) == 1 and "log in again: `chainrun cluster login mfa`" in lines[0], shown
+        sent = mails(log)
+        assert len(sent) == 1, sent  # one notification, not one per tick
+        assert "mfa needs you to log in" in sent[0] and "chainrun cluster login mfa" in sent[0]
+        st = {d["id"]: d for d in json.loads(run_cli("status", "--json", home=home).stdout)["data"]}
+        assert st[local]["segments"] >= 2, st[local]  # dependency: the local chain's successor went out meanwhile
+        assert st[remote]["untended"]["failing"] and st[local]["untended"]["failing"] == ""
+        plain = run_cli("status", "--plain", home=home, env={"COLUMNS": "400"}).stdout
+        said = [ln for ln in plain.splitlines() if "untended:" in ln]
+        assert len(said) == 1 and "ticks of mfa fail since" in said[0] and "cluster login mfa" in said[0], plain
+        assert "needs a tick" in said[0]
+
+        assert in_pty(["cluster", "login", "mfa"], home, answer=code)[1] == 0
+        shown, rc, _ = in_pty(["watch", "--once", "--plain"], home)
+        assert rc == 0 and "log in again" not in shown, shown
+        st = {d["id"]: d for d in json.loads(run_cli("status", "--json", home=home).stdout)["data"]}
+        assert not st[remote]["untended"]["stale"] and st[remote]["untended"]["last_tick"], st[remote]["untended"]
+        assert len(mails(log)) == 1
+    finally:
+        run_cli("cancel", remote, home=home)
+        run_cli("cancel", local, home=home)

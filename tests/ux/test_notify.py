@@ -114,7 +114,11 @@ def test_long_gap_noticed_at_start_when_the_watcher_was_not_running(store):
 
 
 def test_failures_are_retried_then_logged_never_fatal(store, caplog, tmp_path, monkeypatch, chainrun_home):
-    monkeypatch.setenv("PATH", str(tmp_path))  # no sendmail, no mail
+    # a sendmail that fails (a machine may have a real one in /usr/sbin, which a bare PATH would not hide)
+    failing = tmp_path / "sendmail"
+    failing.write_text("#!/bin/sh\necho 'sendmail: cannot connect' >&2\nexit 75\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     with webhook_server(status=500) as (url, got):
         hooks = named(chainrun_home, hook=url, nobody="http://127.0.0.1:9/nobody")
         n = Notifier(store, load_config(extra_targets=hooks + ["me@example.org"]))
@@ -194,7 +198,7 @@ def test_config_defaults_and_other_tables_untouched(chainrun_home):
     (chainrun_home / "config.toml").write_text(text)
     cfg = load_config(extra_targets=["you@example.org"])
     assert cfg.webhooks == ["https://hooks.example/a/b"] and cfg.mails == ["me@example.org", "you@example.org"]
-    assert cfg.gap_s == 2700 and cfg.mail_command == "mail" and cfg.on == {"completed", "failed", "gap"}
+    assert cfg.gap_s == 2700 and cfg.mail_command == "mail" and cfg.on == {"completed", "failed", "gap", "login"}
     assert (chainrun_home / "config.toml").read_text() == text
     assert redact("https://hooks.slack.com/services/T/B/X") == "https://hooks.slack.com/..."
 
