@@ -7,7 +7,7 @@
 # Core only (no torch, template tests left out; CI never does this):
 #   scripts/test.sh --core        or        CHAINRUN_TEST_CORE=1 scripts/test.sh
 # Other arguments go to pytest, e.g.: scripts/test.sh -k parsers (then one pytest run, main cluster).
-# Without arguments the suite runs in two lanes at once, each on its own real test cluster (see below);
+# Without arguments the suite runs in three lanes at once, each on its own real test cluster (see below);
 # CHAINRUN_TEST_LANES=1 runs it as one lane.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -43,33 +43,49 @@ if (($#)) || [[ ${CHAINRUN_TEST_LANES:-2} == 1 ]]; then
   exec "${PYTEST[@]}" "$@"
 fi
 
-# The whole suite: two lanes at once, each on its own real cluster. Most of the suite's time is
-# real chains waiting for real Slurm (sleeps, not CPU), so two clusters halve the wall time without
-# one lane's jobs queueing behind the other's. Lane B (the modules below) runs on a second cluster
-# under /tmp/chainrun-slurm-b (own slurmctld, slurmd x4, slurmdbd and MariaDB on other ports);
-# lane A, everything else, on the main cluster, which the SSH tests' remote shell also reaches.
+# The whole suite: three lanes at once, each on its own real cluster. Most of the suite's time is
+# real chains waiting for real Slurm (sleeps, not CPU), so separate clusters cut the wall time without
+# one lane's jobs queueing behind another's. Lanes B and C (the modules below) run on their own
+# clusters under /tmp/chainrun-slurm-b and -c (own slurmctld, slurmd x4, slurmdbd and MariaDB on other
+# ports); lane A, everything else, on the main cluster, which the SSH tests' remote shell also reaches.
+# Each lane prints its slowest tests (--durations) so the next rebalance starts from numbers.
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
         tests/ux/test_slurm_ux.py tests/chain/test_elastic_slurm.py
         tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py tests/predict/test_slurm_doubt.py
         tests/chain/test_requeue_slurm.py tests/install/test_login_node_install.py)
-lane_b=(); ignore_b=()
+LANE_C=(tests/chain/test_placement_slurm.py tests/reliability/test_faults_slurm.py tests/chain/test_template_saves.py
+        tests/chain/test_elastic_filler_slurm.py tests/chain/test_wrapper_field_slurm.py
+        tests/chain/test_schedule_slurm.py)
+lane_b=(); lane_c=(); ignore=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue
   [[ $core == 1 && $f == tests/ux/test_slurm_ux.py ]] && continue
-  lane_b+=("$f"); ignore_b+=("--ignore=$f")
+  lane_b+=("$f"); ignore+=("--ignore=$f")
+done
+for f in "${LANE_C[@]}"; do
+  [[ -e $f ]] || continue
+  lane_c+=("$f"); ignore+=("--ignore=$f")
 done
 B_DIR=${CHAINRUN_SLURM_B_DIR:-/tmp/chainrun-slurm-b}
+C_DIR=${CHAINRUN_SLURM_C_DIR:-/tmp/chainrun-slurm-c}
 CHAINRUN_SLURM_PORT_BASE=8817 CHAINRUN_SLURM_DB_PORT=3309 CHAINRUN_SLURM_ETC_LINK=0 \
   bash scripts/start-cluster.sh "$B_DIR" >/dev/null
-b_log=$(mktemp /tmp/chainrun-lane-b.XXXXXX.log)
-echo "[test] lane B (${#lane_b[@]} modules) on the second cluster $B_DIR; its output follows lane A's" >&2
-SLURM_CONF=$B_DIR/etc/slurm.conf "${PYTEST[@]}" "${lane_b[@]}" >"$b_log" 2>&1 &
+CHAINRUN_SLURM_PORT_BASE=8917 CHAINRUN_SLURM_DB_PORT=3310 CHAINRUN_SLURM_ETC_LINK=0 \
+  bash scripts/start-cluster.sh "$C_DIR" >/dev/null
+b_log=$(mktemp /tmp/chainrun-lane-b.XXXXXX.log); c_log=$(mktemp /tmp/chainrun-lane-c.XXXXXX.log)
+echo "[test] lane B (${#lane_b[@]} modules) on $B_DIR, lane C (${#lane_c[@]} modules) on $C_DIR; their output follows lane A's" >&2
+SLURM_CONF=$B_DIR/etc/slurm.conf "${PYTEST[@]}" --durations=15 "${lane_b[@]}" >"$b_log" 2>&1 &
 b_pid=$!
-trap 'kill "$b_pid" 2>/dev/null' EXIT
-rc_a=0; "${PYTEST[@]}" "${ignore_b[@]}" || rc_a=$?
+SLURM_CONF=$C_DIR/etc/slurm.conf "${PYTEST[@]}" --durations=15 "${lane_c[@]}" >"$c_log" 2>&1 &
+c_pid=$!
+trap 'kill "$b_pid" "$c_pid" 2>/dev/null' EXIT
+rc_a=0; "${PYTEST[@]}" --durations=25 "${ignore[@]}" || rc_a=$?
 rc_b=0; wait "$b_pid" || rc_b=$?
+rc_c=0; wait "$c_pid" || rc_c=$?
 trap - EXIT
 echo; echo "================ lane B: ${lane_b[*]} (cluster $B_DIR) ================"
 cat "$b_log"; rm -f "$b_log"
-echo "[test] lane A exit $rc_a, lane B exit $rc_b" >&2
-((rc_a == 0 && rc_b == 0))
+echo; echo "================ lane C: ${lane_c[*]} (cluster $C_DIR) ================"
+cat "$c_log"; rm -f "$c_log"
+echo "[test] lane A exit $rc_a, lane B exit $rc_b, lane C exit $rc_c" >&2
+((rc_a == 0 && rc_b == 0 && rc_c == 0))
