@@ -111,9 +111,9 @@ def main() -> None:
     from predict_deadline import SEED, classifier  # the same classifier as the deadline study (bench/ is on the path)
 
     from chainrun.predict.evaluate import HORIZONS
-    from chainrun.predict.model import estimate_capacity, queries_of
     from chainrun.predict.features import FEATURES, build_features
     from chainrun.predict.prep import prepare
+    from chainrun.predict.training import estimate_capacity, queries_of
     from chainrun.predict.service import parse_date
     from chainrun.traces import read_trace
 

@@ -35,10 +35,11 @@ import time
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
+from chainrun.predict.distribution import QUANTILES, pinball, prob_within_matrix, qname
 from chainrun.predict.features import USER_WINDOW, build_features, log_wait
 from chainrun.predict.forest import SklearnLeafForest
-from chainrun.predict.model import QUANTILES, _qname, fit_predictor, pinball, queries_of, training_rows
 from chainrun.predict.prep import default_since, prepare
+from chainrun.predict.training import fit_predictor, queries_of, training_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,34 +54,6 @@ REFIT_EVERY_S = 86400.0
 RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 5, "max_features": 0.6}
 # scikit-learn serves this baseline only: it is the `eval` extra, not a dependency
 NO_SKLEARN = "random_forest left out: scikit-learn is not installed (pip install 'chainrun[eval]')"
-
-
-def _z():
-    from statistics import NormalDist
-
-    return [NormalDist().inv_cdf(q) for q in QUANTILES]
-
-
-def prob_within_matrix(pred_log, h_s: float) -> "np.ndarray":
-    """P(wait <= h) per row of log10 quantiles (rows x QUANTILES): the curve of
-    :meth:`chainrun.predict.model.Prediction.prob_within`, vectorised."""
-    import numpy as np
-    from scipy.special import ndtr
-
-    from chainrun.predict.model import TAIL_SLOPE
-
-    v = np.maximum.accumulate(np.asarray(pred_log, float), axis=1)
-    z = np.asarray(_z())
-    x = np.log10(max(h_s, 1.0))
-    lo = np.maximum((v[:, 1] - v[:, 0]) / (z[1] - z[0]), TAIL_SLOPE)
-    hi = np.maximum((v[:, -1] - v[:, -2]) / (z[-1] - z[-2]), TAIL_SLOPE)
-    out = np.where(x < v[:, 0], z[0] - (v[:, 0] - x) / lo, z[-1] + (x - v[:, -1]) / hi)
-    for k in range(len(z) - 1):
-        inside = (v[:, k] <= x) & (x < v[:, k + 1])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            zz = z[k] + (x - v[:, k]) * (z[k + 1] - z[k]) / (v[:, k + 1] - v[:, k])
-        out = np.where(inside, zz, out)
-    return ndtr(out)
 
 
 def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
@@ -101,7 +74,7 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
     for j, q in enumerate(QUANTILES):
         below = np.where(obs, (y < p[:, j] - 1e-9) + 0.5 * (np.abs(y - p[:, j]) <= 1e-9), 0.0)
         cal[f"q{int(round(q * 100))}"] = round(float(below.mean()), 4)
-    pin = {_qname(q): round(pinball(ys, ps[:, j], q), 4) for j, q in enumerate(QUANTILES)}
+    pin = {qname(q): round(pinball(ys, ps[:, j], q), 4) for j, q in enumerate(QUANTILES)}
     j10, j90, j98 = QUANTILES.index(0.1), QUANTILES.index(0.9), QUANTILES.index(0.98)
     dl = {}
     for h, hs in HORIZONS.items():
@@ -136,7 +109,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
     for diagnostics such as bench/predict_deadline.py."""
     import numpy as np
 
-    from chainrun.predict.model import KIND, KINDS
+    from chainrun.predict.training import KIND, KINDS
 
     kind = kind or KIND
     other = next(k for k in KINDS if k != kind) if other_kind else None
