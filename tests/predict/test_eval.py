@@ -52,7 +52,7 @@ def test_probability_matrix_matches_the_prediction_object():
 
 def test_deadline_answer_at_one_half_is_the_median_rule():
     """P(wait <= H) >= 0.5 exactly when q50 <= H: the deadline accuracy at 0.5 depends on the
-    median alone (docs/model.md, "Why deadline accuracy stops near 0.8"); the curve's shape
+    median alone (docs/model.md, "Why deadline accuracy stops short of the target"); the curve's shape
     between levels moves the Brier score, not the accuracy."""
     from chainrun.predict.distribution import QUANTILES, prob_within_matrix
 

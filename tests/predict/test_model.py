@@ -161,7 +161,7 @@ def test_fit_is_fast_enough_for_the_simulator():
     df = synthetic_history(5000, seed=9, users=40)
     t0 = time.perf_counter()
     fit_predictor(df)
-    assert time.perf_counter() - t0 < 10.0  # ~1-2 s here; 15k LS6 rows take ~4 s (docs/model.md)
+    assert time.perf_counter() - t0 < 10.0  # ~1-2 s here
 
 
 def _timed(f, *a):
