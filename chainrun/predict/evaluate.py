@@ -184,25 +184,17 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
                 _answer(sets[s], rows, step, users=p["user"].astype(str).to_numpy()[sets[s].rows[rows]],
                         other=other)
     report = {s: _report(sc, names) for s, sc in sets.items()}
-
-    def window(idx, extra):
-        s = sub[idx]
-        return {"from": _iso(s.min()) if len(s) else None, "to": _iso(s.max()) if len(s) else None,
-                "n": int(len(idx)), **extra}
-
-    train_idx = training_rows(p, since=warm, until=train_until)
     cens = p["censored"].to_numpy(bool)
-    extra = {"rows": _kept_rows(sets["with_rule"], names, p)} if keep_rows else {}
-    return {**extra,
+    return {**({"rows": _kept_rows(sets["with_rule"], names, p)} if keep_rows else {}),
         "models": report["with_rule"]["models"],
         "deadline_baselines": report["with_rule"]["deadline_baselines"],
         "without_dependency_rule": report["without_rule"],
-        "train": window(train_idx, {
+        "train": _window(sub, training_rows(p, since=warm, until=train_until), {
             "warmup_until": _iso(warm), "until": _iso(train_until),
             "user_models": sorted(user_models), "fit_seconds": {k: round(v, 2) for k, v in timing.items()},
             "calibration_rows_first_fit": first.meta["training_window"]["calibration_rows"],
         }),
-        "test": window(sets["with_rule"].rows, {
+        "test": _window(sub, sets["with_rule"].rows, {
             "until": _iso(test_until), "refit_every_h": round(refit_every_s / 3600.0, 3), "refits": refits,
             "excluded_dependency_like": int((in_test & dep).sum()),
             "never_started": int((in_test & cens & ~dep).sum()),
@@ -215,6 +207,13 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         "seconds": round(time.time() - t0, 1),
         "notes": notes,
     }
+
+
+def _window(sub, idx, extra: dict) -> dict:
+    """The submit-time span and size of the jobs ``idx``, with ``extra``."""
+    s = sub[idx]
+    return {"from": _iso(s.min()) if len(s) else None, "to": _iso(s.max()) if len(s) else None,
+            "n": int(len(idx)), **extra}
 
 
 def _scored_sets(p: "pd.DataFrame", in_test, X_all, feats: dict, names: list) -> "dict[str, _Scored]":
