@@ -12,7 +12,7 @@ came from 29 waits. Two rules, both from first principles, none tuned on a score
    of training jobs this moves nothing (q0.98 with 10 000 jobs: read at 0.982); with 29 jobs
    q0.9 is read at 0.99. A level whose bound passes n / (n + 1), the highest level n waits can
    vouch for (split-conformal rank), is *beyond the history*: the history is **short** for
-   the levels the watcher acts on when q0.98's bound is (about 250 jobs).
+   the levels the watcher acts on when q0.98's bound is (under ``rows_backing()`` training jobs).
 2. **Lean on Slurm where the model is out of its depth**: the history is short, or the live
    queue is busier than anything in it (a load feature above its training maximum, or the
    free-node share below its minimum: trees answer such a queue like the busiest one they saw).
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from chainrun.predict.model import TAIL_SLOPE, Prediction
+from chainrun.predict.distribution import TAIL_SLOPE, Prediction
 
 if TYPE_CHECKING:
     import numpy as np
