@@ -41,10 +41,12 @@ def needs_tick(chain: Chain) -> bool:
     return chain.status == ACTIVE or bool(chain.extra.get("settling"))
 
 
-def settle(chain: Chain, s: Segment, row: AcctRow, info: dict[str, str]) -> tuple[float, str]:
+def settle(chain: Chain, s: Segment, row: AcctRow, info: dict[str, str],
+           earlier: list[outcomes.Run] | None = None) -> tuple[float, str]:
     """Fill in a cancelled segment from its final sacct row and the wrapper's file; returns the
     seconds it trained and the event text. A job that ended on its own before the cancel reached
-    it (e.g. it found the chain finished) keeps the outcome its own ending says."""
+    it (e.g. it found the chain finished) keeps the outcome its own ending says. ``earlier``: the
+    runs of a requeued job before its last one (outcomes.earlier_runs): their figures add up."""
     s.slurm_state, s.exit_code = row.state, row.exit_code
     s.submit, s.eligible, s.start, s.end = row.submit or s.submit, row.eligible, row.start, row.end
     s.extra.pop("settle", None)
@@ -63,6 +65,9 @@ def settle(chain: Chain, s: Segment, row: AcctRow, info: dict[str, str]) -> tupl
     held = max(0.0, row.end - row.start) if row.start and row.end else 0.0
     text = f"{what} {how}: " + (f"held its allocation {format_duration(held)}, trained {format_duration(trained)}"
                                 if row.start else "it never started")
+    if earlier:
+        summed = outcomes.add_earlier_runs(outcomes.Result(s.outcome, trained, s.reason, text), s, earlier)
+        return summed.credit_s, summed.message
     return trained, text
 
 

@@ -451,6 +451,11 @@ def test_rerun_of_the_owner_claims_the_next_generation_at_once(chain):
     assert (_ctl(chain) / "owner.1").read_text().count("restart=1") == 1
     assert not (_ctl(chain) / "handoff.0").exists()
     _stop(chain, "1200")
+    # each run keeps its own record (the watcher sums a requeued job's runs): the killed first run's
+    # training start, the rerun's outcome
+    run0, run1 = (parse_outcome((_ctl(chain) / f"seg-0.run-{r}").read_text()) for r in (0, 1))
+    assert run0["phase"] == "training" and run0["restart"] == "0" and float(run0["payload_start"]) < t, run0
+    assert run1["outcome"] == "continue" and run1["restart"] == "1" and float(run1["payload_start"]) >= int(t), run1
     chain.assert_never_two_at_once()
 
 
@@ -465,6 +470,8 @@ def test_rerun_of_a_predecessor_never_takes_the_chain_from_its_successor(chain):
     out = parse_outcome((_ctl(chain) / "seg-0.rerun-1").read_text())
     assert out["outcome"] == "unstarted" and "superseded" in out["reason"] and out["restart"] == "1", out
     assert chain.outcome(0)["outcome"] == "handoff"  # what the first run did stays the job's outcome
+    run0, run1 = (parse_outcome((_ctl(chain) / f"seg-0.run-{r}").read_text()) for r in (0, 1))
+    assert run0["outcome"] == "handoff" and "payload_end" in run0 and run1["outcome"] == "unstarted", (run0, run1)
     assert not (_ctl(chain) / "handoff.1").exists() and chain.jobs["1301"].poll() is None
     _stop(chain, "1301")
     chain.assert_never_two_at_once()
@@ -558,7 +565,9 @@ if [[ ! -e {chain.tmp}/scancel-failed ]]; then touch {chain.tmp}/scancel-failed;
     log = (chain.tmp / "job-1701.out").read_text()
     assert "scancel 1700 failed (scancel: error: Socket timed out): trying again" in log, log
     assert time.time() < end + 40  # ended by the owner's end + grace, then one retry (10 s checks)
-    assert parse_outcome((_ctl(chain) / "cancel.0").read_text())["how"] == "TERM"
+    cut = parse_outcome((_ctl(chain) / "cancel.0").read_text())  # who stopped the owner and why: for the watcher
+    assert (cut["how"], cut["job"], cut["gen"], cut["by"], cut["by_seg"]) == ("TERM", "1700", "0", "1701", "1"), cut
+    assert int(cut["deadline"]) == end + 2 and int(cut["timeout"]) > 0 and cut["requested"].isdigit(), cut
     chain.finish("1700")
     assert chain.outcome(0)["outcome"] in ("handoff", "continue")  # it ended normally, with its checkpoint
     _stop(chain, "1701")
@@ -607,3 +616,32 @@ def test_handoff_bound_is_the_longer_of_the_signal_lead_plus_a_margin_and_the_sa
     p = subprocess.run(["bash", "-c", f"source <(sed -n '/^CHAINRUN_CHAIN_ID=/,/^CHAINRUN_HANDOFF_TIMEOUT=/p' {w}); "
                         "echo $CHAINRUN_HANDOFF_TIMEOUT"], capture_output=True, text=True, env=env)
     assert p.stdout.strip() == str(want), p.stderr
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter (R, S, T stopped, Z zombie...), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_a_payload_that_crashed_while_the_wrapper_ran_its_signal_trap_is_a_checkpoint_crash(chain):
+    """The cause of a CI flake (finish returned 0 under load): the signal cut the wrapper's `wait` short,
+    and the payload crashed on it and was reaped while the trap still ran. The wrapper took the trap's
+    status (128 + USR2) for the payload's, counted it "stopped by the signal" and wrote `continue`.
+    Made certain here: the wrapper is stopped while its payload crashes on the signal and the wrapper's
+    own signal is pending, then continued."""
+    _train_alone(chain, "520", CRASH_ON_SAVE="1")
+    wrapper, payload = chain.jobs["520"].pid, int((_ctl(chain) / "seg-0.pid").read_text())
+    os.kill(wrapper, signal.SIGSTOP)
+    try:
+        chain.wait_for(lambda: _proc_state(wrapper) == "T", what="the wrapper to stop")  # it cannot reap from now on
+        os.killpg(payload, signal.SIGUSR2)  # as the wrapper would forward it: the payload crashes saving
+        chain.wait_for(lambda: _proc_state(payload) == "Z", what="the payload to exit (a zombie until its wrapper reaps it)")
+        os.kill(wrapper, signal.SIGUSR2)  # the wrapper's own signal, pending beside SIGCHLD
+    finally:
+        os.kill(wrapper, signal.SIGCONT)
+    assert chain.finish("520") == 1, chain.logs()
+    out = chain.outcome(0)
+    assert out["outcome"] == "checkpoint-crash" and out["signaled"] == "1" and out["exit"] == "1", out
