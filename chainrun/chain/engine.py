@@ -348,6 +348,8 @@ class Engine:
                                            partition=c.partition)
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
+        if row.state == "CANCELLED":  # a `chainrun cancel` since this tick read the store is chainrun's cancel
+            settle.adopt_cancel(self.store, c, s)
         info = outcomes.read_outcome_file(self.runner, c, s, run_start=(row.start or row.submit) if s.extra.get("requeues") else None)
         result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c),
                                    cancel_record=lambda gen: outcomes.read_cancel_record(self.runner, c, gen))
@@ -793,6 +795,7 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
 
     segs = store.segments(c.id)
     ids = [s.job_id for s in segs if s.phase in LIVE_PHASES and s.job_id]
+    settle.note_cancel_intent(store, c, segs, time.time())  # in the store before any scancel (settle.adopt_cancel)
     events = cancel_live(slurm, c, segs, reason)
     stuck = [s for s in segs if s.phase in LIVE_PHASES and s.extra.get("cancel_failed")]
     done = [j for j in ids if j not in {s.job_id for s in stuck}]

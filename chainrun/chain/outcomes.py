@@ -118,7 +118,7 @@ def earlier_runs(runner: Runner, chain: Chain, seg: Segment) -> list[Run]:
             ps = _num(rec.get("payload_start"))
             if ps is not None and start - REQUEUE_SLACK_S <= ps <= end + REQUEUE_SLACK_S:
                 pe = _num(rec.get("payload_end"))
-                trained = max(0.0, min(pe if pe is not None else end, end) - ps)  # a lost run: until Slurm ended it
+                trained = max(0.0, (pe if pe is not None else end) - ps)  # a lost run: until Slurm ended it
                 break
         runs.append(Run(start, end, str(r.get("state") or ""), trained, max(0.0, end - start)))
     return runs

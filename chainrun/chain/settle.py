@@ -16,7 +16,8 @@ from __future__ import annotations
 from chainrun.chain import outcomes
 from chainrun.durations import format_duration
 from chainrun.slurm.parsers import AcctRow
-from chainrun.state.records import ACTIVE, CANCELLED_OUT, ENDED, UNSTARTED, SKIPPED, Chain, Segment
+from chainrun.state.records import ACTIVE, CANCELLED_OUT, ENDED, LIVE_PHASES, SKIPPED, UNSTARTED, Chain, Segment
+from chainrun.state.store import Store
 
 GIVE_UP_S = 900  # as the engine's LOST_AFTER_S: a job neither squeue nor sacct shows for this long
 
@@ -30,6 +31,37 @@ def mark_cancelled(chain: Chain, s: Segment, reason: str, now: float) -> None:
         s.extra["settle"] = now
         s.end = None  # squeue's end of a running job is start + limit, not when it will stop
         chain.extra["settling"] = True
+
+
+def note_cancel_intent(store: Store, chain: Chain, segs: list[Segment], now: float) -> None:
+    """Before a `chainrun cancel` runs scancel: the intent is in the store first, so a watcher whose tick
+    read the chain before the cancel never takes the job's CANCELLED for a cancel outside chainrun
+    (adopt_cancel)."""
+    live = [s for s in segs if s.phase in LIVE_PHASES and s.job_id]
+    for s in live:
+        s.extra["cancel_asked"] = now
+    chain.extra["cancel_asked"] = now
+    store.save(chain, live)
+
+
+def adopt_cancel(store: Store, chain: Chain, s: Segment) -> None:
+    """A job Slurm shows CANCELLED that this tick's copy does not know chainrun cancelled: read the store
+    again, since a `chainrun cancel` in another process may have acted after the tick read it. If so, the
+    segment is chainrun's cancel, and the chain keeps the status the cancel gave it (this tick's older
+    copy must not write it back to ACTIVE)."""
+    if s.extra.get("cancel_requested"):
+        return
+    fresh = store.chain(chain.id)
+    seg = next((x for x in store.segments(chain.id) if x.idx == s.idx), None)
+    if not (seg and (seg.extra.get("cancel_requested") or seg.extra.get("cancel_asked"))) \
+            and not fresh.extra.get("cancel_asked"):
+        return
+    s.extra["cancel_requested"] = True
+    if fresh.status != ACTIVE:
+        chain.status, chain.reason, chain.finished = fresh.status, fresh.reason, fresh.finished
+    for k in ("cancel_asked", "cancel_pending", "cancel_reason", "settling"):
+        if k in fresh.extra:
+            chain.extra[k] = fresh.extra[k]
 
 
 def unsettled(segs: list[Segment]) -> list[Segment]:
