@@ -261,11 +261,12 @@ def read_cancel_record(runner: Runner, chain: Chain, gen: str) -> dict[str, str]
 def stopped_by_successor(seg: Segment, row: AcctRow, info: dict[str, str],
                          cancel_record: Callable[[str], dict[str, str]] | None) -> dict[str, str]:
     """The cancel record naming this job, if a successor stopped it (chainrun's own wrapper: never
-    "cancelled outside chainrun"); {} otherwise. Read only for a job that was cancelled or signalled."""
+    "cancelled outside chainrun"); {} otherwise. Read only for a job Slurm shows CANCELLED, or whose
+    wrapper wrote ``cut=1`` (it saw the record naming it when it wrote its outcome: the TERM path)."""
     gen = info.get("gen", "")
     if cancel_record is None or not gen.isdigit():
         return {}
-    if row.state != "CANCELLED" and info.get("signaled") != "1":
+    if row.state != "CANCELLED" and info.get("cut") != "1":  # cut=1: the wrapper saw the record naming it
         return {}
     rec = cancel_record(gen)
     return rec if rec.get("job") and rec.get("job") in (seg.job_id, row.job_id) else {}

@@ -502,7 +502,7 @@ fi
 
 common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
         "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
-        "writer_killed=$writer_killed")
+        "writer_killed=$writer_killed" "cut=$([[ $(field "$CTL/cancel.$my_gen" job) == "$JOB" ]] && echo 1 || echo 0)")
 # exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
 stopped_by_signal() {
   local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)

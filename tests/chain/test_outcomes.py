@@ -166,7 +166,7 @@ CUT = {"job": "7", "gen": "3", "by": "9", "by_seg": "4", "timeout": "120", "requ
 
 @pytest.mark.parametrize("info", [
     {"phase": "training", "gen": "3", "payload_start": "10"},  # the hard scancel killed the wrapper before it wrote
-    {"outcome": "continue", "signaled": "1", "exit": "143", "gen": "3", **TRAINED},  # it wrote on TERM, then was cancelled
+    {"outcome": "continue", "signaled": "1", "exit": "143", "gen": "3", "cut": "1", **TRAINED},  # wrote on TERM, then cancelled
 ])
 def test_an_owner_its_successor_cancelled_is_never_cancelled_outside_chainrun(info):
     asked = []
@@ -182,7 +182,8 @@ def test_an_owner_stopped_by_its_successors_term_says_who_and_why():
     """TERM through scancel --batch: the wrapper passes it on and ends normally (COMPLETED)."""
     cut = {**CUT, "how": "TERM", "deadline": "1060"}  # the owner's own end (+ grace) came before the timeout
     r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("COMPLETED"),
-                 {"outcome": "continue", "signaled": "1", "exit": "0", "gen": "3", **TRAINED}, cancel_record=lambda g: cut)
+                 {"outcome": "continue", "signaled": "1", "exit": "0", "gen": "3", "cut": "1", **TRAINED},
+                 cancel_record=lambda g: cut)
     assert r.outcome == "continue" and r.credit_s == 80
     assert "segment 4 (job 9) sent it TERM: it had not handed off by its own end" in r.message, r.message
 
@@ -194,8 +195,9 @@ def test_a_cancel_no_chainrun_wrote_down_is_still_external(record):
     assert r.outcome == "cancelled" and r.external and "outside chainrun" in r.reason
 
 
-def test_the_cancel_record_is_read_only_for_a_job_that_was_cancelled_or_signalled():
+@pytest.mark.parametrize("info", [{"outcome": "handoff"}, {"outcome": "continue", "signaled": "1", "cut": "0"}])
+def test_the_cancel_record_is_read_only_for_a_job_cancelled_or_one_that_saw_it(info):
     asked = []
     r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("COMPLETED"),
-                 {"outcome": "handoff", "gen": "3", **TRAINED}, cancel_record=lambda g: asked.append(g) or CUT)
-    assert r.outcome == "handoff" and asked == []
+                 {**info, "gen": "3", **TRAINED}, cancel_record=lambda g: asked.append(g) or CUT)
+    assert r.outcome == info["outcome"] and asked == [] and "sent it TERM" not in r.message

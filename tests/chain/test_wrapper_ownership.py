@@ -199,7 +199,7 @@ def test_handoff_request_reaches_the_owner_and_one_successor_claims(chain):
     chain.start(2, "202")  # a second successor (e.g. a stray copy): exactly one may take over
     chain.wait_for(lambda: chain.jobs["200"].poll() is not None, what="job 200 to hand off")
     chain.finish("200")
-    assert chain.outcome(0)["outcome"] == "handoff"
+    assert chain.outcome(0)["outcome"] == "handoff" and chain.outcome(0)["cut"] == "0"
     chain.wait_for(lambda: chain.training("201") and chain.training("202"), what="both successors to train")
     # one claimed generation 1; the other waited for it, asked it to hand off and claimed generation 2
     owners = sorted(p.name for p in (chain.run_dir / "control").glob("owner.*"))
@@ -608,6 +608,7 @@ if [[ ! -e {chain.tmp}/scancel-failed ]]; then touch {chain.tmp}/scancel-failed;
     assert int(cut["deadline"]) == end + 2 and int(cut["timeout"]) > 0 and cut["requested"].isdigit(), cut
     chain.finish("1700")
     assert chain.outcome(0)["outcome"] in ("handoff", "continue")  # it ended normally, with its checkpoint
+    assert chain.outcome(0)["cut"] == "1"  # it saw the record naming it: the watcher reads who cut it, and why
     _stop(chain, "1701")
     chain.assert_never_two_at_once()
 
