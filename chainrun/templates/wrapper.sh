@@ -214,7 +214,7 @@ trap release EXIT
 signaled=0 handoff=0 stop_wait="" signal_at=""
 forward() { [[ -n ${pgid:-} ]] && kill -s "$1" -- "-$pgid" 2>/dev/null; }
 on_signal() {  # $1: the signal's name
-  signaled=1; signal_at=${signal_at:-$(now)}
+  signaled=1 trapped=1; signal_at=${signal_at:-$(now)}
   if [[ -z ${pgid:-} ]]; then stop_wait=$1; return; fi  # still waiting: end the wait cleanly
   [[ $1 != TERM && -e $CTL/handoff.$my_gen ]] && handoff=1
   say "got $1$( ((handoff)) && echo ' (hand-off)'): asking the payload to checkpoint"
@@ -470,12 +470,16 @@ echo "$monitor" > "$ME.monitor"
 
 rc=0
 while :; do
+  trapped=0
   wait "$pid"; rc=$?
+  ((trapped)) || break  # the payload ended: rc is its status
   kill -0 "$pid" 2>/dev/null && continue  # a trap cut the wait short: the payload runs on
-  # it has ended: ask once more for its own status (bash keeps it). The last wait may have been cut
-  # short by a trap (128 + the signal's number) while the payload ended during that trap: a payload
-  # that crashed on the signal must not read as one the signal stopped
-  wait "$pid"; rc=$?
+  # a trap ran and the payload has ended: the wait may have returned the trap's 128 + signal while the
+  # payload ended during the trap (a payload that crashed on the signal must not read as one the signal
+  # stopped). Ask once more: bash gives the status it kept, or an out-of-range value when it has none
+  # (then the first answer stands)
+  wait "$pid"; r=$?
+  ((r >= 0 && r <= 255 && r != 127)) && rc=$r
   break
 done
 # release only once no process of the payload is left: its children may outlive the leader (data

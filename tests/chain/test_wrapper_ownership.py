@@ -720,6 +720,34 @@ def _proc_state(pid: int) -> str:
         return ""
 
 
+IGNORES_USR2_DIES_OF_TERM = """#!/bin/bash
+trap '' USR2
+while :; do echo "step $SLURM_JOB_ID $(date +%s.%N) ${CHAINRUN_GENERATION:-?} 0" >> "$CHAINRUN_CHECKPOINT_DIR/steps.log"; sleep 0.2; done
+"""
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_payload_killed_by_term_at_the_limit_beside_its_wrapper_is_stopped_not_crashed(chain, stopped):
+    """Slurm's TERM at the limit reaches every process of the job at once: the payload (no TERM handler)
+    dies of it while the wrapper runs its own TERM trap. Its status is 143, "stopped at its limit", never
+    a checkpoint crash (a first fix read bash's status a second time and got none: exit=-1, seen on the
+    real cluster). ``stopped``: the wrapper is held while both signals land, so the trap cuts its wait."""
+    (chain.tmp / "train.sh").write_text(IGNORES_USR2_DIES_OF_TERM)
+    _train_alone(chain, "530")
+    wrapper, payload = chain.jobs["530"].pid, int((_ctl(chain) / "seg-0.pid").read_text())
+    if stopped:
+        os.kill(wrapper, signal.SIGSTOP)
+        chain.wait_for(lambda: _proc_state(wrapper) == "T", what="the wrapper to stop")
+    try:
+        os.killpg(payload, signal.SIGTERM)
+        os.kill(wrapper, signal.SIGTERM)
+    finally:
+        os.kill(wrapper, signal.SIGCONT)
+    assert chain.finish("530") == 0, chain.logs()
+    out = chain.outcome(0)
+    assert out["outcome"] == "continue" and out["exit"] == "143" and out["signaled"] == "1", out
+
+
 def test_a_payload_that_crashed_while_the_wrapper_ran_its_signal_trap_is_a_checkpoint_crash(chain):
     """The cause of a CI flake (finish returned 0 under load): the signal cut the wrapper's `wait` short,
     and the payload crashed on it and was reaped while the trap still ran. The wrapper took the trap's
