@@ -175,7 +175,8 @@ class Engine:
                 if (c.id, s.idx) not in by_seg and now - float(s.extra["settle"]) > settle.GIVE_UP_S:
                     self.store.save(c, [s], [(s.idx, "warning", settle.give_up(s))])
                 continue
-            trained, text = settle.settle(c, s, row, outcomes.read_outcome_file(self.runner, c, s))
+            info = outcomes.read_outcome_file(self.runner, c, s, run_start=(row.start or row.submit) if s.extra.get("requeues") else None)
+            trained, text = settle.settle(c, s, row, info, earlier=outcomes.earlier_runs(self.runner, c, s))
             s.credit_s = trained
             if trained > 0:
                 self._read_progress(c, s)
@@ -347,8 +348,12 @@ class Engine:
                                            partition=c.partition)
 
     def _ended(self, c: Chain, segs: list[Segment], s: Segment, row: AcctRow) -> None:
-        info = outcomes.read_outcome_file(self.runner, c, s, run_start=row.start if s.extra.get("requeues") else None)
-        result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c))
+        if row.state == "CANCELLED":  # a `chainrun cancel` since this tick read the store is chainrun's cancel
+            settle.adopt_cancel(self.store, c, s)
+        info = outcomes.read_outcome_file(self.runner, c, s, run_start=(row.start or row.submit) if s.extra.get("requeues") else None)
+        result = outcomes.classify(c, s, row, info, checkpoint_time=lambda: outcomes.newest_checkpoint(self.runner, c),
+                                   cancel_record=lambda gen: outcomes.read_cancel_record(self.runner, c, gen))
+        result = outcomes.add_earlier_runs(result, s, outcomes.earlier_runs(self.runner, c, s))  # a requeued job's runs
         s.phase, s.slurm_state, s.outcome, s.reason = ENDED, row.state, result.outcome, result.reason
         s.submit, s.eligible, s.start, s.end = row.submit, row.eligible, row.start, row.end
         s.exit_code, s.credit_s = row.exit_code, result.credit_s
@@ -790,6 +795,7 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
 
     segs = store.segments(c.id)
     ids = [s.job_id for s in segs if s.phase in LIVE_PHASES and s.job_id]
+    settle.note_cancel_intent(store, c, segs, time.time())  # in the store before any scancel (settle.adopt_cancel)
     events = cancel_live(slurm, c, segs, reason)
     stuck = [s for s in segs if s.phase in LIVE_PHASES and s.extra.get("cancel_failed")]
     done = [j for j in ids if j not in {s.job_id for s in stuck}]

@@ -84,6 +84,62 @@ def earlier_run(info: dict[str, str], run_start: float) -> bool:
     return when is not None and when < run_start - REQUEUE_SLACK_S
 
 
+@dataclass(frozen=True)
+class Run:
+    """One earlier run of a requeued job: sacct's row of it, and what its wrapper recorded."""
+    start: float
+    end: float
+    state: str
+    trained_s: float
+    held_s: float
+
+
+def earlier_runs(runner: Runner, chain: Chain, seg: Segment) -> list[Run]:
+    """The runs of a requeued job before its last one, oldest first. Slurm's rows of them (``sacct -D``;
+    reconcile.match_rows keeps them in ``seg.extra["runs_before"]``) say when each held its allocation;
+    each run's own record, ``seg-<N>.run-<restart>`` (the wrapper writes it at training start and at its
+    outcome, and no later run overwrites it), says when its payload trained. A run with no record
+    trained nothing that can be shown. One ``cat`` per earlier run: requeues are rare."""
+    rows = seg.extra.get("runs_before") or []
+    records = []
+    for i in range(len(rows)):
+        try:
+            res = runner.run(["cat", control_path(chain.run_dir, seg.idx, f"run-{i}")], 30)
+        except Exception:  # unreachable: the run's training is not known, never guessed
+            continue
+        rec = parse_outcome(res.stdout) if res.ok else {}
+        if rec and not (rec.get("job") and seg.job_id and rec["job"] != seg.job_id):
+            records.append(rec)
+    runs = []
+    for r in rows:
+        start, end = float(r["start"]), float(r["end"])
+        trained = 0.0
+        for rec in records:  # the record whose payload started within this run (restart counts may skip)
+            ps = _num(rec.get("payload_start"))
+            if ps is not None and start - REQUEUE_SLACK_S <= ps <= end + REQUEUE_SLACK_S:
+                pe = _num(rec.get("payload_end"))
+                trained = max(0.0, (pe if pe is not None else end) - ps)  # a lost run: until Slurm ended it
+                break
+        runs.append(Run(start, end, str(r.get("state") or ""), trained, max(0.0, end - start)))
+    return runs
+
+
+def add_earlier_runs(result: Result, seg: Segment, runs: list[Run]) -> Result:
+    """The segment's figures over all its runs: what the earlier runs of a requeued job trained adds to
+    the last run's credit (it never replaces it), and what they held is kept in
+    ``seg.extra["held_before_s"]`` beside the last run's start and end (the chain's allocated time)."""
+    if not runs:
+        return result
+    trained, held = sum(r.trained_s for r in runs), sum(r.held_s for r in runs)
+    seg.extra["earlier_runs"] = [{"start": r.start, "end": r.end, "state": r.state, "trained_s": r.trained_s}
+                                 for r in runs]
+    seg.extra["trained_before_s"], seg.extra["held_before_s"] = trained, held
+    note = (f"{len(runs)} earlier run(s) of the job before Slurm requeued it add {_fmt(trained)} of training "
+            f"({_fmt(held)} held)")
+    return Result(result.outcome, result.credit_s + trained, result.reason, f"{result.message}; {note}",
+                  result.external)
+
+
 def read_tail(runner: Runner, chain: Chain, seg: Segment) -> str:
     """The last lines of a failed segment's output, as the wrapper kept them."""
     res = runner.run(["cat", control_path(chain.run_dir, seg.idx, "tail")], 30)
@@ -102,10 +158,22 @@ def payload_window(info: dict[str, str], row: AcctRow | None) -> tuple[float, fl
 
 
 def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
-             checkpoint_time: Callable[[], float | None] | None = None) -> Result:
+             checkpoint_time: Callable[[], float | None] | None = None,
+             cancel_record: Callable[[str], dict[str, str]] | None = None) -> Result:
     """How the segment ended. ``checkpoint_time`` (asked only for a payload killed after the signal)
     gives the time of its newest checkpoint, so the message says what is known instead of
-    "checkpointed"."""
+    "checkpointed". ``cancel_record`` reads ``control/cancel.<G>`` (read_cancel_record), asked only
+    for a job that was cancelled or signalled: a successor that stopped this owner wrote it."""
+    cut = stopped_by_successor(seg, row, info, cancel_record)
+    result = _classify(chain, seg, row, info, checkpoint_time, cut)
+    if cut and result.outcome != CANCELLED_OUT:
+        text = cut_text(cut)
+        return Result(result.outcome, result.credit_s, f"{result.reason}; {text}", f"{result.message}; {text}")
+    return result
+
+
+def _classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
+              checkpoint_time: Callable[[], float | None] | None, cut: dict[str, str]) -> Result:
     elapsed = _elapsed(row)
     what = f"segment {seg.idx} (job {row.job_id})"
     outcome = info.get("outcome")
@@ -122,7 +190,7 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
         reason = (f"the run folder {chain.run_dir} is not visible on node {node}{seen}: put it on a shared "
                   "filesystem (one every compute node mounts)")
         return Result(NO_RUN_FOLDER, 0.0, reason, f"{what} trained nothing: {reason}")
-    if row.state == "CANCELLED" and not we_cancelled and not (never_trained and outcome == UNSTARTED):
+    if row.state == "CANCELLED" and not we_cancelled and not cut and not (never_trained and outcome == UNSTARTED):
         reason = f"{what} was cancelled outside chainrun ({row.state_detail})"
         return Result(CANCELLED_OUT, trained, reason, reason, external=True)
     if outcome == SKIPPED:
@@ -165,6 +233,11 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
             return Result(UNSTARTED, 0.0, reason, f"{what} {reason}")
         reason = f"{how} after {_fmt(trained)} of training, with no outcome written"
         return Result(CRASH, trained, reason, f"{what} {reason}; the next segment resumes from the last checkpoint")
+    if row.state == "CANCELLED" and cut:  # its successor's scancel ended it before it wrote an outcome
+        saved = _checkpoint_note(checkpoint_time() if checkpoint_time else None, window, checkpoint_time is not None)
+        return Result(CONTINUE, trained, "cancelled by its successor",
+                      f"{what} was cancelled after {_fmt(trained)} of training" + (f"; {saved}" if saved else "")
+                      + "; the next segment resumes from the last checkpoint")
     if row.state == "CANCELLED":
         return Result(CANCELLED_OUT, trained, "cancelled by chainrun", f"{what} cancelled")
     if row.state in _CRASH_STATES or row.state == "COMPLETED":
@@ -172,6 +245,44 @@ def classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
         return Result(CRASH, trained, reason, f"{what} failed: {reason}")
     return Result(CONTINUE, trained if window else elapsed, f"ended {row.state} without an outcome file",
                   f"{what} ended ({row.state})")
+
+
+def read_cancel_record(runner: Runner, chain: Chain, gen: str) -> dict[str, str]:
+    """``control/cancel.<gen>``: written by the wrapper of a segment that stopped the owner of generation
+    ``gen`` (TERM through ``scancel --batch``, then ``scancel``) after it did not hand off in time; {}
+    when there is none or it cannot be read."""
+    try:
+        res = runner.run(["cat", f"{chain.run_dir}/control/cancel.{gen}"], 30)
+    except Exception:  # an unreachable cluster: the watcher knows less, it does not guess
+        return {}
+    return parse_outcome(res.stdout) if res.ok else {}
+
+
+def stopped_by_successor(seg: Segment, row: AcctRow, info: dict[str, str],
+                         cancel_record: Callable[[str], dict[str, str]] | None) -> dict[str, str]:
+    """The cancel record naming this job, if a successor stopped it (chainrun's own wrapper: never
+    "cancelled outside chainrun"); {} otherwise. Read only for a job Slurm shows CANCELLED, or whose
+    wrapper wrote ``cut=1`` (it saw the record naming it when it wrote its outcome: the TERM path)."""
+    gen = info.get("gen", "")
+    if cancel_record is None or not gen.isdigit():
+        return {}
+    if row.state != "CANCELLED" and info.get("cut") != "1":  # cut=1: the wrapper saw the record naming it
+        return {}
+    rec = cancel_record(gen)
+    return rec if rec.get("job") and rec.get("job") in (seg.job_id, row.job_id) else {}
+
+
+def cut_text(rec: dict[str, str]) -> str:
+    """Who stopped an owner that did not hand off, and after which bound (the save timeout)."""
+    by = f"segment {rec.get('by_seg', '?')} (job {rec.get('by', '?')})"
+    how = "sent it TERM, then cancelled it" if rec.get("how") == "scancel" else "sent it TERM"
+    requested, deadline, timeout = _num(rec.get("requested")), _num(rec.get("deadline")), _num(rec.get("timeout"))
+    if requested is not None and deadline is not None and timeout is not None and deadline < requested + timeout:
+        bound = "by its own end (+ grace)"  # the wait never runs past the owner's end
+    else:
+        bound = f"within {_fmt(timeout)} of the request" if timeout is not None else "in time"
+    return (f"{by} {how}: it had not handed off {bound} (the save timeout: max(signal lead + margin, "
+            "--save-timeout); raise --save-timeout if its saves take longer)")
 
 
 def killed_by(info: dict[str, str]) -> str:

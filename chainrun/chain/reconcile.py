@@ -49,12 +49,15 @@ def match_rows(rows: Iterable, recorded: dict[str, list[tuple[object, Segment]]]
     *before* ours (sacct keeps older jobs of a reused id) is history, not a warning.
     """
     mine: dict[tuple[str, int], object] = {}
+    seg_of: dict[tuple[str, int], Segment] = {}
     foreign = []
+    rows = list(rows)
     for row in rows:
         holders = recorded.get(row.job_id) or []
         owners = [(c, s) for c, s in holders if is_ours(c.id, s, row)]
         for c, s in owners:
             key = (c.id, s.idx)
+            seg_of[key] = s
             if key not in mine or (row.submit or 0) >= (mine[key].submit or 0):  # a requeued job: its last run
                 mine[key] = row
         for c, s in holders:
@@ -63,7 +66,26 @@ def match_rows(rows: Iterable, recorded: dict[str, list[tuple[object, Segment]]]
             ref = s.submit or s.intent_at
             if not (ref and row.submit and row.submit < ref - EARLIER_S):
                 foreign.append((c, s, row))
+    for key, last in mine.items():
+        note_earlier_runs(seg_of[key], last, rows)
     return mine, foreign
+
+
+def note_earlier_runs(seg: Segment, last: JobRow, rows: list) -> None:
+    """A requeued job runs again under its id; ``sacct -D`` lists each run as a row (the earlier ones
+    REQUEUED, NODE_FAIL or PREEMPTED, submit times reset by each requeue). The earlier runs of the
+    segment's job, oldest first, go to ``seg.extra["runs_before"]`` (their training is added to the
+    last run's: outcomes.earlier_runs), and ``requeues`` counts them even if no tick saw the job pending
+    again. Rows of an older job that held the id before ours (submitted before our intent) are not runs."""
+    first = min(x for x in (seg.intent_at, seg.submit) if x) if (seg.intent_at or seg.submit) else None
+    before = sorted((r for r in rows if r is not last and r.job_id == last.job_id and r.name == last.name
+                     and r.submit and last.submit and r.submit < last.submit
+                     and getattr(r, "start", None) and getattr(r, "end", None)
+                     and not (first and r.submit < first - EARLIER_S)), key=lambda r: r.submit)
+    if not before:
+        return
+    seg.extra["runs_before"] = [{"start": r.start, "end": r.end, "state": getattr(r, "state", "")} for r in before]
+    seg.extra["requeues"] = max(int(seg.extra.get("requeues") or 0), len(before))
 
 
 def reuse_note(chain_id: str, seg: Segment, row: JobRow) -> str:

@@ -106,6 +106,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
     done = work_done(chain, segs, min(now, running.end or now) if running else now)
     allocated = sum(max(0.0, (s.end or 0) - s.start) for s in segs if s.start and s.phase not in LIVE_PHASES and s.end)
     allocated += sum(max(0.0, now - s.start) for s in live if s.phase == RUNNING and s.start)
+    allocated += sum(float(s.extra.get("held_before_s") or 0) for s in segs)  # a requeued job's earlier runs
     eta = None
     if chain.status == ACTIVE:
         per_segment = max(60.0, chain.segment_s - chain.signal_lead_s)  # training one full segment delivers

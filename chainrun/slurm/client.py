@@ -166,7 +166,8 @@ class SlurmClient:
         ids = sorted(set(job_ids), key=lambda j: (len(j), j))
         if not ids:
             return []
-        argv = ["sacct", "-X", "-P", "--format", parsers.SACCT_FIELDS, "--jobs", ",".join(ids)]
+        # -D: every run of a requeued job (one row each), so a segment's figures sum its runs
+        argv = ["sacct", "-X", "-D", "-P", "--format", parsers.SACCT_FIELDS, "--jobs", ",".join(ids)]
         if since is not None:
             # job ids are reused after a controller reset: look only at jobs from our era
             argv += ["--starttime", _since(since)]

@@ -73,8 +73,14 @@ put() {
   printf '%s\n' "$@" > "$f.tmp.$$" && mv -f "$f.tmp.$$" "$f"
 }
 field() { sed -n "s/^$2=//p" "$1" 2>/dev/null | head -n 1; }  # field FILE KEY: one value of a key=value file
+# run_record KEY=VALUE...: this run's own record, seg-<N>.run-<restart>, which no later run of the job
+# overwrites: the watcher sums a requeued job's runs (what each trained, from sacct's rows of its runs)
+run_record() { put "$ME.run-$RESTART" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"; }
 # outcome KEY=VALUE...: written once, atomically; the watcher reads it when the job has ended
-outcome() { put "$ME.outcome" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"; }
+outcome() {
+  put "$ME.outcome" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"
+  run_record "$@"
+}
 # the last lines of this job's output, for the watcher to show when something went wrong
 keep_tail() {
   local out
@@ -208,7 +214,7 @@ trap release EXIT
 signaled=0 handoff=0 stop_wait="" signal_at=""
 forward() { [[ -n ${pgid:-} ]] && kill -s "$1" -- "-$pgid" 2>/dev/null; }
 on_signal() {  # $1: the signal's name
-  signaled=1; signal_at=${signal_at:-$(now)}
+  signaled=1 trapped=1; signal_at=${signal_at:-$(now)}
   if [[ -z ${pgid:-} ]]; then stop_wait=$1; return; fi  # still waiting: end the wait cleanly
   [[ $1 != TERM && -e $CTL/handoff.$my_gen ]] && handoff=1
   say "got $1$( ((handoff)) && echo ' (hand-off)'): asking the payload to checkpoint"
@@ -286,6 +292,7 @@ t0=$(now)
 outcome_untrained() {
   if ((RESTART >= 1)) && [[ $(field "$ME.outcome" job) == "$JOB" ]]; then
     put "$ME.rerun-$RESTART" "$@" "job=$JOB" "restart=$RESTART" "gen=$my_gen" "host=$HOST" "written=$(now)"
+    run_record "$@"
   else
     outcome "$@"
   fi
@@ -304,7 +311,7 @@ superseded() {  # $1: generation
 }
 # wait for the owner of generation $g (job $oj, run $orestart) to release it or end
 wait_for_owner() {
-  local deadline requested at owner_end_t cancelled=0 hard_at=0 checked=0 unknown_since="" st e
+  local deadline requested="" at owner_end_t cancelled=0 hard_at=0 term_at="" checked=0 unknown_since="" st e why
   handoff_mode=""
   if [[ ! -e $CTL/handoff.$g ]] && at=$(rule_wait "$g" "$oj"); then
     # the owner stops at its own signal; the wait runs on this job's time limit
@@ -342,18 +349,23 @@ wait_for_owner() {
         if [[ $handoff_mode == wait && ! -e $CTL/handoff.$g ]] && ((checked > owner_end_t + CHAINRUN_HANDOFF_GRACE)); then
           # still running well past the end it recorded (its limit was extended?): ask, as without the rule
           say "job $oj still runs after its end: requesting hand-off"
-          put "$CTL/handoff.$g" "requested=$checked" "by=$JOB" "seg=$CHAINRUN_SEGMENT"
+          put "$CTL/handoff.$g" "requested=$checked" "by=$JOB" "seg=$CHAINRUN_SEGMENT"; requested=$checked
           put "$ME.state" "phase=waiting" "owner_gen=$g" "owner_job=$oj" "since=$t0" "mode=cut"
           handoff_mode=cut deadline=$((checked + CHAINRUN_HANDOFF_TIMEOUT))
         fi
+        # control/cancel.<G> says who stopped the owner and why (the watcher reads it: never "cancelled
+        # outside chainrun"); written before each scancel, so the owner's end is never seen without it
+        why=("job=$oj" "gen=$g" "by=$JOB" "by_seg=$CHAINRUN_SEGMENT" "timeout=$CHAINRUN_HANDOFF_TIMEOUT"
+             "requested=${requested:-}" "deadline=$deadline" "mode=$handoff_mode")
         if ((!cancelled && checked > deadline)); then
           # first as its limit would: TERM to its wrapper, which passes it on and ends normally
           say "job $oj did not hand off within ${CHAINRUN_HANDOFF_TIMEOUT}s (or by its end): sending it TERM"
-          cancel --batch --signal=TERM "$oj" && cancelled=1 hard_at=$((checked + CHAINRUN_HANDOFF_GRACE)) &&
-            put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=TERM" "at=$checked"
+          put "$CTL/cancel.$g" "${why[@]}" "how=TERM" "at=$checked"
+          cancel --batch --signal=TERM "$oj" && cancelled=1 hard_at=$((checked + CHAINRUN_HANDOFF_GRACE)) term_at=$checked
         elif ((cancelled == 1 && checked > hard_at)); then
           say "job $oj still runs ${CHAINRUN_HANDOFF_GRACE}s after TERM: cancelling it and waiting for its end"
-          cancel "$oj" && cancelled=2 && put "$CTL/cancel.$g" "job=$oj" "by=$JOB" "how=scancel" "at=$checked"
+          put "$CTL/cancel.$g" "${why[@]}" "how=scancel" "term_at=$term_at" "at=$checked"
+          cancel "$oj" && cancelled=2
         fi
       fi
     fi
@@ -422,6 +434,7 @@ fi
 payload_start=$(now)
 # end_time: a successor that starts early reads it to find this segment's hand-over point
 put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME"
+run_record "phase=training" "payload_start=$payload_start"
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
   CHAINRUN_GENERATION=$my_gen setsid "$CHAINRUN_PAYLOAD" 5>&- &
 else
@@ -436,6 +449,7 @@ echo "$pid" > "$ME.pid"
 # payload is stopped at once
 fenced() { [[ -e $CTL/owner.$((my_gen + 1)) ]]; }
 fence() {
+  run_record "phase=fenced" "payload_start=$payload_start" "payload_end=$(now)"
   put "$ME.fenced" "gen=$my_gen" "job=$JOB" "restart=$RESTART" "by_job=$(field "$CTL/owner.$((my_gen + 1))" job)" "at=$(now)"
   say "generation $((my_gen + 1)) has been claimed by job $(field "$CTL/owner.$((my_gen + 1))" job): stopping the payload (fenced)" >&2
   kill_payload
@@ -456,8 +470,17 @@ echo "$monitor" > "$ME.monitor"
 
 rc=0
 while :; do
+  trapped=0
   wait "$pid"; rc=$?
-  kill -0 "$pid" 2>/dev/null || break  # returned because the payload ended, not because of a trap
+  ((trapped)) || break  # the payload ended: rc is its status
+  kill -0 "$pid" 2>/dev/null && continue  # a trap cut the wait short: the payload runs on
+  # a trap ran and the payload has ended: the wait may have returned the trap's 128 + signal while the
+  # payload ended during the trap (a payload that crashed on the signal must not read as one the signal
+  # stopped). Ask once more: bash gives the status it kept, or an out-of-range value when it has none
+  # (then the first answer stands)
+  wait "$pid"; r=$?
+  ((r >= 0 && r <= 255 && r != 127)) && rc=$r
+  break
 done
 # release only once no process of the payload is left: its children may outlive the leader (data
 # loaders, an async checkpoint writer that left the group); after the grace they are killed
@@ -483,7 +506,7 @@ fi
 
 common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
         "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
-        "writer_killed=$writer_killed")
+        "writer_killed=$writer_killed" "cut=$([[ $(field "$CTL/cancel.$my_gen" job) == "$JOB" ]] && echo 1 || echo 0)")
 # exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
 stopped_by_signal() {
   local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)

@@ -157,3 +157,47 @@ def test_an_output_file_slurm_could_not_open_is_a_blind_node():
     r = classify(chain(), seg, r53, {})
     assert r.outcome == "no-run-folder" and "not visible on node n4" in r.reason
     assert classify(chain(), seg, r53, {"phase": "waiting"}).outcome != "no-run-folder"  # it ran: something else
+
+
+# ---------------------------------------------------------------- a successor stopped this owner (control/cancel.<G>)
+CUT = {"job": "7", "gen": "3", "by": "9", "by_seg": "4", "timeout": "120", "requested": "1000", "deadline": "1120",
+       "how": "scancel", "term_at": "1121", "at": "1182"}
+
+
+@pytest.mark.parametrize("info", [
+    {"phase": "training", "gen": "3", "payload_start": "10"},  # the hard scancel killed the wrapper before it wrote
+    {"outcome": "continue", "signaled": "1", "exit": "143", "gen": "3", "cut": "1", **TRAINED},  # wrote on TERM, then cancelled
+])
+def test_an_owner_its_successor_cancelled_is_never_cancelled_outside_chainrun(info):
+    asked = []
+    r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("CANCELLED"), info,
+                 cancel_record=lambda gen: asked.append(gen) or CUT)
+    assert asked == ["3"] and r.outcome == "continue" and not r.external, r
+    for text in (r.reason, r.message):
+        assert "segment 4 (job 9) sent it TERM, then cancelled it" in text and "within 2m of the request" in text, text
+        assert "--save-timeout" in text and "outside chainrun" not in text
+
+
+def test_an_owner_stopped_by_its_successors_term_says_who_and_why():
+    """TERM through scancel --batch: the wrapper passes it on and ends normally (COMPLETED)."""
+    cut = {**CUT, "how": "TERM", "deadline": "1060"}  # the owner's own end (+ grace) came before the timeout
+    r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("COMPLETED"),
+                 {"outcome": "continue", "signaled": "1", "exit": "0", "gen": "3", "cut": "1", **TRAINED},
+                 cancel_record=lambda g: cut)
+    assert r.outcome == "continue" and r.credit_s == 80
+    assert "segment 4 (job 9) sent it TERM: it had not handed off by its own end" in r.message, r.message
+
+
+@pytest.mark.parametrize("record", [{}, {**CUT, "job": "8"}])  # no record, or one about another job
+def test_a_cancel_no_chainrun_wrote_down_is_still_external(record):
+    r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("CANCELLED"),
+                 {"phase": "training", "gen": "3", "payload_start": "10"}, cancel_record=lambda g: record)
+    assert r.outcome == "cancelled" and r.external and "outside chainrun" in r.reason
+
+
+@pytest.mark.parametrize("info", [{"outcome": "handoff"}, {"outcome": "continue", "signaled": "1", "cut": "0"}])
+def test_the_cancel_record_is_read_only_for_a_job_cancelled_or_one_that_saw_it(info):
+    asked = []
+    r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7"), row("COMPLETED"),
+                 {**info, "gen": "3", **TRAINED}, cancel_record=lambda g: asked.append(g) or CUT)
+    assert r.outcome == info["outcome"] and asked == [] and "sent it TERM" not in r.message

@@ -101,6 +101,7 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
         runs = _runs(steps_log)
         # it trained, was requeued, trained again: two runs of one job, told apart by SLURM_RESTART_COUNT
         assert [(r["job"], r["restart"]) for r in runs][:2] == [(s0.job_id, "0"), (s0.job_id, "1")]
+        _assert_runs_add_up(store, chain, segs[0], runs)
         last_saved = 0
         for prev, run in zip([None] + runs, runs):
             if prev is not None:
@@ -111,6 +112,31 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
             last_saved = max(run["saves"], default=last_saved)
     finally:
         h.cli("cancel", chain, home=home)
+
+
+def _assert_runs_add_up(store: Store, chain: str, seg, runs: list[dict]) -> None:
+    """The segment's credit is what both runs of its job trained (the wrapper's per-run records), never
+    only the last; what the first run held is sacct's row of it (sacct -D)."""
+    ctl = Path(store.chain(chain).run_dir) / "control"
+    run0 = dict(ln.split("=", 1) for ln in (ctl / "seg-0.run-0").read_text().splitlines())
+    last = dict(ln.split("=", 1) for ln in (ctl / "seg-0.outcome").read_text().splitlines())
+    assert (run0["restart"], last["restart"]) == ("0", "1") and "payload_end" in run0, (run0, last)
+    recorded = sum(float(r["payload_end"]) - float(r["payload_start"]) for r in (run0, last))
+    assert abs(seg.credit_s - recorded) < 1e-6, (seg.credit_s, run0, last)
+    # ... and what the trainer itself logged: each run's steps lie within its payload's window
+    mine = [r for r in runs if r["job"] == seg.job_id]
+    logged = sum(r["last"] - r["first"] for r in mine)
+    assert logged <= seg.credit_s + 1 and seg.credit_s - logged < 2 * 15, (seg.credit_s, logged)  # + 2 startups
+    rows = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", seg.job_id, "-o", "Start,End,State"],
+                          capture_output=True, text=True, env={**os.environ, "SLURM_TIME_FORMAT": "%s"}).stdout.split()
+    first = rows[0].split("|")
+    assert len(rows) == 2 and first[2] == "REQUEUED", rows
+    assert seg.extra["held_before_s"] == float(first[1]) - float(first[0]), (seg.extra, rows)
+    assert seg.extra["earlier_runs"][0]["trained_s"] == float(run0["payload_end"]) - float(run0["payload_start"])
+    c = store.chain(chain)
+    assert abs(c.credited_s - sum(s.credit_s for s in store.segments(chain))) < 1e-6  # one shape: rate 1
+    assert any("1 earlier run(s) of the job before Slurm requeued it add" in e.message
+               for _, e in store.events(chain) if e.idx == 0), [e.message for _, e in store.events(chain)]
 
 
 def test_no_requeue_a_node_failure_after_training_is_retried_as_a_new_job(slurm_cluster, tmp_path):

@@ -175,3 +175,28 @@ def test_two_segments_holding_one_id_each_get_their_own_row(world):
     assert not [e for _, e in store.events(c.id) if e.kind == "warning"]  # the chain's own job is never foreign
     assert [e for _, e in store.events(old.id) if "now names another job" in e.message]  # the stale one is told
     assert store.segments(old.id)[0].slurm_state == ""  # and copies nothing from the job that is not its own
+
+
+def test_a_user_cancel_during_a_watcher_tick_is_never_cancelled_outside_chainrun(world):
+    """`chainrun cancel` in another process acts after the watcher's tick read the store and before it
+    asks Slurm: the tick's copy does not know chainrun cancelled the job that Slurm now shows CANCELLED.
+    It reads the store again (the cancel wrote its intent before its scancel): chainrun's cancel, the
+    chain stays cancelled, nothing is planned (it used to fail the chain 'cancelled outside chainrun')."""
+    fake, store, slurm, eng, c = world
+    job = _training(fake, store, slurm, eng, c)
+    real_run, done = fake.run, []
+
+    def run(argv, *a, **kw):  # the other process's cancel lands just before this tick's squeue
+        if argv[0] == "squeue" and not done:
+            done.append(cancel_chain(Store(store.path), SlurmClient(fake), store.chain(c.id)))
+        return real_run(argv, *a, **kw)
+
+    fake.run = run
+    fake.now += 30
+    eng.tick()
+    assert done == [[job.id]]
+    ch, (s,) = store.chain(c.id), store.segments(c.id)
+    assert ch.status == CANCELLED and ch.reason == "cancelled by the user", ch.reason
+    assert s.phase == ENDED and s.outcome == "cancelled" and "outside chainrun" not in s.reason
+    assert not any("outside chainrun" in e.message for _, e in store.events(c.id))
+    assert fake.count("sbatch") == 1  # nothing planned for a cancelled chain

@@ -148,3 +148,60 @@ def test_a_trainer_killed_at_its_limit_is_not_said_to_have_checkpointed(chains):
     for s in v["segments_detail"]:  # what the cancel stopped later is settled from sacct too
         if s["start"] is not None:
             assert s["end"] == _sacct(s["job_id"])["end"]
+
+
+# ignores the hand-off signal and TERM alike: only its successor's scancel (after the save timeout) ends it
+DEAF = """#!/bin/bash
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=100M
+trap '' USR2 TERM
+n=0
+while :; do
+  n=$((n + 1)); echo "step $n $(date +%s.%N) $SLURM_JOB_ID" >> "$CHAINRUN_CHECKPOINT_DIR/steps.log"
+  sleep 1
+done
+"""
+
+
+def test_an_owner_its_successor_cancelled_after_the_save_timeout_is_chainruns_doing(slurm_cluster, tmp_path):
+    """Segment 1 starts while segment 0 trains, asks for the hand-off, and after the save timeout (10 s
+    here, through the job's environment) sends TERM, then cancels it. sacct says CANCELLED, yet chainrun
+    did it: the watcher reads control/cancel.0 and reports who cut it and why, and the chain goes on
+    (it used to fail as 'cancelled outside chainrun')."""
+    home, work = tmp_path / "home", tmp_path / "w"
+    work.mkdir()
+    (work / "deaf.sh").write_text(DEAF)
+    knobs = "--export=ALL,CHAINRUN_HANDOFF_TIMEOUT=10,CHAINRUN_HANDOFF_GRACE=10"
+    p = run_cli("submit", str(work / "deaf.sh"), "--name", "cut", "--signal", "USR2@30", "--total", "10m", "--json",
+                "--policy", "lead", "--lead", "100s", "--", knobs, home=home, cwd=work)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, ckpt = data["chain"], Path(data["checkpoint_dir"])
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            _tick(home)
+            v = _status(home, chain)
+            if v["segments_detail"][0]["phase"] == "ENDED" or v["status"] != "ACTIVE":
+                break
+            time.sleep(2)
+        else:
+            pytest.fail("segment 0 did not end in 400 s")
+    finally:
+        run_cli("cancel", chain, home=home)
+    s0 = v["segments_detail"][0]
+    assert v["status"] == "ACTIVE", v["reason"]  # not failed: the cancel was chainrun's own
+    assert _sacct(s0["job_id"])["state"].startswith("CANCELLED")
+    cut = dict(ln.split("=", 1) for ln in (Path(data["run_dir"]) / "control" / "cancel.0").read_text().splitlines())
+    s1 = next(s for s in v["segments_detail"] if s["job_id"] == cut["by"])
+    assert (cut["job"], cut["how"], cut["timeout"]) == (s0["job_id"], "scancel", "10"), cut
+    assert s0["outcome"] == "continue" and s0["credit_s"] > 0
+    said = next(m for m in _events(home, chain) if m.startswith(f"segment 0 (job {s0['job_id']}) was cancelled"))
+    assert (f"segment {s1['idx']} (job {s1['job_id']}) sent it TERM, then cancelled it: it had not handed off "
+            "within 10s of the request") in said and "--save-timeout" in said, said
+    assert not [m for m in _events(home, chain) if "outside chainrun" in m]
+    # never two copies: the successor's first step comes after the cut owner's last
+    steps = [ln.split() for ln in (ckpt / "steps.log").read_text().splitlines()]
+    mine = [float(t) for _, _, t, j in steps if j == s0["job_id"]]
+    theirs = [float(t) for _, _, t, j in steps if j == s1["job_id"]]
+    assert not theirs or min(theirs) > max(mine), (max(mine), theirs[:3])

@@ -295,7 +295,8 @@ def _frozen_node(base: Path) -> dict:
         fc.wait_for(lambda: (fc.ctl / "owner.1").exists(), 180, "the successor to claim")
         claimed = (fc.ctl / "owner.1").stat().st_mtime
         fc.wait_for(lambda: (fc.ctl / "seg-0.fenced").exists(), 60, "the frozen owner to be fenced")
-        time.sleep(4)
+        # its payload is gone (no process of job j0 started for generation 0 is left): no step can follow
+        fc.wait_for(lambda: not _payload_pids(j0, 0), 60, "the fenced payload's processes to end")
         frozen_steps = fc.steps_of(j0)
         _trains(fc, j1, 3)
         states = {"j0_state": fc.state(j0), "fenced": fc.file("seg-0.fenced")}
@@ -315,13 +316,16 @@ def _lying_squeue(base: Path) -> dict:
     shim = base / "bin"
     shim.mkdir()
     real = subprocess.run(["bash", "-c", "command -v squeue"], capture_output=True, text=True).stdout.strip()
-    (shim / "squeue").write_text(f"#!/bin/bash\necho 'squeue: warning: the site wraps squeue' >&2\nexec {real} \"$@\"\n")
+    asked = base / "squeue-asked"  # what the successor asked through the shim
+    (shim / "squeue").write_text(f"#!/bin/bash\necho \"$*\" >> {asked}\n"
+                                 f"echo 'squeue: warning: the site wraps squeue' >&2\nexec {real} \"$@\"\n")
     (shim / "squeue").chmod(0o755)
     j0 = fc.submit(0, OTHERS, env="IGNORE_SIGNAL=1")
     _trains(fc, j0, 4)
     j1 = fc.submit(1, OTHERS, env=f"PATH={shim}:{os.environ['PATH']},SQUEUE_STATES=PD")
     fc.wait_for(lambda: fc.file("seg-1.state").get("phase") == "waiting", 120, "the successor to wait")
-    time.sleep(12)  # at least one look at the owner through the shim
+    looked = lambda: asked.exists() and any(f"-j {j0} " in ln and "-O" in ln for ln in asked.read_text().splitlines())
+    fc.wait_for(looked, 120, "the successor to look at the owner through the shim")  # it decided: the owner runs
     waited_alone = not fc.steps_of(j1)
     pids = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/environ") if _job_of(p) == j0]
     for sig in (signal.SIGSTOP, signal.SIGKILL):  # stopped first: none may see another die and write a release
@@ -337,6 +341,19 @@ def _lying_squeue(base: Path) -> dict:
     _stop(fc, j1)
     return {"fc": fc, "j0": j0, "j1": j1, "killed": killed, "first": first, "pids": pids,
             "waited_alone": waited_alone, "out1": (base / "seg-1.out").read_text()}
+
+
+def _payload_pids(job: str, gen: int) -> list[int]:
+    """Processes of this host started by job ``job``'s wrapper for generation ``gen`` (its payload)."""
+    out = []
+    for p in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            env = set(p.read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={job}".encode() in env and f"CHAINRUN_GENERATION={gen}".encode() in env:
+            out.append(int(p.parent.name))
+    return out
 
 
 def _job_of(environ: Path) -> str | None:

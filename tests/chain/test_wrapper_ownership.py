@@ -30,9 +30,13 @@ while ((!stop)); do
   sleep 0.2
 done
 [[ ${CRASH_ON_SAVE:-0} == 1 ]] && { echo "Traceback: cannot save" >&2; exit 1; }
-# an asynchronous checkpoint writer that leaves the process group and outlives the trainer
-[[ -n ${WRITER_SECONDS:-} ]] && setsid bash -c 'for ((i = 0; i < $1; i++)); do date +%s.%N >> "$2"; sleep 1; done' \
-  _ "$WRITER_SECONDS" "$CHAINRUN_CHECKPOINT_DIR/writer.log" < /dev/null > /dev/null 2>&1 &
+# an asynchronous checkpoint writer that leaves the process group and outlives the trainer (with
+# WRITER_ESCAPES=1 it also drops its environment: only the job's cgroup still tells it is the payload's)
+# (a simple command, so no subshell of the payload's group stays behind waiting for it)
+if [[ -n ${WRITER_SECONDS:-} ]]; then
+  ${WRITER_ESCAPES:+env -i PATH=/usr/bin:/bin} setsid bash -c 'for ((i = 0; i < $1; i++)); do date +%s.%N >> "$2"; sleep 1; done' \
+    _ "$WRITER_SECONDS" "$CHAINRUN_CHECKPOINT_DIR/writer.log" < /dev/null > /dev/null 2>&1 &
+fi
 echo "save $SLURM_JOB_ID $(date +%s.%N)" >> "$log"
 """
 
@@ -41,6 +45,7 @@ SQUEUE = """#!/bin/bash
 # $FAKE_SQUEUE/ID exists (holding the restart count n, empty = 0); then, as for a purged job, an error
 id=""; fmt=""; while (($#)); do [[ $1 == -j ]] && id=$2; [[ $1 == -O ]] && fmt=$2; shift; done
 [[ -z $fmt ]] && exit 0  # the end-time query: no answer
+echo "$id $(cat "$FAKE_SQUEUE/$id" 2>/dev/null || echo gone)" >> "$FAKE_SQUEUE/asked"  # what a waiter was told
 if [[ -e $FAKE_SQUEUE/$id ]]; then
   echo "$id|RUNNING|$(cat "$FAKE_SQUEUE/$id" 2>/dev/null || true)|"
   exit 0
@@ -80,13 +85,15 @@ class Chain:
                                                payload=str(payload), signal="USR2", script_text="#!/bin/bash\n"))
         self.jobs: dict[str, subprocess.Popen] = {}
 
-    def start(self, seg: int, job: str, **env: str) -> subprocess.Popen:
+    def start(self, seg: int, job: str, cgroup: Path | None = None, **env: str) -> subprocess.Popen:
+        """Run the wrapper as job ``job``; with ``cgroup``, inside that cgroup (as proctrack/cgroup puts a job)."""
         (self.queue / job).touch()
         full = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "FAKE_SQUEUE": str(self.queue),
                 "SLURM_JOB_ID": job, **env}
         out = open(self.tmp / f"job-{job}.out", "w")
+        enter = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
         p = subprocess.Popen(["bash", str(self.wrapper), str(seg)], env=full, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL)
+                             stdin=subprocess.DEVNULL, preexec_fn=enter)
         (self.queue / f"{job}.pid").write_text(str(p.pid))
         self.jobs[job] = p
         return p
@@ -130,6 +137,20 @@ class Chain:
         for (ja, (_, ea)), (jb, (sb, _)) in zip(items, items[1:]):
             assert sb >= ea, f"jobs {ja} and {jb} trained at the same time ({ea - sb:.2f}s)\n{self.logs()}"
 
+    def asked(self, job: str, answer: str = "") -> int:
+        """How often a waiting wrapper asked squeue about ``job`` (the fake's log), and was told it runs
+        (``answer`` "": any answer, "gone": ended). Each ask is a decision point of the waiter: a negative
+        check made after one ("it still does not train") tests the protocol, not the machine's speed."""
+        log = self.queue / "asked"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return sum(1 for ln in lines if ln.split()[0] == job and (not answer or (ln.split()[1:] == ["gone"]) == (answer == "gone")))
+
+    def wait_asked(self, job: str, times: int = 1, after: int = 0) -> None:
+        """Until a waiter has asked squeue about ``job`` ``times`` more times than ``after`` (and been
+        told it still runs)."""
+        self.wait_for(lambda: self.asked(job, "running") >= after + times, timeout=60,
+                      what=f"a waiter to ask squeue about job {job} {times} time(s)")
+
     def training(self, job: str) -> bool:
         return any(j == job for _, j, _ in self.steps())
 
@@ -154,14 +175,13 @@ def test_signal_ignoring_predecessor_is_never_joined(chain):
     chain.wait_for(lambda: chain.training("100"), what="job 100 to train")
     s1 = chain.start(1, "101")
     chain.wait_for(lambda: chain.state(1).get("phase") == "waiting", what="job 101 to wait")
-    time.sleep(1)
     s1.send_signal(signal.SIGUSR2)  # its own early --signal, while job 100 (ignoring the request) trains on
     assert chain.finish("101") == 0
     assert chain.outcome(1)["outcome"] == "unstarted" and chain.outcome(1)["stopped_by"] == "USR2"
     chain.start(2, "102")
     chain.wait_for(lambda: chain.state(2).get("phase") == "waiting", what="job 102 to wait")
     assert chain.state(2)["owner_job"] == "100"  # the segment that last held the chain, not segment 1
-    time.sleep(1.5)
+    chain.wait_asked("100", after=chain.asked("100", "running"))  # job 102 has checked on the owner: told it runs
     assert not chain.training("102")
     chain.jobs["100"].send_signal(signal.SIGTERM)  # the limit: TERM stops even a signal-ignoring trainer
     chain.finish("100")
@@ -179,7 +199,7 @@ def test_handoff_request_reaches_the_owner_and_one_successor_claims(chain):
     chain.start(2, "202")  # a second successor (e.g. a stray copy): exactly one may take over
     chain.wait_for(lambda: chain.jobs["200"].poll() is not None, what="job 200 to hand off")
     chain.finish("200")
-    assert chain.outcome(0)["outcome"] == "handoff"
+    assert chain.outcome(0)["outcome"] == "handoff" and chain.outcome(0)["cut"] == "0"
     chain.wait_for(lambda: chain.training("201") and chain.training("202"), what="both successors to train")
     # one claimed generation 1; the other waited for it, asked it to hand off and claimed generation 2
     owners = sorted(p.name for p in (chain.run_dir / "control").glob("owner.*"))
@@ -198,7 +218,7 @@ def test_silent_heartbeat_is_not_proof_that_the_owner_stopped(chain):
     monitor = int((chain.run_dir / "control/seg-0.monitor").read_text())
     os.kill(monitor, signal.SIGSTOP)  # the heartbeat stops; the payload trains on
     chain.start(1, "301")
-    time.sleep(4)
+    chain.wait_asked("300")  # it made its decision: the owner still runs, whatever the heartbeat says
     assert not chain.training("301")
     chain.jobs["300"].send_signal(signal.SIGTERM)
     chain.finish("300")  # must not hang on the stopped monitor
@@ -216,7 +236,7 @@ def test_owner_killed_without_release_is_taken_over_once_slurm_says_it_ended(cha
     os.killpg(payload, signal.SIGKILL)
     os.kill(pid, signal.SIGKILL)  # no outcome, no release: as after a node failure
     chain.start(1, "401")
-    time.sleep(2)
+    chain.wait_asked("400")
     assert not chain.training("401")  # squeue still lists job 400
     (chain.queue / "400").unlink()  # now Slurm reports it ended
     chain.wait_for(lambda: chain.training("401"), timeout=20, what="job 401 to take over")
@@ -253,6 +273,13 @@ def _rule(chain: Chain, seg: int, for_job: str, windows: list[tuple[int, int]], 
     (chain.run_dir / "control" / f"handoff-rule.{seg}").write_text(rule_text(for_job, lead, windows, {}))
 
 
+def _took_over_by_release(chain: Chain, job: str) -> bool:
+    """The job took the chain on its predecessor's release (at once), not on a later check of Slurm nor
+    after the fencing wait of a generation taken without a release."""
+    log = (chain.tmp / f"job-{job}.out").read_text()
+    return "Slurm reports" not in log and "taken without a release" not in log
+
+
 def _first_step(chain: Chain, job: str) -> float:
     return min(t for _, j, t in chain.steps() if j == job)
 
@@ -271,15 +298,17 @@ def test_successor_within_the_rule_waits_and_the_owner_is_not_cut(chain):
     st = chain.state(1)
     assert st["mode"] == "wait" and int(st["handover_at"]) == end - 2, st
     started = time.time()
-    time.sleep(2)
+    chain.wait_asked("700")  # job 701 checked on its owner while waiting by the rule
+    chain.wait_for(lambda: _last_step(chain, "700") > started, what="the owner to train on")
     assert not (chain.run_dir / "control/handoff.0").exists()  # no hand-off request: the owner is not cut
-    assert not chain.training("701") and _last_step(chain, "700") > started  # the owner trains on
+    assert not chain.training("701")
     time.sleep(max(0.0, end - 2 - time.time()))
     chain.jobs["700"].send_signal(signal.SIGUSR2)  # Slurm's --signal at the hand-over point
     chain.finish("700")
     chain.wait_for(lambda: chain.training("701"), what="job 701 to take over")
     assert chain.outcome(0)["outcome"] == "continue" and chain.outcome(0)["signaled"] == "1"
-    assert _first_step(chain, "701") - _last_step(chain, "700") < 3  # it took over at once
+    assert _first_step(chain, "701") > _last_step(chain, "700")
+    assert _took_over_by_release(chain, "701")  # at once: on the release, not on a later check of Slurm
     chain.jobs["701"].send_signal(signal.SIGUSR2)
     chain.finish("701")
     out = chain.outcome(1)
@@ -304,7 +333,9 @@ def test_successor_outside_the_rule_cuts_as_before(chain, case):
     chain.jobs["801"].send_signal(signal.SIGUSR2)
     chain.finish("801")
     assert chain.outcome(1)["handoff_mode"] == "cut"
-    assert time.time() < end - 20  # it did not wait for the hand-over point
+    # it did not wait for the hand-over point: it asked for the hand-off, and took over on the release
+    assert parse_outcome((_ctl(chain) / "handoff.0").read_text())["by"] == "801"
+    assert _took_over_by_release(chain, "801") and _first_step(chain, "801") < end - 2
     chain.assert_never_two_at_once()
 
 
@@ -319,7 +350,7 @@ def test_waiting_successor_takes_over_when_the_owner_ends_before_its_handover(ch
                    what="job 900 to train")
     chain.start(1, "901")
     chain.wait_for(lambda: chain.state(1).get("mode") == "wait", what="job 901 to wait by the rule")
-    time.sleep(1)
+    chain.wait_asked("900")
     assert not chain.training("901")
     if how == "stops-early":  # e.g. the trainer's own early exit on a signal
         chain.jobs["900"].send_signal(signal.SIGUSR2)
@@ -332,19 +363,25 @@ def test_waiting_successor_takes_over_when_the_owner_ends_before_its_handover(ch
         pid = int(parse_outcome((chain.run_dir / "control/seg-0.start").read_text())["pid"])
         os.killpg(int((chain.run_dir / "control/seg-0.pid").read_text()), signal.SIGKILL)
         os.kill(pid, signal.SIGKILL)
-        time.sleep(3)
+        chain.wait_asked("900", after=chain.asked("900", "running"))
         assert not chain.training("901")  # squeue still lists job 900
         chain.finish("900")
     else:  # Slurm's signal is ignored; the time limit's TERM stops it (here: early)
+        signalled = time.time()
         chain.jobs["900"].send_signal(signal.SIGUSR2)
-        time.sleep(3)
+        chain.wait_for(lambda: _last_step(chain, "900") > signalled + 0.5, what="job 900 to train on after the signal")
+        chain.wait_asked("900", after=chain.asked("900", "running"))
         assert not chain.training("901") and chain.jobs["900"].poll() is None
         chain.jobs["900"].send_signal(signal.SIGTERM)
         chain.finish("900")
-    ended = time.time()
-    chain.wait_for(lambda: chain.training("901"), timeout=25, what="job 901 to take over")
-    assert _first_step(chain, "901") - ended < (15 if how == "node-dies" else 3)
-    assert time.time() < end - 60  # long before the hand-over point it waited for
+    chain.wait_for(lambda: chain.training("901"), timeout=60, what="job 901 to take over")
+    # at once: on the release, or (no release) on Slurm's word at its next check; never at the hand-over point
+    log = (chain.tmp / "job-901.out").read_text()
+    if how == "node-dies":
+        assert "Slurm reports that job 900's run ended" in log and chain.asked("900", "gone") >= 1, log
+    else:
+        assert _took_over_by_release(chain, "901")
+    assert _first_step(chain, "901") < end - 2  # before the hand-over point it waited for
     chain.jobs["901"].send_signal(signal.SIGUSR2)
     chain.finish("901")
     chain.assert_never_two_at_once()
@@ -393,8 +430,8 @@ def _ctl(chain: Chain) -> Path:
     return chain.run_dir / "control"
 
 
-def _train_alone(chain: Chain, job: str, **env: str) -> None:
-    chain.start(0, job, **env)
+def _train_alone(chain: Chain, job: str, cgroup: Path | None = None, **env: str) -> None:
+    chain.start(0, job, cgroup, **env)
     chain.wait_for(lambda: chain.training(job) and (_ctl(chain) / "seg-0.pid").exists(), what=f"job {job} to train")
 
 
@@ -451,6 +488,11 @@ def test_rerun_of_the_owner_claims_the_next_generation_at_once(chain):
     assert (_ctl(chain) / "owner.1").read_text().count("restart=1") == 1
     assert not (_ctl(chain) / "handoff.0").exists()
     _stop(chain, "1200")
+    # each run keeps its own record (the watcher sums a requeued job's runs): the killed first run's
+    # training start, the rerun's outcome
+    run0, run1 = (parse_outcome((_ctl(chain) / f"seg-0.run-{r}").read_text()) for r in (0, 1))
+    assert run0["phase"] == "training" and run0["restart"] == "0" and float(run0["payload_start"]) < t, run0
+    assert run1["outcome"] == "continue" and run1["restart"] == "1" and float(run1["payload_start"]) >= int(t), run1
     chain.assert_never_two_at_once()
 
 
@@ -465,6 +507,8 @@ def test_rerun_of_a_predecessor_never_takes_the_chain_from_its_successor(chain):
     out = parse_outcome((_ctl(chain) / "seg-0.rerun-1").read_text())
     assert out["outcome"] == "unstarted" and "superseded" in out["reason"] and out["restart"] == "1", out
     assert chain.outcome(0)["outcome"] == "handoff"  # what the first run did stays the job's outcome
+    run0, run1 = (parse_outcome((_ctl(chain) / f"seg-0.run-{r}").read_text()) for r in (0, 1))
+    assert run0["outcome"] == "handoff" and "payload_end" in run0 and run1["outcome"] == "unstarted", (run0, run1)
     assert not (_ctl(chain) / "handoff.1").exists() and chain.jobs["1301"].poll() is None
     _stop(chain, "1301")
     chain.assert_never_two_at_once()
@@ -512,11 +556,13 @@ def test_slurm_answers_read_by_field_and_cannot_tell_is_settled_by_sacct(chain):
     _train_alone(chain, "1500", IGNORE_SIGNAL="1")
     (chain.bin / "squeue").write_text("#!/bin/bash\necho 'squeue: warning: configuration mismatch' >&2\n"
                                      "[[ -n ${SQUEUE_STATES:-} ]] && echo \"filtered by SQUEUE_STATES\" >&2\nexit 0\n")
-    (chain.bin / "sacct").write_text("#!/bin/bash\n[[ -e $FAKE_SQUEUE/1500 ]] && echo RUNNING || echo 'CANCELLED by 0'\n")
+    (chain.bin / "sacct").write_text("#!/bin/bash\necho sacct >> $FAKE_SQUEUE/sacct-asked\n"
+                                     "[[ -e $FAKE_SQUEUE/1500 ]] && echo RUNNING || echo 'CANCELLED by 0'\n")
     (chain.bin / "sacct").chmod(0o755)
     chain.start(1, "1501", SQUEUE_STATES="PD", SQUEUE_FORMAT="%i")
     chain.wait_for(lambda: chain.state(1).get("phase") == "waiting", what="job 1501 to wait")
-    time.sleep(12)
+    asked = chain.queue / "sacct-asked"  # it could not tell from squeue and asked the accounting, twice
+    chain.wait_for(lambda: asked.exists() and len(asked.read_text().split()) >= 2, timeout=60, what="sacct to be asked")
     assert not chain.training("1501")  # sacct: still running
     pid = int(parse_outcome((_ctl(chain) / "seg-0.start").read_text())["pid"])
     os.killpg(int((_ctl(chain) / "seg-0.pid").read_text()), signal.SIGKILL)
@@ -557,10 +603,12 @@ if [[ ! -e {chain.tmp}/scancel-failed ]]; then touch {chain.tmp}/scancel-failed;
     chain.wait_for(lambda: chain.training("1701"), timeout=60, what="job 1701 to take over")
     log = (chain.tmp / "job-1701.out").read_text()
     assert "scancel 1700 failed (scancel: error: Socket timed out): trying again" in log, log
-    assert time.time() < end + 40  # ended by the owner's end + grace, then one retry (10 s checks)
-    assert parse_outcome((_ctl(chain) / "cancel.0").read_text())["how"] == "TERM"
+    cut = parse_outcome((_ctl(chain) / "cancel.0").read_text())  # who stopped the owner and why: for the watcher
+    assert (cut["how"], cut["job"], cut["gen"], cut["by"], cut["by_seg"]) == ("TERM", "1700", "0", "1701", "1"), cut
+    assert int(cut["deadline"]) == end + 2 and int(cut["timeout"]) > 0 and cut["requested"].isdigit(), cut
     chain.finish("1700")
     assert chain.outcome(0)["outcome"] in ("handoff", "continue")  # it ended normally, with its checkpoint
+    assert chain.outcome(0)["cut"] == "1"  # it saw the record naming it: the watcher reads who cut it, and why
     _stop(chain, "1701")
     chain.assert_never_two_at_once()
 
@@ -574,13 +622,68 @@ def test_release_waits_for_a_writer_that_left_the_process_group(chain):
     assert chain.outcome(0)["writer_killed"] == "0"
 
 
+@pytest.fixture
+def job_cgroup():
+    """A real cgroup (v1 freezer, or v2) laid out as Slurm's proctrack/cgroup lays out a job's:
+    <root>/chainrun-test-<pid>/job_<id>/step_batch. The test cluster's slurmd uses proctrack/linuxproc,
+    so the wrapper's cgroup path is proven here, on the kernel's cgroups without Slurm."""
+    made = []
+
+    def make(job: str) -> Path:
+        for root in (Path("/sys/fs/cgroup/freezer"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+            top = root / f"chainrun-test-{os.getpid()}"
+            step = top / f"job_{job}" / "step_batch"
+            try:
+                step.mkdir(parents=True)
+            except OSError:
+                continue
+            if (step / "cgroup.procs").exists():
+                made.append(top)
+                return step
+            subprocess.run(["rmdir", str(step), str(step.parent), str(top)], capture_output=True)
+        pytest.skip("cannot create a cgroup here (needs root and a writable cgroup hierarchy)")
+
+    yield make
+    for top in made:  # leftovers killed, then the folders removed deepest first
+        for procs in top.rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                subprocess.run(["kill", "-KILL", pid], capture_output=True)
+        deadline = time.time() + 10
+        while any(p.read_text().strip() for p in top.rglob("cgroup.procs")) and time.time() < deadline:
+            time.sleep(0.1)
+        for d in sorted((p.parent for p in top.rglob("cgroup.procs")), key=lambda d: -len(d.parts)):
+            d.rmdir()
+
+
+@pytest.mark.parametrize("in_cgroup", [True, False])
+def test_release_waits_for_a_writer_only_the_jobs_cgroup_knows(chain, job_cgroup, in_cgroup):
+    """A writer that left the process group and dropped its environment (no SLURM_JOB_ID, no
+    CHAINRUN_*): only the job's cgroup still holds it. Inside one, the release waits for it; without
+    one (the control case) nothing can find it, so the release comes first: the cgroup path did it."""
+    cg = job_cgroup("1850") if in_cgroup else None
+    seconds = 4 if in_cgroup else 60  # the control's writer outlives the release by far; it is killed then
+    _train_alone(chain, "1850", cg, WRITER_SECONDS=str(seconds), WRITER_ESCAPES="1")
+    _stop(chain, "1850")
+    released = (_ctl(chain) / "released.0").stat().st_mtime
+    log = chain.ckpt / "writer.log"
+    if in_cgroup:
+        chain.wait_for(lambda: log.exists() and len(log.read_text().split()) == seconds, what="the writer's writes")
+        writes = [float(x) for x in log.read_text().split()]
+        assert released >= writes[-1], (released, writes)
+        assert chain.outcome(0)["writer_killed"] == "0"
+    else:
+        writer = subprocess.run(["pgrep", "-f", str(log)], capture_output=True, text=True).stdout.split()
+        assert writer, "the writer should still run after the release"  # nothing found it: released without it
+        subprocess.run(["kill", *writer], check=False)
+
+
 def test_writer_still_running_after_the_grace_is_killed_before_release(chain):
     _train_alone(chain, "1900", WRITER_SECONDS="600", CHAINRUN_RELEASE_GRACE="3")
     _stop(chain, "1900")
     writes = [float(x) for x in (chain.ckpt / "writer.log").read_text().split()]
     released = (_ctl(chain) / "released.0").stat().st_mtime
-    time.sleep(2)
-    assert len((chain.ckpt / "writer.log").read_text().split()) == len(writes)  # it is gone
+    gone = subprocess.run(["pgrep", "-f", str(chain.ckpt / "writer.log")], capture_output=True, text=True).stdout
+    assert not gone.split(), gone  # it is gone, not merely quiet
     assert released >= writes[-1] and int(chain.outcome(0)["writer_killed"]) >= 1, chain.outcome(0)  # bash, sleep
 
 
@@ -607,3 +710,60 @@ def test_handoff_bound_is_the_longer_of_the_signal_lead_plus_a_margin_and_the_sa
     p = subprocess.run(["bash", "-c", f"source <(sed -n '/^CHAINRUN_CHAIN_ID=/,/^CHAINRUN_HANDOFF_TIMEOUT=/p' {w}); "
                         "echo $CHAINRUN_HANDOFF_TIMEOUT"], capture_output=True, text=True, env=env)
     assert p.stdout.strip() == str(want), p.stderr
+
+
+def _proc_state(pid: int) -> str:
+    """The process's state letter (R, S, T stopped, Z zombie...), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+IGNORES_USR2_DIES_OF_TERM = """#!/bin/bash
+trap '' USR2
+while :; do echo "step $SLURM_JOB_ID $(date +%s.%N) ${CHAINRUN_GENERATION:-?} 0" >> "$CHAINRUN_CHECKPOINT_DIR/steps.log"; sleep 0.2; done
+"""
+
+
+@pytest.mark.parametrize("stopped", [False, True])
+def test_a_payload_killed_by_term_at_the_limit_beside_its_wrapper_is_stopped_not_crashed(chain, stopped):
+    """Slurm's TERM at the limit reaches every process of the job at once: the payload (no TERM handler)
+    dies of it while the wrapper runs its own TERM trap. Its status is 143, "stopped at its limit", never
+    a checkpoint crash (a first fix read bash's status a second time and got none: exit=-1, seen on the
+    real cluster). ``stopped``: the wrapper is held while both signals land, so the trap cuts its wait."""
+    (chain.tmp / "train.sh").write_text(IGNORES_USR2_DIES_OF_TERM)
+    _train_alone(chain, "530")
+    wrapper, payload = chain.jobs["530"].pid, int((_ctl(chain) / "seg-0.pid").read_text())
+    if stopped:
+        os.kill(wrapper, signal.SIGSTOP)
+        chain.wait_for(lambda: _proc_state(wrapper) == "T", what="the wrapper to stop")
+    try:
+        os.killpg(payload, signal.SIGTERM)
+        os.kill(wrapper, signal.SIGTERM)
+    finally:
+        os.kill(wrapper, signal.SIGCONT)
+    assert chain.finish("530") == 0, chain.logs()
+    out = chain.outcome(0)
+    assert out["outcome"] == "continue" and out["exit"] == "143" and out["signaled"] == "1", out
+
+
+def test_a_payload_that_crashed_while_the_wrapper_ran_its_signal_trap_is_a_checkpoint_crash(chain):
+    """The cause of a CI flake (finish returned 0 under load): the signal cut the wrapper's `wait` short,
+    and the payload crashed on it and was reaped while the trap still ran. The wrapper took the trap's
+    status (128 + USR2) for the payload's, counted it "stopped by the signal" and wrote `continue`.
+    Made certain here: the wrapper is stopped while its payload crashes on the signal and the wrapper's
+    own signal is pending, then continued."""
+    _train_alone(chain, "520", CRASH_ON_SAVE="1")
+    wrapper, payload = chain.jobs["520"].pid, int((_ctl(chain) / "seg-0.pid").read_text())
+    os.kill(wrapper, signal.SIGSTOP)
+    try:
+        chain.wait_for(lambda: _proc_state(wrapper) == "T", what="the wrapper to stop")  # it cannot reap from now on
+        os.killpg(payload, signal.SIGUSR2)  # as the wrapper would forward it: the payload crashes saving
+        chain.wait_for(lambda: _proc_state(payload) == "Z", what="the payload to exit (a zombie until its wrapper reaps it)")
+        os.kill(wrapper, signal.SIGUSR2)  # the wrapper's own signal, pending beside SIGCHLD
+    finally:
+        os.kill(wrapper, signal.SIGCONT)
+    assert chain.finish("520") == 1, chain.logs()
+    out = chain.outcome(0)
+    assert out["outcome"] == "checkpoint-crash" and out["signaled"] == "1" and out["exit"] == "1", out

@@ -45,6 +45,7 @@ class FakeSlurm:
     signals: list = field(default_factory=list)  # (job id, signal) sent by scancel --signal: the job goes on
     files: dict = field(default_factory=dict)  # path -> text that `cat` shows (e.g. a wrapper's outcome file)
     acct_only: list = field(default_factory=list)  # Jobs only accounting knows (older jobs of a reused id)
+    runs: list = field(default_factory=list)  # earlier runs of requeued jobs: shown by `sacct -D` only
     nodes: dict = field(default_factory=dict)  # node -> State, for `scontrol show node` (empty: not answered)
     reservations: str = ""  # what `scontrol show reservation --oneliner` prints (empty: not answered)
     updates: list = field(default_factory=list)  # (job id, {field: value}) of `scontrol update` on queued jobs
@@ -83,7 +84,7 @@ class FakeSlurm:
             if "--name" in argv:
                 names = set(argv[argv.index("--name") + 1].split(","))
             rows = [SA_HEAD]
-            for j in [*self.acct_only, *self.jobs.values()]:
+            for j in [*self.acct_only, *(self.runs if "-D" in argv else []), *self.jobs.values()]:
                 if not j.in_acct or (ids and j.id not in ids) or (names and j.name not in names):
                     continue
                 el = int((j.end or self.now) - j.start) if j.start else 0
@@ -145,8 +146,11 @@ class FakeSlurm:
         self.jobs[jid].state, self.jobs[jid].end = state, self.now
         self.jobs[jid].in_queue = False
 
-    def requeue(self, jid: str) -> None:
+    def requeue(self, jid: str, state: str = "REQUEUED") -> None:
         """Slurm requeued it (node failure, preemption, `scontrol requeue`): pending again under the
         same id, with a new submit time (job_mgr.c resets it)."""
         j = self.jobs[jid]
+        if j.start is not None:  # sacct -D keeps the run that ended as a row of its own
+            self.runs.append(Job(jid, j.name, j.submit, state=state, start=j.start, end=self.now, in_queue=False,
+                                 node=j.node))
         j.state, j.start, j.end, j.submit, j.in_queue = "PENDING", None, None, self.now, True
