@@ -1,10 +1,12 @@
 """The store and its leases on real shared mounts: one export mounted twice, like a home that two login
 nodes mount, each mount with its own attribute and directory caches.
 
-Two kinds: a loopback kernel NFS mount (what users have) and ``fuse.sshfs`` (a FUSE filesystem,
-``fuse.*`` in mountinfo, served by ``sftp-server`` on a pipe: no sshd needed). Each is skipped with
-the reason where the machine refuses it; on the test machine the kernel has no ``nfs`` filesystem
-(``mount.nfs: No such device``), so the NFS variant skips there and sshfs runs.
+Three kinds: a loopback kernel NFS mount (what users have), ``fuse.sshfs`` with its defaults (a FUSE
+filesystem, ``fuse.*`` in mountinfo, served by ``sftp-server`` on a pipe: no sshd needed) and sshfs
+with ``kernel_cache`` (pages kept across opens: worse than NFS, for the tests that must hold whatever
+the cache does). Each is skipped with the reason where the machine refuses it; on the test machine
+the kernel has no ``nfs`` filesystem (``mount.nfs: No such device``), so the NFS variant skips there
+and the sshfs ones run.
 """
 
 from __future__ import annotations

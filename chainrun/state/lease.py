@@ -6,13 +6,15 @@ own locks are not to be trusted across hosts there, so two files beside the stor
 
 - ``<store>.write.lease``: held by every writer for one transaction (milliseconds), then
   removed. Short CLI writers (submit, cancel) therefore wait at most one transaction of the
-  watcher, never a whole tick.
+  watcher, never a whole tick. The store checks it once more just before COMMIT
+  (:meth:`WriteLease.check`): a transaction that outlived its lease commits nothing.
 - ``<store>.watch.lease``: the *acting* role, held by the one watcher that moves chains.
   Its holder renews it every tick (and while it sleeps); every other `watch` is a read-only
   view that takes over only once the lease has expired.
 
 Both are created with ``O_EXCL`` (atomic on the NFS server since v3) and record host, pid,
-boot id, epoch, expiry and a random nonce. An expired lease is broken by renaming it aside:
+boot id, epoch, expiry and a random nonce. A record is always read past this host's page cache
+(:func:`read_uncached`): an old record of a holder since gone would let a live lease be broken. An expired lease is broken by renaming it aside:
 a token named after the expired lease (``O_EXCL``) lets exactly one contender rename it, and
 whoever then creates the lease again with ``O_EXCL`` holds it. The acting epoch lives in the store itself
 (``meta.acting_epoch``), bumped in a transaction by each new holder; every transaction of the
