@@ -208,6 +208,7 @@ def test_a_view_that_stays_old_is_refused_and_left_untouched(tmp_path, monkeypat
     with pytest.raises(StateError, match="older than its last commit") as err:
         _credit(s)
     assert str(s.commit_record_path()) in err.value.hint
+    assert not s._db.in_transaction  # rolled back: the connection is usable as it is
     with pytest.raises(StateError, match="older than its last commit"):
         s.chains()  # nor is it read as if it were current
     assert p.read_bytes() == old

@@ -232,6 +232,8 @@ class Store:
             if why is None:
                 return
             if time.monotonic() > deadline:
+                if in_tx:
+                    self._db.execute("ROLLBACK")
                 raise StateError(f"{self.path} stays older than its last commit after {STALE_WAIT_S:.0f}s: {why}",
                                  hint="the filesystem serves a stale copy (check its cache options, e.g. NFS "
                                       f"`nocto`); if the store was restored from a backup, remove "
