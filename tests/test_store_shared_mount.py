@@ -57,8 +57,9 @@ def _mount_sshfs(export: Path, mnt: Path, tmp: Path, *options: str) -> str | Non
 def _mount_sshfs_kernel_cache(export: Path, mnt: Path, tmp: Path) -> str | None:
     """The worst cache a network filesystem may have: ``kernel_cache`` keeps a file's pages across opens,
     so an open does not show what the other mount wrote (no close-to-open at all), and sshfs's own
-    attribute cache (``dir_cache``, on by default) keeps sizes up to 20 s. Without the commit check and
-    the dropped pages (state/store.py), four writers lost 30 or 60 of 120 updates in 2 of 3 runs here."""
+    attribute cache (``dir_cache``, on by default) keeps sizes up to 20 s. Before the page drop and the
+    commit check (state/store.py) the four-writer test failed here 4 runs of 4 (60 or 90 of 120 kept,
+    or a writer crashed); bench/shared_home.py shows what each defence does alone."""
     return _mount_sshfs(export, mnt, tmp, "-o", "kernel_cache")
 
 
@@ -159,48 +160,6 @@ def test_writers_through_both_mounts_take_turns(two_mounts):
     assert st._last_commit() == st.db.execute("PRAGMA user_version").fetchone()[0]
     st.close()
     assert not (home / "state.sqlite.write.lease").exists()
-
-
-# the same writers with the page drop switched off (as where posix_fadvise does nothing): the commit check
-# alone must keep every update; a view that stays old within the (shortened) wait is refused, never written on
-UNDROPPED = r"""
-import os, sys
-import chainrun.state.lease as lease
-import chainrun.state.store as store
-from chainrun.errors import StateError
-lease.drop_cached_pages = store.drop_cached_pages = lambda fd: None
-store.read_uncached = lambda fd, size: os.pread(fd, size, 0)
-store.STALE_WAIT_S = 5.0
-st = store.Store(sys.argv[1])
-committed = 0
-for i in range(int(sys.argv[2])):
-    try:
-        with st.tx() as db:
-            v = db.execute("SELECT credited_s FROM chains").fetchone()[0]
-            db.execute("UPDATE chains SET credited_s=?", (v + 1,))
-            st._event("train-1a2b", None, "note", "x" * 300)
-        committed += 1
-    except StateError as e:
-        assert "older than its last commit" in str(e), e
-print(committed, flush=True)
-"""
-
-
-@pytest.mark.parametrize("two_mounts", ["sshfs-kernel-cache"], indirect=True)
-def test_without_the_page_drop_the_commit_check_alone_loses_nothing(two_mounts):
-    home, other = two_mounts
-    st = Store(home / "state.sqlite")
-    st.add_chain(make_chain())
-    procs = [subprocess.Popen([sys.executable, "-c", UNDROPPED, str(h / "state.sqlite"), "15"], env=ENV,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for h in (home, other, home, other)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], [err[-600:] for _, err in outs]
-    committed = sum(int(out) for out, _ in outs)
-    assert committed > 0  # here all 60 went through in 6 runs of 6: a stale view clears once the size changes
-    assert st.chains()[0].credited_s == committed  # and each one that did is counted once
-    assert len(st.events(limit=1000)) == committed + 1
-    st.close()
 
 
 @pytest.mark.parametrize("two_mounts", ["sshfs-kernel-cache"], indirect=True)
