@@ -108,6 +108,8 @@ class Store:
         self._commit_no = 0  # the database's commit number (user_version) read in the current transaction
         self.journal_mode = wanted
         with self.reading():
+            if self.shared:
+                self._drop_cached_pages()  # the schema version read below must be current too
             try:
                 self._open()
                 self.journal_mode = self._set_journal_mode(wanted)
