@@ -14,7 +14,8 @@ own locks are not to be trusted across hosts there, so two files beside the stor
 
 Both are created with ``O_EXCL`` (atomic on the NFS server since v3) and record host, pid,
 boot id, epoch, expiry and a random nonce. A record is always read past this host's page cache
-(:func:`read_uncached`): an old record of a holder since gone would let a live lease be broken. An expired lease is broken by renaming it aside:
+(:func:`read_uncached`): an old record of a holder since gone would let a live lease be broken.
+An expired lease is broken by renaming it aside:
 a token named after the expired lease (``O_EXCL``) lets exactly one contender rename it, and
 whoever then creates the lease again with ``O_EXCL`` holds it. The acting epoch lives in the store itself
 (``meta.acting_epoch``), bumped in a transaction by each new holder; every transaction of the
@@ -305,7 +306,11 @@ class LeaseFile:
         except FileNotFoundError:
             return False
         try:
-            raw = aside.read_bytes()
+            fd = os.open(aside, os.O_RDONLY)
+            try:  # past the page cache: this mount may hold the pages of the lease it judged, not of the one moved
+                raw = read_uncached(fd, 4 * RECORD_BYTES)
+            finally:
+                os.close(fd)
             moved = Record.decode(raw)
             if judged is not None and (moved is None or moved.nonce != judged.nonce):
                 self._put_back(aside, raw)
