@@ -258,7 +258,8 @@ class Notifier:
 
     # the mark lives in the store's meta table (key/value), beside the schema version
     def _meta(self, key: str) -> str | None:
-        row = self.store.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        with self.store.reading():  # on a shared home a read holds the write lease (state/store.py)
+            row = self.store.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if row is None else row[0]
 
     def _set_meta(self, key: str, value: str) -> None:

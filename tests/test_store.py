@@ -2,10 +2,13 @@
 
 import os
 import sqlite3
+import threading
+import time
 
 import pytest
 
 from chainrun.errors import NotFoundError, StateError
+from chainrun.state.lease import Record
 from chainrun.state.records import Chain, Segment
 from chainrun.state.store import SCHEMA_VERSION, Store
 
@@ -151,3 +154,88 @@ def test_every_transaction_holds_the_write_lease_and_frees_it(tmp_path):
         with s.tx():
             raise RuntimeError("rolled back")
     assert not lease.exists()  # and after a rollback
+
+
+# ---------------------------------------------------------------- a shared home: never write on an old view
+def _credit(store: Store) -> None:
+    with store.tx() as db:  # read-modify-write, as the four writers of tests/test_store_shared_mount.py do
+        v = db.execute("SELECT credited_s FROM chains").fetchone()[0]
+        db.execute("UPDATE chains SET credited_s=?", (v + 1,))
+
+
+def test_each_commit_is_numbered_in_the_store_and_beside_it(tmp_path):
+    s = Store(tmp_path / "s.sqlite", mountinfo=nfs_over(tmp_path))
+    s.add_chain(make_chain())
+    before = s.db.execute("PRAGMA user_version").fetchone()[0]
+    _credit(s)
+    after = s.db.execute("PRAGMA user_version").fetchone()[0]
+    assert after == before + 1 and s._last_commit() == after  # the record beside the store says the same
+    assert len(s.commit_record_path().read_bytes()) == 128  # fixed size: a stale size cannot cut it short
+    local = Store(tmp_path / "l" / "s.sqlite", mountinfo=LOCAL)  # WAL on a local disk: one page cache, no record
+    local.add_chain(make_chain())
+    assert not local.commit_record_path().exists()
+
+
+def test_a_view_older_than_the_last_commit_waits_until_it_is_current(tmp_path, monkeypatch):
+    """A stale copy (what a page or attribute cache may show) is opened again until the file is current,
+    then written on: the increment lands on the last commit, not on the old copy."""
+    p = tmp_path / "s.sqlite"
+    s = Store(p, mountinfo=nfs_over(tmp_path))
+    s.add_chain(make_chain())
+    _credit(s)
+    old = p.read_bytes()
+    _credit(s)
+    _credit(s)
+    current = p.read_bytes()
+    p.write_bytes(old)  # the filesystem serves the view of two commits ago ...
+    timer = threading.Timer(1.0, p.write_bytes, (current,))  # ... until its cache expires
+    timer.start()
+    try:
+        _credit(s)
+    finally:
+        timer.join()
+    assert s.chains()[0].credited_s == 4  # 3 + 1, not 1 + 1
+
+
+def test_a_view_that_stays_old_is_refused_and_left_untouched(tmp_path, monkeypatch):
+    p = tmp_path / "s.sqlite"
+    s = Store(p, mountinfo=nfs_over(tmp_path))
+    s.add_chain(make_chain())
+    old = p.read_bytes()
+    _credit(s)
+    p.write_bytes(old)  # e.g. restored from a backup behind chainrun's back
+    monkeypatch.setattr("chainrun.state.store.STALE_WAIT_S", 1.0)
+    with pytest.raises(StateError, match="older than its last commit") as err:
+        _credit(s)
+    assert str(s.commit_record_path()) in err.value.hint
+    assert not s._db.in_transaction  # rolled back: the connection is usable as it is
+    with pytest.raises(StateError, match="older than its last commit"):
+        s.chains()  # nor is it read as if it were current
+    assert p.read_bytes() == old
+    assert not s.lease_path("write").exists()
+    s.commit_record_path().unlink()  # what the hint says to do after a restore
+    _credit(s)
+    assert s.chains()[0].credited_s == 1
+
+
+def test_a_transaction_that_outlived_its_write_lease_commits_nothing(tmp_path):
+    """The write lease is a fencing token checked just before COMMIT: a writer stopped past the expiry
+    (whose lease another writer may have broken and taken) rolls back instead of overwriting."""
+    from chainrun.state.lease import LeaseLost
+    s = Store(tmp_path / "s.sqlite", mountinfo=nfs_over(tmp_path))
+    s.add_chain(make_chain())
+    lease = s.lease_path("write")
+    with pytest.raises(LeaseLost, match="broken during the transaction"):
+        with s.tx() as db:
+            db.execute("UPDATE chains SET credited_s=99")
+            other = Record("login2", 4242, "other-boot", 0, time.time() + 60, "feedc0de", "write")
+            lease.write_bytes(other.encode())  # broken and taken by a writer on another host meanwhile
+    assert lease.read_bytes() == other.encode()  # the other's lease is left alone
+    lease.unlink()
+    assert s.chains()[0].credited_s == 0
+    with pytest.raises(LeaseLost, match="expired"):
+        with s.tx() as db:
+            db.execute("UPDATE chains SET credited_s=99")
+            s.write_lease.file.clock = lambda: time.time() + 3600  # stopped (SIGSTOP, a suspended laptop) an hour
+    s.write_lease.file.clock = time.time
+    assert s.chains()[0].credited_s == 0

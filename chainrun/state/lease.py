@@ -6,13 +6,16 @@ own locks are not to be trusted across hosts there, so two files beside the stor
 
 - ``<store>.write.lease``: held by every writer for one transaction (milliseconds), then
   removed. Short CLI writers (submit, cancel) therefore wait at most one transaction of the
-  watcher, never a whole tick.
+  watcher, never a whole tick. The store checks it once more just before COMMIT
+  (:meth:`WriteLease.check`): a transaction that outlived its lease commits nothing.
 - ``<store>.watch.lease``: the *acting* role, held by the one watcher that moves chains.
   Its holder renews it every tick (and while it sleeps); every other `watch` is a read-only
   view that takes over only once the lease has expired.
 
 Both are created with ``O_EXCL`` (atomic on the NFS server since v3) and record host, pid,
-boot id, epoch, expiry and a random nonce. An expired lease is broken by renaming it aside:
+boot id, epoch, expiry and a random nonce. A record is always read past this host's page cache
+(:func:`read_uncached`): an old record of a holder since gone would let a live lease be broken.
+An expired lease is broken by renaming it aside:
 a token named after the expired lease (``O_EXCL``) lets exactly one contender rename it, and
 whoever then creates the lease again with ``O_EXCL`` holds it. The acting epoch lives in the store itself
 (``meta.acting_epoch``), bumped in a transaction by each new holder; every transaction of the
@@ -151,6 +154,24 @@ def _hhmmss(t: float) -> str:
 
 
 
+def drop_cached_pages(fd: int) -> None:
+    """Forget this host's cached pages of the file, so the next read asks the filesystem. An open is
+    supposed to do that where another host may have written the file (NFS close-to-open), but a FUSE
+    mount with ``kernel_cache`` (or a same-second mtime under ``auto_cache``) keeps serving old pages
+    from an earlier open; POSIX_FADV_DONTNEED drops clean pages on any Linux filesystem."""
+    if hasattr(os, "posix_fadvise"):  # not on macOS: there the open's own revalidation is all there is
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+def read_uncached(fd: int, size: int) -> bytes:
+    """``pread`` from offset 0 of what the filesystem holds now, not of this host's page cache."""
+    drop_cached_pages(fd)
+    return os.pread(fd, size, 0)
+
+
 def create_exclusive(path) -> int:
     """``open(O_CREAT|O_EXCL)``; raises FileExistsError when the file exists. sshfs (SFTP) reports a
     lost create race as EPERM ("Operation not permitted"), not EEXIST: when the file is there, that is
@@ -197,17 +218,18 @@ class LeaseFile:
         """The record in the file (None if missing or unreadable) and the file's mtime (None if missing)."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None, None
+            try:
+                mtime = os.fstat(fd).st_mtime
+                raw = read_uncached(fd, 4 * RECORD_BYTES)  # an old record read here could break a live lease
+            finally:
+                os.close(fd)
         except OSError as e:
-            if e.errno == errno.ESTALE:  # NFS: the file was replaced under a cached handle
+            # ENOENT also after a successful open: sshfs asks the server for the attributes by path, and the
+            # holder may have released (removed) the file in between (a writer crashed on it under load);
+            # ESTALE: NFS, the file was replaced under a cached handle. Either way: no lease there now.
+            if e.errno in (errno.ENOENT, errno.ESTALE):
                 return None, None
             raise
-        try:
-            mtime = os.fstat(fd).st_mtime
-            raw = os.pread(fd, 4 * RECORD_BYTES, 0)
-        finally:
-            os.close(fd)
         return Record.decode(raw), mtime
 
     def breakable(self, rec: Record | None, mtime: float | None, now: float) -> bool:
@@ -284,7 +306,11 @@ class LeaseFile:
         except FileNotFoundError:
             return False
         try:
-            raw = aside.read_bytes()
+            fd = os.open(aside, os.O_RDONLY)
+            try:  # past the page cache: this mount may hold the pages of the lease it judged, not of the one moved
+                raw = read_uncached(fd, 4 * RECORD_BYTES)
+            finally:
+                os.close(fd)
             moved = Record.decode(raw)
             if judged is not None and (moved is None or moved.nonce != judged.nonce):
                 self._put_back(aside, raw)
@@ -345,7 +371,7 @@ class LeaseFile:
             self.mine = None
             raise LeaseLost("the lease file is gone (broken by another process)") from None
         try:
-            current = Record.decode(os.pread(fd, 4 * RECORD_BYTES, 0))
+            current = Record.decode(read_uncached(fd, 4 * RECORD_BYTES))
             if current is None or current.nonce != self.mine.nonce:
                 self.mine = None
                 raise LeaseLost(f"the lease is now held by {current.label if current else 'another process'}")
@@ -403,6 +429,21 @@ class WriteLease:
         finally:
             self._depth = 0
             self.file.release()
+
+    def check(self) -> None:
+        """Just before a commit: does this process still hold the lease? A transaction that outlived it
+        (the process was stopped, suspended or starved past the expiry) may have been overtaken by a writer
+        that broke the lease; its commit would then overwrite that writer's. LeaseLost (the caller rolls back)."""
+        mine = self.file.mine
+        if mine is None:
+            raise LeaseLost("this process does not hold the state store's write lease")
+        if self.file.valid_for() <= 0:
+            raise LeaseLost(f"the state store's write lease expired at {_hhmmss(mine.expires)} during the "
+                            "transaction (this process was stopped or too slow); nothing was written")
+        current, _ = self.file.read()
+        if current is None or current.nonce != mine.nonce:
+            raise LeaseLost("the state store's write lease was broken during the transaction "
+                            f"(now held by {current.label if current else 'nobody'}); nothing was written")
 
 
 class ActingLease:

@@ -6,10 +6,17 @@ follows the filesystem: WAL on a local disk, a rollback journal (``DELETE``) on 
 filesystem, where WAL's shared-memory index is not shared between hosts; a WAL store found
 on a network filesystem is converted once. A store from a newer chainrun (higher schema
 version) or a file that is not a chainrun store is refused, never rewritten.
+
+With a rollback journal (a shared home) no transaction trusts the filesystem's caches to show the
+last commit: each commit numbers itself in the database (``PRAGMA user_version``) and then, still
+under the lease, in a small file beside it (``state.sqlite.commit``). A reader or writer that takes
+the lease compares the two: a database older than the record (a stale page cache, attribute cache
+or file size) is opened again until it is current, and never written on.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -21,7 +28,7 @@ from pathlib import Path
 from typing import Iterator
 
 from chainrun.errors import NotFoundError, StateError
-from chainrun.state.lease import WriteLease
+from chainrun.state.lease import WriteLease, drop_cached_pages, read_uncached
 from chainrun.state.mounts import existing_parent, journal_mode_for, read_mountinfo
 from chainrun.state.records import SUBMITTING, Chain, Event, Segment
 
@@ -31,6 +38,10 @@ _READ = object()  # Store(mountinfo=...) default: read /proc/self/mountinfo
 # for reads after this long: an open revalidates what another host changed (NFS close-to-open; FUSE
 # drops its page cache on open), where a long-open file may keep serving stale pages
 FRESH_S = 1.0
+# how long a view older than the last commit (see _stale) is re-opened before the store gives up with an
+# error: past sshfs's attribute cache (20 s) and well inside the 60 s write lease the waiter holds meanwhile
+STALE_WAIT_S = 40.0
+COMMIT_RECORD_BYTES = 128  # the commit record is always this long: one same-length pwrite, never a short read
 
 SCHEMA_VERSION = 2
 
@@ -93,9 +104,12 @@ class Store:
         self._in_tx = False
         # a shared home: reads hold the lease too (below), and the connection is opened afresh
         self.shared = wanted == "DELETE"
-        self._reopen_each_time = False  # until the journal mode is set
+        self._reopen_each_time = False  # until the journal mode is set (also: no commit records before)
+        self._commit_no = 0  # the database's commit number (user_version) read in the current transaction
         self.journal_mode = wanted
         with self.reading():
+            if self.shared:
+                self._drop_cached_pages()  # the schema version read below must be current too
             try:
                 self._open()
                 self.journal_mode = self._set_journal_mode(wanted)
@@ -140,7 +154,101 @@ class Store:
             yield
             return
         with self.write_lease.held():
+            if self._reopen_each_time:  # not during __init__, before the connection is set up
+                self._drop_cached_pages()
+                self._await_current(in_tx=False)
             yield
+
+    # ---------------------------------------------------------------- the last commit, as a record beside the store
+    def commit_record_path(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.commit")
+
+    def _last_commit(self) -> int:
+        """The commit number the last writer recorded (0: none yet). Read past this host's page cache
+        (lease.read_uncached); the record is fixed-size, so a stale file size cannot cut it short."""
+        try:
+            fd = os.open(self.commit_record_path(), os.O_RDONLY)
+            try:
+                raw = read_uncached(fd, COMMIT_RECORD_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            if e.errno in (errno.ENOENT, errno.ESTALE):
+                return 0
+            raise
+        try:
+            return int(json.loads(raw.decode())["version"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return 0  # never written completely (a writer died in the first pwrite): nothing to compare
+
+    def _record_commit(self, version: int) -> None:
+        raw = json.dumps({"version": version}).encode().ljust(COMMIT_RECORD_BYTES, b" ")
+        try:
+            fd = os.open(self.commit_record_path(), os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, raw, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:  # the commit stands; later views are only checked against an older number
+            log.warning("%s: could not record commit %d", self.commit_record_path(), version, exc_info=True)
+
+    def _drop_cached_pages(self) -> None:
+        """This host's cached pages of the database go (lease.drop_cached_pages): SQLite then reads what
+        the filesystem holds. Page 1 alone being current would not do: another page may still be old."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            drop_cached_pages(fd)
+        finally:
+            os.close(fd)
+
+    def _stale(self, db: sqlite3.Connection) -> str | None:
+        """Why this connection's view is older than the last commit, or None when it is current. Called
+        under the write lease, so nobody commits meanwhile."""
+        try:
+            self._commit_no = int(db.execute("PRAGMA user_version").fetchone()[0])
+            pages = int(db.execute("PRAGMA page_count").fetchone()[0])
+            page_size = int(db.execute("PRAGMA page_size").fetchone()[0])
+        except sqlite3.DatabaseError as e:  # e.g. "malformed": the header counts more pages than a stale size shows
+            return f"unreadable ({e})"
+        last = self._last_commit()
+        if self._commit_no < last:
+            return f"commit {self._commit_no} is seen, the last one recorded is {last}"
+        size = self.path.stat().st_size
+        # an empty file is a new database (SQLite counts its first page before writing it); a stale empty
+        # view of a store that has commits is caught by the number above
+        if 0 < size < pages * page_size:
+            return f"the file shows {size} bytes, its header counts {pages * page_size}"
+        return None
+
+    def _await_current(self, *, in_tx: bool) -> None:
+        """Open the store again until it shows the last commit (see the module's docstring). ``in_tx``: a
+        ``BEGIN IMMEDIATE`` is open on the connection, and is rolled back and begun again around a reopen."""
+        deadline = time.monotonic() + STALE_WAIT_S
+        pause = 0.05
+        while True:
+            why = self._stale(self._db if in_tx else self.db)
+            if why is None:
+                return
+            if time.monotonic() > deadline:
+                if in_tx:
+                    self._db.execute("ROLLBACK")
+                raise StateError(f"{self.path} stays older than its last commit after {STALE_WAIT_S:.0f}s: {why}",
+                                 hint="the filesystem serves a stale copy (check its cache options, e.g. NFS "
+                                      f"`nocto`); if the store was restored from a backup, remove "
+                                      f"{self.commit_record_path()}")
+            log.info("%s: the view is older than the last commit (%s); opening it again", self.path, why)
+            if in_tx:
+                self._db.execute("ROLLBACK")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+            self._drop_cached_pages()
+            self._reopen()
+            if in_tx:
+                self._db.execute("BEGIN IMMEDIATE")
 
     def lease_path(self, role: str) -> Path:
         """The lease files live beside the store: ``state.sqlite.write.lease``, ``state.sqlite.watch.lease``."""
@@ -213,20 +321,31 @@ class Store:
         """One write transaction under the home's write lease. In the acting watcher's store it first
         re-reads the acting epoch (``fenced``): a watcher that lost the role writes nothing."""
         with self.write_lease.held():
-            if self._reopen_each_time and not self._in_tx:
+            numbered = self._reopen_each_time  # a rollback journal: commits are numbered and checked
+            if numbered:
+                self._drop_cached_pages()
                 self._reopen()  # what other hosts committed, not what this file handle cached
+            self._db.execute("BEGIN IMMEDIATE")
+            if numbered:
+                self._await_current(in_tx=True)  # never write on a view older than the last commit
             db = self._db
-            db.execute("BEGIN IMMEDIATE")
             self._in_tx = True
             try:
                 if fenced and self.acting is not None:
                     self.acting.check(db)
                 yield db
+                if numbered:
+                    db.execute(f"PRAGMA user_version={self._commit_no + 1}")
+                    # the fencing token checked at the last moment: a writer that outlived its lease
+                    # (stopped, suspended) may have been overtaken, and its commit would undo the other's
+                    self.write_lease.check()
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             else:
                 db.execute("COMMIT")
+                if numbered:
+                    self._record_commit(self._commit_no + 1)  # before the lease goes: the next holder reads it
             finally:
                 self._in_tx = False
 
