@@ -239,3 +239,23 @@ def test_a_transaction_that_outlived_its_write_lease_commits_nothing(tmp_path):
             s.write_lease.file.clock = lambda: time.time() + 3600  # stopped (SIGSTOP, a suspended laptop) an hour
     s.write_lease.file.clock = time.time
     assert s.chains()[0].credited_s == 0
+
+
+def test_a_cancel_wins_over_a_tick_that_read_the_chain_before_it(tmp_path):
+    """A watcher tick writes the whole chain row; a `chainrun cancel` between its read and its write stays."""
+    s = Store(tmp_path / "s.sqlite")
+    s.add_chain(make_chain())
+    tick_copy = s.chain("train-1a2b")  # the tick reads the chain ...
+    cancel_copy = s.chain("train-1a2b")  # ... `chainrun cancel` reads it too and cancels it first
+    cancel_copy.status, cancel_copy.reason, cancel_copy.finished = "CANCELLED", "cancelled by the user", 123.0
+    s.save_chain(cancel_copy)
+    tick_copy.credited_s = 600.0  # the tick's own news is kept
+    s.save(tick_copy, [], [(None, "continue", "segment 0 checkpointed")])
+    now = s.chain("train-1a2b")
+    assert (now.status, now.reason, now.finished) == ("CANCELLED", "cancelled by the user", 123.0)
+    assert now.credited_s == 600.0
+    assert tick_copy.status == "CANCELLED"  # the tick's copy agrees with what was written
+    for later in ("COMPLETED", "FAILED", "ACTIVE"):
+        tick_copy.status = later
+        s.save_chain(tick_copy)
+        assert s.chain("train-1a2b").status == "CANCELLED"

@@ -30,7 +30,7 @@ from typing import Iterator
 from chainrun.errors import NotFoundError, StateError
 from chainrun.state.lease import WriteLease, drop_cached_pages, read_uncached
 from chainrun.state.mounts import existing_parent, journal_mode_for, read_mountinfo
-from chainrun.state.records import SUBMITTING, Chain, Event, Segment
+from chainrun.state.records import CANCELLED, SUBMITTING, Chain, Event, Segment
 
 log = logging.getLogger(__name__)
 _READ = object()  # Store(mountinfo=...) default: read /proc/self/mountinfo
@@ -443,6 +443,11 @@ class Store:
         )
 
     def _update_chain(self, chain: Chain) -> None:
+        # A `chainrun cancel` wins over a tick that read the chain before it: the tick writes the whole
+        # row, and would otherwise write a cancelled chain back to ACTIVE (status, reason, end kept).
+        was = self.db.execute("SELECT status, reason, finished FROM chains WHERE id=?", (chain.id,)).fetchone()
+        if was is not None and was["status"] == CANCELLED and chain.status != CANCELLED:
+            chain.status, chain.reason, chain.finished = was["status"], was["reason"], was["finished"]
         chain.updated = time.time()
         row = _chain_row(chain)
         self.db.execute(
