@@ -79,12 +79,13 @@ def test_scrontab_ticks_complete_a_chain_without_a_watcher(seeded_scrontab, tmp_
     assert scrontab("-l").stdout == table  # repeating is safe
 
     # a lead chain whose successor starts early and must hand off (tests/chain/test_chain_slurm.py "handoff"):
-    # segments of 90 s train ~40 s to the hand-over point (the signal 50 s before the limit): two are
-    # needed for 70 s, and with a lead of 60 s the first tick after segment 0 starts submits segment 1
+    # 3-minute segments on `long` train 100-130 s to the hand-over point (the signal 50-80 s before the
+    # limit): two are needed for 150 s. With a lead of 120 s any tick after segment 0 starts submits
+    # segment 1, and a 1-minute schedule gives at least one such tick even when a tick job queues a while
     t0 = time.time()
-    p = run_cli("submit", str(payload(tmp_path)), "--name", "sched", "--signal", SIGNAL, "--total", "70s", "--segment", "90s",
-                "--policy", "lead", "--lead", "60s", "--json", "--", "--nodelist=n3",
-                "--export=ALL,CHAINRUN_ADAPTIVE_HANDOFF=0", home=home, cwd=work)
+    p = run_cli("submit", str(payload(tmp_path)), "--name", "sched", "--signal", SIGNAL, "--total", "150s",
+                "--segment", "3m", "--policy", "lead", "--lead", "120s", "--json", "--", "--partition=long",
+                "--nodelist=n3", "--export=ALL,CHAINRUN_ADAPTIVE_HANDOFF=0", home=home, cwd=work)
     assert p.returncode == 0, p.stderr
     chain = json.loads(p.stdout)["data"]["chain"]
 
@@ -103,9 +104,9 @@ def test_scrontab_ticks_complete_a_chain_without_a_watcher(seeded_scrontab, tmp_
         assert len(segs) >= 2, segs
         # hand-offs included: the trainer's own record shows no two jobs training at once and no step lost
         assert_continuous_and_exclusive(Scenario("sched", [], {}, chain, view))
-        # its expected time: each segment within its 90 s limit (+30 s: the controller checks limits every
-        # 30 s), plus two tick periods, plus a minute for this loaded host
-        assert took <= len(segs) * 120 + 2 * EVERY_S + 60, (took, segs)
+        # its expected time: each segment within its 3-minute limit (+30 s: the controller checks limits
+        # every 30 s), plus two tick periods, plus a minute for a loaded host
+        assert took <= len(segs) * 210 + 2 * EVERY_S + 60, (took, segs)
         # the ticks were Slurm jobs named cr.tick, recorded in the store, and `status` says where they come from
         st = Store(home / "state.sqlite")
         try:
