@@ -47,6 +47,7 @@ CHAINS_EVERY_S = 12 * 3600.0
 WARMUP_S = 7 * 86400.0
 WORK_SEGMENTS = 3.5  # a chain without a user's chain to copy: 3.5 segments (the evaluation's 168 h / 48 h)
 PROGRESS_STEPS = 20  # the points run in this many batches, each reported
+TUNE_DAYS = 60.0  # the recent history replayed (the model's default lookback): bounds the cost whatever the cache holds
 
 
 @dataclass
@@ -225,6 +226,16 @@ def partition_history(hist: "pd.DataFrame", sharing: set) -> "pd.DataFrame":
     parts = hist["partition"].fillna("").astype(str)
     keep = parts.map(lambda p: p == "" or any(x in sharing for x in p.split(",")))
     return hist[keep.to_numpy(bool)]
+
+
+def recent(hist: "pd.DataFrame", days: float = TUNE_DAYS) -> "pd.DataFrame":
+    """The jobs submitted in the last ``days`` of the history."""
+    import numpy as np
+
+    sub = hist["submit"].to_numpy(float)
+    if not len(sub):
+        return hist
+    return hist[sub >= np.nanmax(sub) - days * 86400.0]
 
 
 def as_seen_at(trace: "pd.DataFrame", as_of: float) -> "pd.DataFrame":
@@ -407,7 +418,7 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
         elif history is None or history.empty:
             res = {**base, "reason": "no history"}
         else:
-            hist = partition_history(history, facts.sharing)
+            hist = partition_history(recent(history), facts.sharing)
             step = (lambda d, n, p=part: progress(p, d, n)) if progress else None
             try:
                 res = choose(hist, nodes=facts.nodes, shape=shape, in_force=force, priority=facts.priority,
