@@ -46,7 +46,9 @@ FIDELITY_FLOOR = 0.3
 CHAINS_EVERY_S = 12 * 3600.0
 WARMUP_S = 7 * 86400.0
 WORK_SEGMENTS = 3.5  # a chain without a user's chain to copy: 3.5 segments (the evaluation's 168 h / 48 h)
-PROGRESS_STEPS = 20  # the points run in this many batches, each reported
+# the points run in this many batches, each reported; every batch replays the queue up to its first
+# point again (per worker), so few
+PROGRESS_STEPS = 8
 TUNE_DAYS = 60.0  # the recent history replayed (the model's default lookback): bounds the cost whatever the cache holds
 
 
@@ -289,9 +291,10 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     fixed, refs = R.fixed_specs(), [PolicySpec("reactive", "reactive"), PolicySpec("oracle", "oracle")]
     force = _spec_for(in_force, cands, work.segment_s)
     full = list({s.name: s for s in [*cands, force, *fixed, *refs]}.values())
+    memo = _Fits(predictor)
     cfg = ChainsConfig(nodes=nodes, chains_every_s=chains_every_s, warmup_s=warmup_s, chain_nodes=(shape["nodes"],),
                        work=work, specs=refs[:1], priority=priority, priority_config=priority_config,
-                       size_weight_s=size_weight_s, workers=workers, predictor=predictor, seed=seed)
+                       size_weight_s=size_weight_s, workers=workers, predictor=memo, seed=seed)
     if nodes is not None and int(seen["nodes"].max()) > nodes:  # a job of a sharing partition wider than this one
         cfg = replace(cfg, nodes=int(seen["nodes"].max()))
     w, n_nodes, sizes = setup(seen, cfg)
@@ -305,6 +308,7 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     if sum(t < as_of - check_s for t, _ in pts) < min_choice:
         return {**out, "reason": f"history too short: {sum(t < as_of - check_s for t, _ in pts)} chains to choose "
                                  f"on (needs {min_choice})"}
+    _fit_every_week(memo, w, chain_replay._SHARED, cfg, as_of)
     runs = []
     k = min(PROGRESS_STEPS, len(pts))
     batches = [pts[round(len(pts) * i / k):round(len(pts) * (i + 1) / k)] for i in range(k)]
@@ -363,6 +367,41 @@ def verdict(*, same: bool, check: dict, spearman: float | None) -> tuple[bool, s
 
 
 _KEYS = ("rule", "transition_cost_s", "lead_share", "floor_s")
+
+
+class _Fits:
+    """The replay's predictor factory (``Knowledge``'s), each weekly refit made once: the batches and
+    the forked workers reuse the fits made beforehand in this process (``_fit_every_week``)."""
+
+    def __init__(self, factory=None) -> None:
+        from chainrun.sim.knowledge import chainrun_predictor
+
+        self.factory = factory or chainrun_predictor
+        self.__name__ = getattr(self.factory, "__name__", "model")
+        self.done: dict = {}
+
+    def __call__(self, history, until: float):
+        if until not in self.done:
+            try:
+                self.done[until] = (True, self.factory(history, until))
+            except Exception as e:  # noqa: BLE001 -- Knowledge decides what a failed fit means
+                self.done[until] = (False, e)
+        ok, v = self.done[until]
+        if not ok:
+            raise v
+        return v
+
+
+def _fit_every_week(memo: "_Fits", w, shared: dict, cfg, as_of: float) -> None:
+    """Make every weekly refit up to ``as_of`` here, before the workers fork (they inherit them)."""
+    from chainrun.sim.knowledge import Knowledge
+
+    kn = Knowledge(w.table, shared["starts"], factory=memo, retrain_every_s=cfg.retrain_every_s,
+                   first_retrain=shared["first"])
+    t = shared["first"]
+    while t <= as_of + cfg.work.horizon_s and t <= as_of + cfg.retrain_every_s:
+        kn.predictor(t)
+        t += cfg.retrain_every_s
 
 
 def _spec_for(values: dict, cands: list, segment_s: float):
