@@ -296,9 +296,13 @@ class Predicted:
         from chainrun.chain import tuned
 
         v = tuned.in_force(chain.cluster, chain.partition or "")
-        return Predicted(self.max_lead_share if "lead_share" not in self._tuned else v["lead_share"],
-                         self.rule if "rule" not in self._tuned else v["rule"],
-                         self.transition_cost_s if "cost" not in self._tuned else v["transition_cost_s"])
+        p = Predicted(self.max_lead_share if "lead_share" not in self._tuned else v["lead_share"],
+                      self.rule if "rule" not in self._tuned else v["rule"],
+                      self.transition_cost_s if "cost" not in self._tuned else v["transition_cost_s"])
+        # the watcher's estimate carries the shipped cost's quantile target: the quantile rule acts
+        # on the target of the cost in force
+        p._retarget = "cost" in self._tuned
+        return p
 
     def earliest(self, view: PolicyView) -> float | None:
         """The first moment this rule may submit (the guard), or None when it does not apply."""
@@ -326,6 +330,8 @@ class Predicted:
             return Decision(False, f"guard: not before {view.handover_at - first:.0f}s before the hand-over "
                                    f"point (share {self.max_lead_share:.2f})")
         est = view.predict_wait() if view.predict_wait else None
+        if est is not None and est.target is not None and getattr(self, "_retarget", False):
+            est = replace(est, target=predict_quantile(view.chain.segment_s, self.transition_cost_s))
         left = view.handover_at - view.now
         if est is None:
             d = Lead().decide(view)

@@ -212,3 +212,26 @@ def test_an_unreadable_store_is_named_and_the_watcher_keeps_the_shipped_values(c
     with pytest.raises(ModelError, match="tuning.json"):
         tuned.load("c2")
     assert tuned.in_force("c2", "gpu") == tuned.shipped()
+
+
+def test_the_quantile_rule_in_force_acts_on_its_own_costs_target(chainrun_home):
+    from chainrun.chain.policies import PolicyView, WaitEstimate, predict_quantile
+    from chainrun.state.records import RUNNING
+
+    tuned.record("c3", "gpu", {"adopted": True, "reason": "test", "previous": tuned.shipped(),
+                               "chosen": {"rule": "quantile", "transition_cost_s": 21600.0, "lead_share": 1.0,
+                                          "floor_s": 3600.0}})
+    ch = SimpleNamespace(cluster="c3", partition="gpu", segment_s=48 * 3600, signal_lead_s=300, lead_s=3600)
+    cur = SimpleNamespace(phase=RUNNING, start=0.0)
+    shipped_q, tuned_q = predict_quantile(ch.segment_s), predict_quantile(ch.segment_s, 21600.0)
+    p_in_time = (shipped_q + tuned_q) / 2  # between the two targets: the shipped cost's submits, the tuned waits
+    est = WaitEstimate(seconds=1.0, model="m", target=shipped_q, prob_within=lambda h: p_in_time)
+    view = PolicyView(now=10 * 3600.0, chain=ch, current=cur, handover_at=40 * 3600.0, predict_wait=lambda: est)
+    assert tuned_q < p_in_time < shipped_q
+    assert Predicted(rule="quantile", max_lead_share=1.0).decide(view).submit  # P <= the shipped cost's target
+    assert not get_policy("predicted").decide(view).submit  # P above the tuned cost's target: not yet
+    late = PolicyView(now=10 * 3600.0, chain=ch, current=cur, handover_at=40 * 3600.0,
+                      predict_wait=lambda: WaitEstimate(seconds=1.0, model="m", target=shipped_q,
+                                                        prob_within=lambda h: tuned_q - 0.01))
+    d = get_policy("predicted").decide(late)
+    assert d.submit and f"target {tuned_q:.2f}" in d.reason
