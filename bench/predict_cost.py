@@ -176,8 +176,16 @@ def tune_child(dump: str, nodes: int) -> None:
     from chainrun.predict import service
 
     t0, c0 = time.time(), time.process_time()
+
+    def progress(part: str, done: int, total: int) -> None:  # on stderr, as it goes (a long run can be read early)
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+        print(f"tuning {part}: batch {done}/{total}, wall {time.time() - t0:.0f}s, CPU {cpu:.0f}s", file=sys.stderr,
+              flush=True)
+
     res = service.refresh(TuneRunner(Path(dump), nodes), cluster="bench", now=1e10,
-                          lookback_days=1e10 / 86400 - 1, window_days=1e10 / 86400, tune=True, tune_workers=2)
+                          lookback_days=1e10 / 86400 - 1, window_days=1e10 / 86400, tune=True, tune_workers=2,
+                          progress=progress)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {"wall_s": round(time.time() - t0, 1), "seconds": res["seconds"],
            "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 1),
@@ -196,9 +204,9 @@ def tune_bench(a) -> None:
         rows = sum(1 for _ in dump.open()) - 1
         print(f"dump: {rows} rows over the last {a.tune_days:g} days, {k} overlaid copies, {80 * k} nodes", flush=True)
         p = subprocess.run([sys.executable, __file__, "--tune-child", str(dump), "--nodes", str(80 * k)],
-                           capture_output=True, text=True, env={**os.environ, "CHAINRUN_HOME": tmp})
+                           stdout=subprocess.PIPE, text=True, env={**os.environ, "CHAINRUN_HOME": tmp})
         if p.returncode:
-            sys.exit(p.stderr)
+            sys.exit(f"the refresh failed (exit {p.returncode})")
         r = json.loads(p.stdout.strip().splitlines()[-1])
     r.update(rows=rows, copies=k, days=a.tune_days, load_average=os.getloadavg(), cores=os.cpu_count())
     print(f"{'refresh + tuning wall time (s)':34s} {r['wall_s']:>12}  < 300 (1 M rows, 2 cores)")

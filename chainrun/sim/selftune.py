@@ -310,10 +310,10 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
                                  f"on (needs {min_choice})"}
     _fit_every_week(memo, w, chain_replay._SHARED, cfg, as_of)
     runs = []
-    k = min(PROGRESS_STEPS, len(pts))
-    batches = [pts[round(len(pts) * i / k):round(len(pts) * (i + 1) / k)] for i in range(k)]
+    nb = min(PROGRESS_STEPS, len(pts))
+    batches = [pts[round(len(pts) * i / nb):round(len(pts) * (i + 1) / nb)] for i in range(nb)]
     for i, b in enumerate(batches):
-        more, _ = run_points([(t, k, full) for t, k in b], workers)
+        more, _ = run_points([(t, n, full) for t, n in b], workers)
         runs += more
         if progress:
             progress(i + 1, len(batches))
