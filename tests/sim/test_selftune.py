@@ -235,3 +235,42 @@ def test_the_quantile_rule_in_force_acts_on_its_own_costs_target(chainrun_home):
                                                         prob_within=lambda h: tuned_q - 0.01))
     d = get_policy("predicted").decide(late)
     assert d.submit and f"target {tuned_q:.2f}" in d.reason
+
+
+def test_the_watcher_runs_predicted_with_the_values_in_force(tmp_path, chainrun_home):
+    """Engine -> get_policy("predicted") -> the values in force for the chain's cluster and partition:
+    with the quantile rule and no guard in force on `short`, the first tick submits (P 0.5 <= the
+    target); the same chain on `long` (shipped: the guard, 0.6 of a segment) does not yet."""
+    import time
+
+    from chainrun.chain.engine import Engine
+    from chainrun.chain.policies import WaitEstimate
+    from chainrun.slurm.client import SlurmClient
+    from chainrun.state.records import Segment
+    from chainrun.state.store import Store
+    from tests.reliability.fakeslurm import FakeSlurm
+    from tests.reliability.test_engine_faults import make_chain, submit_segment
+
+    tuned.record("local", "short", {"adopted": True, "reason": "test", "previous": tuned.shipped(),
+                                    "chosen": {"rule": "quantile", "transition_cost_s": 3600.0, "lead_share": 1.0,
+                                               "floor_s": 3600.0}})
+    fake = FakeSlurm(now=time.time())
+    store = Store(tmp_path / "state.db")
+    slurm = SlurmClient(fake)
+    est = WaitEstimate(seconds=60.0, model="m", target=0.9, prob_within=lambda h: 0.5)
+    eng = Engine(store, slurm, fake, clock=lambda: fake.now, user="root", predictor=lambda c, cur, q: est)
+    chains = []
+    for cid, part in (("t-0001", "short"), ("t-0002", "long")):
+        c = make_chain(store, cid, policy="predicted")
+        c.partition = part
+        store.save(c, [])
+        submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=120))
+        chains.append(c)
+    for job in list(fake.jobs.values()):
+        fake.start(job.id)
+    eng.tick()
+    short, long_ = (store.segments(c.id) for c in chains)
+    said = [e.message for _, e in store.events(chains[0].id) if "segment 1 submitted" in e.message]
+    assert len(short) == 2 and len(said) == 1 and "(P(start within" in said[0], said  # the quantile rule's words
+    assert len(long_) == 1  # the shipped guard: not before 0.4 of the segment has trained
+    store.close()
