@@ -11,6 +11,15 @@
 3. Load the saved model and time single predictions with a live-like snapshot and history.
 Targets (issue #3, kept by #12): refresh <= 60 s and <= 2 GiB RSS on 2 cores; one prediction <= 50 ms.
 Writes docs/results/predict_cost.json.
+
+``--tune``: the refresh with self-tuning (chainrun/sim/selftune.py, issue #24) on ``--tune-days``
+(60) of history: the last 60 days of the trace overlaid ``k`` times (each copy its own users and
+job ids, times jittered by up to a minute) so that the dump has ``--rows`` rows, on a partition of
+80 x k nodes (LS6's A100 partition times k) with LS6's priority weights (the runner answers
+scontrol with them). Wall time, CPU seconds (the refresh and its replay workers) and peak RSS (the
+largest of the process and its workers) of ``service.refresh(..., tune=True, tune_workers=2)``;
+target (issue #24): < 5 min and < 2 GiB on 2 cores for 60 days of 1 M rows. Writes
+docs/results/predict_cost_tune.json.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ def make_dump(trace: str, rows: int, out: Path, seed: int = 7) -> None:
         "AllocTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str) + ",node=" + d["nodes"].astype(str),
         "ReqTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str),
         "State": d["state"], "ExitCode": d["exit_code"], "JobName": d["name"],
-        "Elapsed": "00:00:00", "Reason": "None",
+        "Elapsed": "00:00:00", "Reason": "None", "NodeList": "",
     }
     cols = {k: cols[k] for k in SACCT_FORMAT.split(",")}  # sacct's order, with its header line
     pd.DataFrame(cols).to_csv(out, sep="|", header=True, index=False)
@@ -85,6 +94,129 @@ class DumpRunner:
         out = "" if self.sent else self.path.read_text()
         self.sent = True
         return RunResult(tuple(argv), 0, out, "", 0.0)
+
+
+def make_tune_dump(trace: str, rows: int, days: float, out: Path, seed: int = 7) -> int:
+    """The last ``days`` of the trace overlaid k times to ``rows`` rows; returns k."""
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from chainrun.traces import read_trace
+
+    df = read_trace(trace)
+    df = df[df["submit"] >= df["submit"].max() - days * 86400.0].reset_index(drop=True)
+    k = max(1, math.ceil(rows / len(df)))
+    rng = np.random.default_rng(seed)
+    copies = []
+    for i in range(k):
+        t = df.copy()
+        jit = rng.uniform(0, 60, len(t)) if i else 0.0
+        for c in ("submit", "eligible", "start", "end"):
+            t[c] = t[c] + jit
+        t["user"] = t["user"].astype(str) + (f"c{i}" if i else "")
+        copies.append(t)
+    d = pd.concat(copies, ignore_index=True).iloc[:rows]
+    _write_dump(d, out)
+    return k
+
+
+def _write_dump(d, out: Path) -> None:
+    import pandas as pd
+
+    from chainrun.predict.ingest import SACCT_FORMAT
+
+    d = d.reset_index(drop=True)
+    d["job_id"] = [str(10_000_000 + i) for i in range(len(d))]
+
+    def ep(s):
+        return s.map(lambda v: "Unknown" if v != v else str(int(v)))
+
+    cols = {
+        "JobIDRaw": d["job_id"], "User": "u" + d["user"].astype(str), "Partition": "gpu-a100", "QOS": "normal",
+        "Account": "acct", "Submit": ep(d["submit"]), "Eligible": ep(d["submit"]), "Start": ep(d["start"]),
+        "End": ep(d["end"]), "TimelimitRaw": (d["timelimit_s"] // 60).astype(int).astype(str),
+        "NNodes": d["nodes"].astype(str), "NCPUS": (d["nodes"] * 128).astype(str),
+        "AllocTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str) + ",node=" + d["nodes"].astype(str),
+        "ReqTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str),
+        "State": d["state"], "ExitCode": d["exit_code"], "JobName": d["name"],
+        "Elapsed": "00:00:00", "Reason": "None", "NodeList": "",
+    }
+    cols = {k: cols[k] for k in SACCT_FORMAT.split(",")}
+    pd.DataFrame(cols).to_csv(out, sep="|", header=True, index=False)
+
+
+class TuneRunner(DumpRunner):
+    """The dump for sacct, a partition of ``nodes`` nodes and LS6's priority weights for scontrol."""
+
+    def __init__(self, path: Path, nodes: int) -> None:
+        super().__init__(path)
+        self.nodes = nodes
+
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        from chainrun.runner.base import RunResult
+
+        cmd = " ".join(argv[:3])
+        if cmd == "scontrol show partition":
+            out = (f"PartitionName=gpu-a100 Default=YES MaxTime=2-00:00:00 State=UP TotalNodes={self.nodes} "
+                   f"Nodes=c[1-{self.nodes}]\n")
+            return RunResult(tuple(argv), 0, out, "", 0.0)
+        if cmd == "scontrol show config":
+            c = json.loads((Path(TRACE).parent / "priority-config.json").read_text())
+            out = "PriorityType = priority/multifactor\n" + "".join(
+                f"{k} = {v if k != 'PriorityMaxAge' else f'{v}-0'}\n" for k, v in c.items())
+            return RunResult(tuple(argv), 0, out.replace("Fairshare", "FairShare"), "", 0.0)
+        if cmd == "scontrol show node":
+            return RunResult(tuple(argv), 0, "".join(f"NodeName=c{i} State=IDLE\n" for i in range(self.nodes)), "", 0.0)
+        return super().run(argv, timeout, env=env, stdin=stdin)
+
+
+def tune_child(dump: str, nodes: int) -> None:
+    from chainrun.predict import service
+
+    t0, c0 = time.time(), time.process_time()
+
+    def progress(part: str, done: int, total: int) -> None:  # on stderr, as it goes (a long run can be read early)
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+        print(f"tuning {part}: batch {done}/{total}, wall {time.time() - t0:.0f}s, CPU {cpu:.0f}s", file=sys.stderr,
+              flush=True)
+
+    res = service.refresh(TuneRunner(Path(dump), nodes), cluster="bench", now=1e10,
+                          lookback_days=1e10 / 86400 - 1, window_days=1e10 / 86400, tune=True, tune_workers=2,
+                          progress=progress)
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = {"wall_s": round(time.time() - t0, 1), "seconds": res["seconds"],
+           "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 1),
+           "cpu_s_main": round(time.process_time() - c0, 1),
+           "max_rss_mib": round(max(me.ru_maxrss, kids.ru_maxrss) / 1024, 0),
+           "history_rows": res["history_rows"], "nodes": nodes,
+           "tuning": {p: {k: r.get(k) for k in ("summary", "window", "fidelity", "seconds", "chosen")}
+                      for p, r in res["tuning"].items()}}
+    print(json.dumps(out))
+
+
+def tune_bench(a) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = Path(tmp) / "sacct.txt"
+        k = make_tune_dump(a.trace, a.rows, a.tune_days, dump)
+        rows = sum(1 for _ in dump.open()) - 1
+        print(f"dump: {rows} rows over the last {a.tune_days:g} days, {k} overlaid copies, {80 * k} nodes", flush=True)
+        p = subprocess.run([sys.executable, __file__, "--tune-child", str(dump), "--nodes", str(80 * k)],
+                           stdout=subprocess.PIPE, text=True, env={**os.environ, "CHAINRUN_HOME": tmp})
+        if p.returncode:
+            sys.exit(f"the refresh failed (exit {p.returncode})")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+    r.update(rows=rows, copies=k, days=a.tune_days, load_average=os.getloadavg(), cores=os.cpu_count())
+    print(f"{'refresh + tuning wall time (s)':34s} {r['wall_s']:>12}  < 300 (1 M rows, 2 cores)")
+    print(f"{'  of which tuning (s)':34s} {r['seconds'].get('tune'):>12}")
+    print(f"{'CPU seconds (with replay workers)':34s} {r['cpu_s']:>12}")
+    print(f"{'peak RSS (MiB, largest process)':34s} {r['max_rss_mib']:>12}  < 2048")
+    for part, t in r["tuning"].items():
+        print(f"{part}: {t['summary']}")
+    out = Path(__file__).resolve().parents[1] / "docs/results/predict_cost_tune.json"
+    out.write_text(json.dumps(r, indent=1))
 
 
 def refresh_child(dump: str) -> None:
@@ -129,10 +261,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--tune", action="store_true", help="the refresh with self-tuning on --tune-days of history")
+    ap.add_argument("--tune-days", type=float, default=60.0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--tune-child", help=argparse.SUPPRESS)
+    ap.add_argument("--nodes", type=int, default=80, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         return refresh_child(a.child)
+    if a.tune_child:
+        return tune_child(a.tune_child, a.nodes)
+    if a.tune:
+        return tune_bench(a)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["CHAINRUN_HOME"] = tmp
         dump = Path(tmp) / "sacct.txt"

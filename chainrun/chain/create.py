@@ -155,7 +155,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     chain = Chain(
         id=chain_id, name=req.name or PurePosixPath(req.script).stem, cluster=req.cluster, script=script,
         workdir=req.workdir, run_dir=run_dir, checkpoint_dir=ckpt, total_s=req.total_s, segment_s=segment,
-        policy=req.policy, lead_s=default_lead_s(req.policy) if req.lead_s is None else req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
+        policy=req.policy, lead_s=default_lead_s(req.policy, req.cluster, info.name) if req.lead_s is None else req.lead_s, signal=signal, signal_lead_s=signal_lead, retries=req.retries,
         sbatch_args=user_args + _default_output(user_args + script_opts, run_dir),
         partition=info.name, created=time.time(),
         extra={"partition_nodes": info.total_nodes, **({} if req.adapt else {"no_adapt": True}),

@@ -28,9 +28,17 @@ DEFAULT_LEAD_S = 3600
 PREDICTED_FLOOR_S = 3600
 
 
-def default_lead_s(policy: str) -> int:
-    """The chain's `--lead` when none is given: `predicted`'s floor, or the lead of the others."""
-    return PREDICTED_FLOOR_S if policy == "predicted" else DEFAULT_LEAD_S
+def default_lead_s(policy: str, cluster: str | None = None, partition: str = "") -> int:
+    """The chain's `--lead` when none is given: `predicted`'s floor, or the lead of the others. With a
+    ``cluster``, `predicted`'s floor is the one in force there (``chainrun.chain.tuned``: what
+    `model refresh` chose for the partition, else PREDICTED_FLOOR_S)."""
+    if policy != "predicted":
+        return DEFAULT_LEAD_S
+    if cluster is None:
+        return PREDICTED_FLOOR_S
+    from chainrun.chain import tuned
+
+    return int(tuned.in_force(cluster, partition)["floor_s"])
 
 
 # What one extra segment boundary costs, in the same unit as an hour of interruption: its own
@@ -270,15 +278,36 @@ class Predicted:
     name = "predicted"
 
     def __init__(self, max_lead_share: float | None = None, rule: str | None = None,
-                 transition_cost_s: float | None = None) -> None:
+                 transition_cost_s: float | None = None, *, tuned: bool = False) -> None:
         self.max_lead_share = MAX_LEAD_SHARE if max_lead_share is None else float(max_lead_share)
         self.rule = PREDICTED_RULE if rule is None else rule
         if self.rule not in RULES:
             raise ValueError(f"rule {self.rule!r}: use one of {', '.join(RULES)}")
         self.transition_cost_s = TRANSITION_COST_S if transition_cost_s is None else float(transition_cost_s)
+        # tuned: the values not given here are the ones in force for the chain's cluster and
+        # partition (chainrun.chain.tuned; what `model refresh` chose), read when a chain is decided
+        self._tuned = {k for k, v in (("lead_share", max_lead_share), ("rule", rule),
+                                      ("cost", transition_cost_s)) if v is None} if tuned else set()
+
+    def for_chain(self, chain: Chain) -> "Predicted":
+        """This rule with the values in force for ``chain``'s cluster and partition filled in."""
+        if not self._tuned:
+            return self
+        from chainrun.chain import tuned
+
+        v = tuned.in_force(chain.cluster, chain.partition or "")
+        p = Predicted(self.max_lead_share if "lead_share" not in self._tuned else v["lead_share"],
+                      self.rule if "rule" not in self._tuned else v["rule"],
+                      self.transition_cost_s if "cost" not in self._tuned else v["transition_cost_s"])
+        # the watcher's estimate carries the shipped cost's quantile target: the quantile rule acts
+        # on the target of the cost in force
+        p._retarget = "cost" in self._tuned
+        return p
 
     def earliest(self, view: PolicyView) -> float | None:
         """The first moment this rule may submit (the guard), or None when it does not apply."""
+        if self._tuned:
+            return self.for_chain(view.chain).earliest(view)
         cur = view.current
         if view.handover_at is None or cur.start is None or self.max_lead_share >= 1.0:
             return None
@@ -286,6 +315,8 @@ class Predicted:
         return view.handover_at - lead_cap_s(view.handover_at - cur.start, full, self.max_lead_share)
 
     def decide(self, view: PolicyView) -> Decision:
+        if self._tuned:
+            return self.for_chain(view.chain).decide(view)
         d = self._decide(view)
         if d.submit and d.estimate is not None and d.estimate.prob_within is not None and view.handover_at is not None:
             d = replace(d, prob_in_time=float(d.estimate.prob_within(max(0.0, view.handover_at - view.now))))
@@ -299,6 +330,8 @@ class Predicted:
             return Decision(False, f"guard: not before {view.handover_at - first:.0f}s before the hand-over "
                                    f"point (share {self.max_lead_share:.2f})")
         est = view.predict_wait() if view.predict_wait else None
+        if est is not None and est.target is not None and getattr(self, "_retarget", False):
+            est = replace(est, target=predict_quantile(view.chain.segment_s, self.transition_cost_s))
         left = view.handover_at - view.now
         if est is None:
             d = Lead().decide(view)
@@ -340,6 +373,10 @@ POLICIES: dict[str, type] = {p.name: p for p in (Reactive, Dependency, Lead, Pre
 
 
 def get_policy(name: str) -> Policy:
+    """The shipped policy the watcher runs; `predicted` with the values in force for each chain's
+    cluster and partition (``Predicted.for_chain``)."""
+    if name == "predicted":
+        return Predicted(tuned=True)
     try:
         return POLICIES[name]()
     except KeyError:

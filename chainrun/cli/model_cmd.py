@@ -45,6 +45,7 @@ def refresh(
     install_cron: Annotated[bool, typer.Option("--install-cron", help="Also put a refresh entry (every 6 h) in your crontab (your scrontab where cron is barred; the same code as `watch --install-schedule`); safe to repeat.")] = False,
     print_cron: Annotated[bool, typer.Option("--print-cron", help="Only print the crontab line, change nothing.")] = False,
     lookback: Annotated[Optional[str], typer.Option("--lookback", help="History to read on the first refresh, e.g. 60d.")] = None,
+    no_tune: Annotated[bool, typer.Option("--no-tune", help="Only the model: do not choose `predicted`'s values for this cluster (docs/self-tuning.md).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun.cli.render import envelope
@@ -55,9 +56,12 @@ def refresh(
         typer.echo(service.cron_line(cluster))
         return
     lookback_days = parse_duration(lookback, what="--lookback") / 86400.0 if lookback else None
+    workers, bar = _tune_setup(json_out)
     runner = _runner(cluster)
     try:
-        res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days)
+        with bar as progress:
+            res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days, tune=not no_tune,
+                                  tune_workers=workers, progress=progress)
     finally:
         runner.close()
     if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab (chainrun/schedule.py)
@@ -71,10 +75,98 @@ def refresh(
                f"trained on {res['train_rows']} jobs in {res['seconds']['total']:.1f}s; "
                f"per-user models: {', '.join(res['user_models']) or 'none'}")
     typer.echo(f"saved to {res['model_dir']}")
+    _echo_tuning(res.get("tuning"), cluster)
     if install_cron:
         typer.echo(("installed cron line: " if res["cron"]["changed"] else "cron line already there: ") + res["cron"]["line"])
     else:
         typer.echo("to refresh automatically: chainrun model refresh --install-cron")
+
+
+def _tune_setup(json_out: bool):
+    """(workers, progress context) for the tuning step: on a terminal two workers and a progress bar
+    (on stderr); elsewhere (cron, whose line runs it under ``nice -n 10``) single-threaded, quietly."""
+    import contextlib
+    import sys
+
+    if sys.stderr.isatty() and not json_out:
+        return 2, _Bar()
+    return 1, contextlib.nullcontext(None)
+
+
+class _Bar:
+    """A rich progress bar per partition; the context value is the core's progress callback."""
+
+    def __enter__(self):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from chainrun.cli.render import console
+
+        self.p = Progress(TextColumn("tuning {task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                          TimeElapsedColumn(), console=console(stderr=True), transient=True)
+        self.p.__enter__()
+        self.tasks: dict = {}
+
+        def step(partition: str, done: int, total: int) -> None:
+            if partition not in self.tasks:
+                self.tasks[partition] = self.p.add_task(partition, total=total)
+            self.p.update(self.tasks[partition], completed=done, total=total)
+
+        return step
+
+    def __exit__(self, *exc):
+        return self.p.__exit__(*exc)
+
+
+def _echo_tuning(tuning: dict | None, cluster: str) -> None:
+    if tuning is None:
+        typer.echo("predicted's values: not tuned (--no-tune)")
+        return
+    for part, r in tuning.items():
+        typer.echo(f"predicted on {part}: {r['summary']}")
+    if tuning:
+        typer.echo(f"see: chainrun model status --cluster {cluster}; pin or roll back: chainrun model tune "
+                   f"--cluster {cluster} --partition P --pin | --unpin | --rollback")
+
+
+@model_app.command("tune", help="Choose `predicted`'s values for this cluster now (from the cached history), or pin / unpin / roll back the values in force.")
+def tune_cmd(
+    cluster: ClusterOpt = "local",
+    partition: Annotated[Optional[str], typer.Option("--partition", "-p", help="The partition (default: the cluster's default one and those of your chains).")] = None,
+    pin: Annotated[bool, typer.Option("--pin", help="Keep the values in force: refreshes still choose and record, but change nothing.")] = False,
+    unpin: Annotated[bool, typer.Option("--unpin", help="Let refreshes put their choices in force again.")] = False,
+    rollback: Annotated[bool, typer.Option("--rollback", help="Put the values in force before the current ones back (shipped if none), pinned.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    from chainrun.chain import tuned
+    from chainrun.cli.render import envelope
+    from chainrun.errors import UsageError
+    from chainrun.sim import selftune
+
+    if pin + unpin + rollback > 1:
+        raise UsageError("give one of --pin, --unpin, --rollback")
+    if pin or unpin or rollback:
+        if not partition:
+            raise UsageError("--pin, --unpin and --rollback need --partition")
+        e = tuned.rollback(cluster, partition) if rollback else tuned.pin(cluster, partition, on=pin)
+        if json_out:
+            typer.echo(envelope("model tune", {"partition": partition, "in_force": e["in_force"], "pinned": e["pinned"]}))
+            return
+        what = "rolled back to" if rollback else ("pinned" if pin else "unpinned")
+        typer.echo(f"{cluster}/{partition}: {what} {selftune.values_text(e['in_force'])}"
+                   + (" (pinned)" if e["pinned"] and not pin else ""))
+        return
+    workers, bar = _tune_setup(json_out)
+    runner = _runner(cluster)
+    try:
+        with bar as progress:
+            res = selftune.tune_now(runner, cluster=cluster, partitions=[partition] if partition else None,
+                                    workers=workers, progress=progress)
+    finally:
+        runner.close()
+    if json_out:
+        typer.echo(envelope("model tune", res))
+        return
+    _echo_tuning(res, cluster)
 
 
 @model_app.command("status", help="Show the saved model: when trained, on what, which model answers for you.")
@@ -150,8 +242,47 @@ def _status_rows(st: dict) -> list[tuple[str, str]]:
         rows.append(("live error", f"against the acted-on quantile: MAE {le['mae_log10']:.2f} log10, "
                                    f"{le['within_2x'] * 100:.0f} % within 2x, "
                                    f"{le['waited_longer_than_predicted'] * 100:.0f} % waited longer"))
+    rows += _tuning_rows(st.get("tuning") or {})
     rows.append(("versions", ", ".join(f"{k} {v}" for k, v in (m["versions"] or {}).items())))
     rows.append(("files", st["model_dir"]))
+    return rows
+
+
+def _tuning_rows(t: dict) -> list[tuple[str, str]]:
+    """`predicted`'s values in force per partition (docs/self-tuning.md)."""
+    import time
+
+    from chainrun.sim.selftune import values_text
+
+    def day(ts) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
+
+    rows = []
+    for part, e in (t.get("partitions") or {}).items():
+        f = e["in_force"] or {}
+        src = {"shipped": "shipped defaults", "chosen": f"chosen {day(f.get('chosen_at'))}",
+               "rollback": f"rolled back {day(f.get('since'))}"}.get(f.get("source"), f.get("source"))
+        rows.append((f"predicted on {part}", f"{values_text(f)} ({src}{', pinned' if e['pinned'] else ''})"))
+        w = f.get("window") or {}
+        sc = (f.get("check") or {}).get("scores_h") or {}
+        if w:
+            rows.append(("  chosen on", f"chains injected {w.get('choice_from')} .. {w.get('choice_until')} "
+                                         f"({w.get('choice_chains')}); checked on {w.get('check_from')} .. "
+                                         f"{w.get('check_until')} ({w.get('check_chains')})"))
+        if sc:
+            rows.append(("  check overhead", ", ".join(f"{k} {v:.2f} h" for k, v in sc.items() if v is not None)
+                         + " a chain"))
+        last = e.get("last") or {}
+        if last:
+            rows.append(("  last refresh", f"{day(last.get('at'))}: " + (last.get("summary") or last.get("reason") or "")))
+        hist = e.get("history") or []
+        put = [h for h in hist if h.get("put_in_force")]
+        rows.append(("  choices", f"{len(hist)} refreshes, {len(put)} put in force"
+                                   + (f" (last {day(put[-1].get('at'))})" if put else "")
+                                   + f"; pin or roll back: chainrun model tune --partition {part} "
+                                     "--pin | --unpin | --rollback"))
+    if not rows:
+        rows.append(("predicted", "shipped defaults (not tuned yet: chainrun model refresh chooses them)"))
     return rows
 
 

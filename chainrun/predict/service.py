@@ -6,6 +6,7 @@ import getpass
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,8 +35,11 @@ def has_model(cluster: str) -> bool:
 
 def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = None,
             lookback_days: float | None = None, slurm_cluster: str | None = None,
-            window_days: float | None = None) -> dict:
-    """Fetch new sacct rows, merge them into the cache, retrain, save. Returns a summary."""
+            window_days: float | None = None, tune: bool = True, tune_workers: int = 1,
+            progress=None) -> dict:
+    """Fetch new sacct rows, merge them into the cache, retrain, save; then (``tune``) choose
+    `predicted`'s values for this cluster from the same history (chainrun/sim/selftune.py;
+    ``progress(partition, done, total)``). Returns a summary."""
     from chainrun.predict import ingest
     from chainrun.predict.training import fit_predictor
 
@@ -57,12 +61,20 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
     predictor = fit_predictor(hist, all_users=all_users, capacity=nodes)
     predictor.meta["cluster"] = cluster
     path = predictor.save(model_dir(cluster))
-    return {
+    out = {
         "cluster": cluster, "new_rows": int(len(fetched.frame)), "history_rows": int(len(hist)),
         "all_users": all_users, "sacct_calls": fetched.calls, "model_dir": str(path),
         "train_rows": predictor.meta["training_window"]["rows"], "user_models": sorted(predictor.meta["user_models"]),
         "seconds": {"fetch": round(t_fetch, 2), "total": round(time.time() - t0, 2)},
     }
+    if tune:
+        from chainrun.sim.selftune import refresh_tuning
+
+        t_tune = time.time()
+        out["tuning"] = refresh_tuning(runner, cluster=cluster, history=hist, all_users=all_users,
+                                       workers=tune_workers, progress=progress)
+        out["seconds"].update(tune=round(time.time() - t_tune, 2), total=round(time.time() - t0, 2))
+    return out
 
 
 def status(cluster: str = "default", user: str | None = None) -> dict:
@@ -91,6 +103,9 @@ def status(cluster: str = "default", user: str | None = None) -> dict:
     }
     out["model"]["support"] = support_summary(meta)
     out["live_error"] = live_error(cluster)
+    from chainrun.sim.selftune import tuning_status
+
+    out["tuning"] = tuning_status(cluster)
     return out
 
 
@@ -296,7 +311,9 @@ def cron_line(cluster: str) -> str:
     from chainrun import schedule
     from chainrun.paths import home, logs_dir
 
-    argv = [sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
+    # niced: the refresh's tuning replays weeks of the queue (single-threaded off a terminal)
+    argv = [shutil.which("nice") or "nice", "-n", "10",
+            sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
     command = schedule.tick_command(home=home(), source=None, argv=argv, log=logs_dir() / "model-refresh.log",
                                     environ=os.environ)
     return f"{schedule.cron_spec(6 * 3600, minute=17)} {command}"

@@ -35,6 +35,7 @@ class ChainsConfig:
     work: ChainWork = field(default_factory=ChainWork)
     specs: list[PolicySpec] | None = None  # None: default_specs()
     priority: str = "fairshare"  # or age, multifactor (chainrun/sim/fairshare.py)
+    priority_config: dict | None = None  # fairshare's weights (None: the shipped LS6 file)
     size_weight_s: float = 100 / 7000 * 7 * 86400
     bf_depth: int = 1000
     retrain_every_s: float = 7 * 86400.0
@@ -92,7 +93,7 @@ def setup(trace: "pd.DataFrame", cfg: ChainsConfig):
     if widest > nodes:
         raise UsageError(f"the trace has a {widest}-node job but the replay has only {nodes} nodes",
                          hint=f"use --nodes {widest} or more")
-    size_w, fs = priority_terms(cfg.priority, w, cfg.size_weight_s)
+    size_w, fs = priority_terms(cfg.priority, w, cfg.size_weight_s, config=cfg.priority_config)
     starts = replay_alone(w, nodes, bf_depth=cfg.bf_depth, size_weight_s=size_w, fairshare=fs)
     first = w.open_at + cfg.warmup_s
     fid = fidelity_dict(w, starts, nodes, first)

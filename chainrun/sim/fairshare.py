@@ -166,7 +166,7 @@ def _ranks(n1: int, m: int) -> tuple[float, ...]:
 PRIORITIES = ("age", "multifactor", "fairshare")
 
 
-def priority_terms(priority: str, w, size_weight_s: float) -> tuple[float, "FairShare | None"]:
+def priority_terms(priority: str, w, size_weight_s: float, config: dict | None = None) -> tuple[float, "FairShare | None"]:
     """The Scheduler's ``size_weight_s`` and ``fairshare`` for a ``--priority`` name:
     age (age only), multifactor (age + job size), fairshare (age capped + job size + fair share)."""
     from chainrun.errors import UsageError
@@ -174,5 +174,5 @@ def priority_terms(priority: str, w, size_weight_s: float) -> tuple[float, "Fair
     if priority not in PRIORITIES:
         raise UsageError(f"unknown priority {priority!r}", hint="use " + ", ".join(PRIORITIES))
     if priority == "fairshare":
-        return 0.0, fair_share_for(w.table, origin=w.jobs[0][0] if w.jobs else 0.0)
+        return 0.0, fair_share_for(w.table, config=config, origin=w.jobs[0][0] if w.jobs else 0.0)
     return (size_weight_s if priority == "multifactor" else 0.0), None

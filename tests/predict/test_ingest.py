@@ -92,14 +92,14 @@ def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "MIN_ROWS", 10)  # the capture has 18 started jobs
     pending = EPOCH_ROWS
     now = 1795326600.0 + 3600
-    r1 = service.refresh(FakeRunner(pending), cluster="t", now=now)
+    r1 = service.refresh(FakeRunner(pending), cluster="t", now=now, tune=False)  # the tuning: tests/sim/test_selftune.py
     assert r1["new_rows"] >= r1["history_rows"] > 20  # every window answered the same rows
     # the same jobs again, one of them finished meanwhile
     line = next(ln for ln in pending.splitlines() if "|PENDING|" in ln)
     f = line.split("|")
     f[7], f[8], f[14] = str(int(f[5]) + 30), str(int(f[5]) + 90), "COMPLETED"
     r = FakeRunner(pending.replace(line, "|".join(f)))
-    r2 = service.refresh(r, cluster="t", now=now + 7200)
+    r2 = service.refresh(r, cluster="t", now=now + 7200, tune=False)
     assert r2["history_rows"] == r1["history_rows"]  # no duplicates
     # incremental: from the last refresh less a day of overlap (7200 s + 86400 s before this one)
     assert r.calls[0][r.calls[0].index("-S") + 1] == f"now-{7200 + int(ingest.OVERLAP_S)}seconds"
