@@ -16,8 +16,11 @@ from typing import Callable
 from chainrun.chain import handoff_plan, outcomes, reconcile, settle, sizing
 from chainrun.chain.contract import control_path, done_file, parse_outcome
 from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
-from chainrun.chain.sizing import MIN_SEGMENT_S
-from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape, pace_by_shape, shape_rate
+from chainrun.chain.pace import (
+    chain_efficiency, chain_shape_rate, chain_shapes, expected_training, measured_pace, segment_overhead, segment_rate,
+    total_tolerance, trained_so_far, work_done,
+)
+from chainrun.chain.shapes import ShapeChoice, choose_filler, choose_shape
 from chainrun.chain.segments import job_name, parse_job_name, submit_segment
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.durations import format_duration
@@ -800,84 +803,6 @@ def cancel_chain(store: Store, slurm: SlurmClient, c: Chain, *, reason: str = "c
                          f"{', '.join(s.job_id for s in stuck)}: {stuck[0].extra['cancel_failed']}",
                          hint="the watcher asks again every tick; or run `scancel` on them yourself")
     return done
-
-
-def trained_so_far(s: Segment, now: float) -> float:
-    """What a live segment has trained by now, in seconds of training: from its payload's start (the
-    wrapper's state file; a taken-over segment's wait for the hand-off is not training), else from
-    its job's start; nothing while it is known to wait for the hand-off."""
-    if s.phase != RUNNING or not s.start:
-        return 0.0
-    if s.extra.get("payload_start") is not None:
-        return max(0.0, now - float(s.extra["payload_start"]))
-    return 0.0 if s.extra.get("handoff_waiting") else max(0.0, now - s.start)
-
-
-def chain_shapes(c: Chain) -> tuple[int, ...]:
-    """The chain's node counts (--shapes), the reference first; () for a one-shape chain."""
-    return tuple(int(n) for n in c.extra.get("shapes") or ())
-
-
-def chain_efficiency(c: Chain) -> dict[int, float]:
-    return {int(k): float(v) for k, v in (c.extra.get("shape_efficiency") or {}).items()}
-
-
-def measured_pace(c: Chain, segs: list[Segment]) -> dict[int, float]:
-    """The chain's measured pace (steps/s, progress contract) per node count."""
-    return pace_by_shape([(int(s.extra["nodes"]), (s.extra.get("progress") or {}).get("steps_per_s") or 0.0)
-                          for s in segs if s.extra.get("nodes")])
-
-
-def chain_shape_rate(c: Chain, segs: list[Segment], nodes: int) -> float:
-    """Reference-seconds of work per second of training on ``nodes`` nodes, for this chain now."""
-    shapes = chain_shapes(c)
-    if not shapes:
-        return 1.0
-    return shape_rate(nodes, shapes[0], measured=measured_pace(c, segs), efficiency=chain_efficiency(c))
-
-
-def segment_rate(c: Chain, s: Segment, segs: list[Segment] | None = None, *, final: bool = False) -> float:
-    """The rate a segment's training counts at toward --total: 1.0 on the reference shape (and for
-    every chain without --shapes); an ended segment keeps the rate fixed at its end."""
-    if not s.extra.get("nodes") or not chain_shapes(c):
-        return 1.0
-    if not final and s.extra.get("rate") is not None:
-        return float(s.extra["rate"])
-    return chain_shape_rate(c, segs or [s], int(s.extra["nodes"]))
-
-
-def work_done(c: Chain, segs: list[Segment], now: float) -> float:
-    """Work toward --total so far, in reference-shape seconds: what ended segments delivered (kept in
-    ``credited_s``) plus what the running ones have trained, each at its shape's rate. The one place
-    that counts it: the engine, status and the replay use it."""
-    running = [s for s in segs if s.phase == RUNNING]
-    return c.credited_s + sum(trained_so_far(s, now) * segment_rate(c, s, segs) for s in running)
-
-
-def granted_limit(s: Segment) -> float:
-    """The limit Slurm really granted a segment: shorter than asked when --time-min let it start early."""
-    return min(float(s.time_limit_s), float(s.extra.get("granted_s") or s.time_limit_s))
-
-
-def total_tolerance(c: Chain) -> float:
-    """Training still missing that counts as --total reached: a minute, or 5 % of a short total."""
-    return min(float(MIN_SEGMENT_S), 0.05 * c.total_s)
-
-
-def expected_training(c: Chain, s: Segment, overhead_s: float | None = None) -> float:
-    """How much training a live segment should still deliver toward --total: its limit less the
-    chain's per-segment overhead (the signal lead by default; see ``segment_overhead``)."""
-    return max(0.0, granted_limit(s) - (c.signal_lead_s if overhead_s is None else overhead_s))
-
-
-def segment_overhead(c: Chain, segs: list[Segment]) -> float:
-    """What a full segment of this chain has lost to the signal lead, an early signal (Slurm sends it
-    up to a minute early) and the payload's start, measured on its segments that ran to their
-    signal (the largest seen: planning for the worst keeps the successor early; a successor that
-    turns out not to be needed is cancelled when the total is reached); never less than the lead."""
-    seen = [granted_limit(s) - s.credit_s for s in segs
-            if s.phase == ENDED and s.outcome == CONTINUE and s.extra.get("signaled") == "1" and s.credit_s > 0]
-    return max([float(c.signal_lead_s)] + seen)
 
 
 def _streak(segs: list[Segment], outcome: str) -> int:

@@ -95,7 +95,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
     now = time.time() if now is None else now
     live = [s for s in segs if s.phase in LIVE_PHASES]
     cur = live[0] if live else (segs[-1] if segs else None)
-    from chainrun.chain.engine import work_done
+    from chainrun.chain.pace import pace_view, work_done
 
     running = next((s for s in live if s.phase == RUNNING), None)
     # work so far in reference-shape seconds (each segment's training from its payload start, times its rate)
@@ -119,7 +119,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None) -> C
         overlap_s=sum(v.overlap_s for v in views),
         trained_s=done, allocated_s=allocated,
         payload_overlaps=[o for s in segs for o in s.extra.get("payload_overlaps", [])],
-        pace=progress.pace_view(chain, segs, now, done),
+        pace=pace_view(chain, segs, now, done),
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),

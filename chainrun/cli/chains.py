@@ -168,7 +168,7 @@ def _print_submitted(res, json_out: bool) -> None:
                                        "time_min_s": ch.extra.get("time_min_s"),
                                        "policy_note": res.policy_note, "warnings": list(res.warnings)}))
         return
-    from chainrun.chain.engine import segment_overhead, total_tolerance
+    from chainrun.chain.pace import segment_overhead, total_tolerance
     from chainrun.chain.sizing import planned_segments
 
     # as the watcher will plan them: each segment trains its limit less the signal lead

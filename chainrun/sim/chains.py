@@ -54,8 +54,8 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain import sizing
-from chainrun.chain.engine import expected_training, total_tolerance, trained_so_far
-from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
+from chainrun.chain.pace import expected_training, shape_rate, total_tolerance, trained_so_far
+from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape
 from chainrun.chain.policies import default_lead_s
 from chainrun.sim.scheduler import Scheduler
 
@@ -283,7 +283,7 @@ class _Chain:
         nothing is live, the request as it would be queued now), the watcher's segment capacity and
         boundary cost; then, when nothing is live and the reference is kept, ``choose_filler`` on the
         same waits."""
-        from chainrun.chain.engine import segment_overhead
+        from chainrun.chain.pace import segment_overhead
 
         w = self.work
         live = cur is not None

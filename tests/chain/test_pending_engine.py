@@ -89,7 +89,7 @@ def test_an_early_successor_is_sized_to_take_over(tmp_path):
 
 
 def test_segment_overhead_is_learnt_from_segments_that_ran_to_their_signal():
-    from chainrun.chain.engine import expected_training, segment_overhead
+    from chainrun.chain.pace import expected_training, segment_overhead
     from chainrun.state.records import ENDED, Chain
 
     c = Chain(id="o", name="o", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from chainrun.chain import engine as engine_mod
 from chainrun.chain import sizing
 from chainrun.chain.contract import control_path, done_file
-from chainrun.chain.engine import Engine, total_tolerance
+from chainrun.chain.engine import Engine
+from chainrun.chain.pace import total_tolerance
 from chainrun.chain.policies import Decision
 from chainrun.chain.segments import submit_segment
 from chainrun.sim.adapter import engine_chain

@@ -204,15 +204,15 @@ def test_hand_off_spiral_only_with_the_sizing_before_the_fix():
 
 
 def test_the_replay_sizes_a_successor_with_the_engines_helpers(monkeypatch):
-    """The shipped sizing is Engine._plan's: chainrun.chain.engine.trained_so_far is what it calls."""
-    from chainrun.chain import engine
+    """The shipped sizing is Engine._plan's: chainrun.chain.pace.trained_so_far is what it calls."""
+    from chainrun.chain import pace
     from chainrun.sim import chains
 
     calls = []
 
     def spy(seg, now):
         calls.append((seg.phase, now))
-        return engine.trained_so_far(seg, now)
+        return pace.trained_so_far(seg, now)
 
     monkeypatch.setattr(chains, "trained_so_far", spy)
     specs = [PolicySpec("fixed_6h", "lead", lead_s=6 * H)]
