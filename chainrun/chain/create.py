@@ -177,9 +177,10 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     first = Segment(chain_id=chain_id, idx=0, time_limit_s=segment)
     shape_event = ""
     if shapes:  # the reference shape, or a filler while it queues (docs/elastic.md); the watcher chooses the rest
-        from chainrun.chain.engine import Engine
+        from chainrun.chain.shape_plan import plan_first_shape
+        from chainrun.chain.tick_context import TickContext
 
-        shape_event = Engine(store, slurm, runner).plan_first_shape(chain, first)
+        shape_event = plan_first_shape(TickContext(store, slurm, runner), chain, first)
     if req.time_min_s:
         first.extra["time_min_s"] = min(int(req.time_min_s), segment)
     fit_maintenance(chain, first, read_reservations(slurm), time.time())

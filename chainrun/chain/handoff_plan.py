@@ -137,7 +137,7 @@ def rule_numbers(c: Chain, segs: list[Segment], cur: Segment, nxt: Segment) -> d
     successor's rate, and a wait is counted as if the predecessor trained at that rate too)."""
     overhead = pace.segment_overhead(c, segs)
 
-    def work(s: Segment) -> float:  # as Engine._plan counts it: --shapes count work at the reference shape
+    def work(s: Segment) -> float:  # as planning.plan counts it: --shapes count work at the reference shape
         return pace.expected_training(c, s, overhead) * pace.segment_rate(c, s, segs)
 
     live = [s for s in segs if s.phase in (SUBMITTING, PENDING, RUNNING) and s is not nxt and s.idx <= cur.idx]

@@ -159,7 +159,7 @@ def segment_note(s: Segment, now: float) -> str:
         why = explain(s.extra.get("pending_reason", ""))
         told = s.extra.get("pending_explained") or {}
         words = told.get("words") if told.get("reason") == s.extra.get("pending_reason") else why.words
-        if words:  # Slurm's reason, or what the nodes and reservations said about it (engine._pending)
+        if words:  # Slurm's reason, or what the nodes and reservations said about it (queue_row.pending)
             parts.append(f"pending: {words}")
         since = s.eligible or s.submit
         if since:

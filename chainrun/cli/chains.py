@@ -349,7 +349,7 @@ def cancel(
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun import paths
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
     from chainrun.context import open_context
     from chainrun.state.store import Store
 

@@ -50,7 +50,7 @@ def test_a_waiting_segment_keeps_its_reason_and_slurms_estimate(tmp_path):
 
 
 def test_cancel_leaves_no_segment_shown_running(tmp_path):
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
     from chainrun.chain.summary import view_chain
 
     fake, store, eng, c = _world(tmp_path)

@@ -1,4 +1,4 @@
-"""One implementation of planning (chain/sizing.py): the watcher's Engine._plan and the replay's
+"""One implementation of planning (chain/sizing.py): the watcher's planning.plan and the replay's
 chains.py must plan alike; a property test drives both on random chain states (fast, fake Slurm)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chainrun.chain import engine as engine_mod
+from chainrun.chain import planning
 from chainrun.chain import sizing
 from chainrun.chain.contract import control_path, done_file
 from chainrun.chain.engine import Engine
@@ -78,7 +78,7 @@ class _Always:
 
 
 def _engine_plan(state: dict, policy: _Always, sized: list) -> dict:
-    """Engine._plan on the state, through a real store and the fake Slurm: asked?, allowance, size."""
+    """planning.plan on the state, through a real store and the fake Slurm: asked?, allowance, size."""
     with tempfile.TemporaryDirectory() as tmp:
         fake = FakeSlurm(now=T0 - state["elapsed"])
         store = Store(Path(tmp) / "state.db")
@@ -160,14 +160,14 @@ def chain_states(draw):
 @given(state=chain_states())
 def test_the_watcher_and_the_replay_plan_alike(state, monkeypatch):
     policy, sized = _Always(), []
-    monkeypatch.setattr(engine_mod, "get_policy", lambda name: policy)
-    submit_next = Engine._submit_next
+    monkeypatch.setattr(planning, "get_policy", lambda name: policy)
+    submit_next = planning.submit_next
 
-    def recording(self, c, segs, remaining, **kw):
+    def recording(t, c, segs, remaining, **kw):
         sized.append(remaining)
-        return submit_next(self, c, segs, remaining, **kw)
+        return submit_next(t, c, segs, remaining, **kw)
 
-    monkeypatch.setattr(Engine, "_submit_next", recording)
+    monkeypatch.setattr(planning, "submit_next", recording)
     eng, sim = _engine_plan(state, policy, sized), _replay_plan(state)
     assert eng["asked"] == sim["asked"]
     if sim["asked"]:
