@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chainrun.cli.render import clock, console, envelope
+from chainrun.cli.render import clock, console, envelope, role_line
 from chainrun.durations import DURATION_HELP, format_duration, parse_duration
 from chainrun.errors import UsageError
 
@@ -274,16 +274,6 @@ def _exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
-
-
-def role_line(role) -> str:
-    """One line saying whether this watch acts, and if not, which process does (plain and live view)."""
-    if role.acting:
-        me = f" ({role.holder.label}, lease epoch {role.holder.epoch})" if role.holder else ""
-        return f"acting: this watch{me} moves the chains of this home"
-    who = f"{role.holder.label} (lease until {clock(role.holder.expires)})" if role.holder else "another watch"
-    why = f"{role.why}; " if role.why else ""
-    return f"read-only: {why}{who} acts; this watch shows its events and takes over if it stops"
 
 
 def _live_terminal() -> bool:
