@@ -83,9 +83,9 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False,
                                                "default when the output is not a terminal.")] = False) -> None:
     from chainrun.cli.render import console, envelope
     from chainrun.errors import NotFoundError
-    from chainrun.predict import service
+    from chainrun.chain.live_score import model_status
 
-    st = service.status(cluster)
+    st = model_status(cluster)
     if json_out:
         typer.echo(envelope("model status", st))
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from chainrun.chain import live_score
 from chainrun.predict import ingest, service
 from chainrun.runner.base import RunResult
 from chainrun.slurm.client import SACCT_ENV
@@ -172,7 +173,7 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
     for s in segs:
         st.save_segment(s)
     st.close()
-    le = service.live_error("local")
+    le = live_score.live_error("local")
     from chainrun.chain.policies import predict_quantile
 
     assert le["n"] == 3 and le["acted_quantile"] == pytest.approx(predict_quantile(172800))  # the shipped rule's
@@ -223,7 +224,7 @@ def test_status_verdicts_agree_on_waits_under_a_watcher_tick(tmp_path, monkeypat
         st.save_segment(Segment(chain_id="c1", idx=i, phase=ENDED, job_id=str(i + 1), eligible=1000 * i,
                                 start=1000 * i + wait, end=1000 * i + 120, predicted_wait_s=None if i == 0 else 1.0))
     st.close()
-    le = service.live_error("local")
+    le = live_score.live_error("local")
     assert le["n"] == 4 and le["resolution_s"] == 60
     assert le["acted_quantile_coverage"] == 1.0 and le["within_2x"] == 1.0 and le["waited_longer_than_predicted"] == 0
     assert le["verdict"] == "as promised"
@@ -233,4 +234,4 @@ def test_status_verdicts_agree_on_waits_under_a_watcher_tick(tmp_path, monkeypat
                                            (0.75, 4, "as promised"), (0.9, 100, "too optimistic"),
                                            (0.97, 100, "as promised"), (1.0, 1000, "too cautious")])
 def test_coverage_verdict_allows_the_binomial_spread_of_n_segments(cov, n, verdict):
-    assert service.coverage_verdict(cov, 0.98, n) == verdict
+    assert live_score.coverage_verdict(cov, 0.98, n) == verdict
