@@ -255,7 +255,7 @@ def test_no_successor_once_the_work_is_reached(tmp_path):
 def test_submit_prints_the_plan_the_watcher_then_runs(tmp_path, capsys):
     """`5m in ~3 segment(s)` needed more with 2 min segments and a 40 s lead. The printed count is
     what the watcher does when every segment runs to its signal: driven here on the fake Slurm."""
-    from chainrun.cli.chains import _print_submitted
+    from chainrun.cli.chain_cmd import _print_submitted
 
     fake = FakeSlurm(now=time.time())
     store = Store(tmp_path / "state.db")
