@@ -17,7 +17,7 @@ Writes docs/results/predict_cost.json.
 job ids, times jittered by up to a minute) so that the dump has ``--rows`` rows, on a partition of
 80 x k nodes (LS6's A100 partition times k) with LS6's priority weights (the runner answers
 scontrol with them). Wall time, CPU seconds (the refresh and its replay workers) and peak RSS (the
-largest of the process and its workers) of ``service.refresh(..., tune=True, tune_workers=2)``;
+largest of the process and its workers) of ``service.refresh(..., tuner=selftune.tuner(..., workers=2))``;
 target (issue #24): < 5 min and < 2 GiB on 2 cores for 60 days of 1 M rows. Writes
 docs/results/predict_cost_tune.json.
 """
@@ -183,9 +183,12 @@ def tune_child(dump: str, nodes: int) -> None:
         print(f"tuning {part}: batch {done}/{total}, wall {time.time() - t0:.0f}s, CPU {cpu:.0f}s", file=sys.stderr,
               flush=True)
 
-    res = service.refresh(TuneRunner(Path(dump), nodes), cluster="bench", now=1e10,
-                          lookback_days=1e10 / 86400 - 1, window_days=1e10 / 86400, tune=True, tune_workers=2,
-                          progress=progress)
+    from chainrun.sim import selftune
+
+    runner = TuneRunner(Path(dump), nodes)
+    res = service.refresh(runner, cluster="bench", now=1e10, lookback_days=1e10 / 86400 - 1,
+                          window_days=1e10 / 86400,
+                          tuner=selftune.tuner(runner, cluster="bench", workers=2, progress=progress))
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {"wall_s": round(time.time() - t0, 1), "seconds": res["seconds"],
            "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 1),

@@ -35,7 +35,7 @@ def main() -> None:
                     "--key", str(SSHD / "id_ed25519")], check=True, capture_output=True)
 
     from chainrun.chain.create import SubmitRequest, create_chain
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
     from chainrun.chain.multi import MultiEngine
     from chainrun.context import open_context
 

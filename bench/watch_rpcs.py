@@ -26,7 +26,8 @@ def run_size(n: int, seconds: float, interval: float) -> dict:
     work = tempfile.mkdtemp(prefix="bench-work-")
     os.chdir(work)
     from chainrun.chain.create import SubmitRequest, create_chain
-    from chainrun.chain.engine import Engine, cancel_chain
+    from chainrun.chain.cancel import cancel_chain
+    from chainrun.chain.engine import Engine
     from chainrun.context import open_context
 
     ctx = open_context()

@@ -66,8 +66,6 @@ CANONICAL_COLUMNS = (
     "job_id", "user", "name", "partition", "qos", "account", "submit", "eligible", "start", "end",
     "timelimit_s", "nodes", "gpus", "cpus", "state", "exit_code", "eligible_known", "priority",
 )
-# a job whose run reaches its limit (+ the controller's 30-90 s reaction) timed out
-_TIMEOUT_SLACK_S = 120.0
 
 
 class TraceFormatError(UsageError):

@@ -57,7 +57,7 @@ def test_live_view_is_read_only_while_another_host_acts_then_takes_over(tmp_path
 
 
 def test_plain_watch_says_who_acts_and_never_notifies_as_a_view(tmp_path, capsys):
-    from chainrun.cli.chains import _plain_watch
+    from chainrun.cli.chain_cmd import _plain_watch
 
     store = Store(tmp_path / "state.sqlite")
     engine = Counting(store)

@@ -19,6 +19,7 @@ from chainrun.durations import format_duration, to_slurm_time
 from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
 from chainrun.slurm.client import SlurmClient
+from chainrun.slurm.parsers import PartitionInfo
 from chainrun.state.records import FAILED, Chain, Segment
 from chainrun.state.store import Store
 
@@ -109,43 +110,10 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     if option_value(script_opts, "--array", "-a") is not None:
         raise UsageError("job arrays cannot be chained", hint="remove the #SBATCH --array line")
 
-    partition = (option_value(user_args, "--partition", "-p") or option_value(script_opts, "--partition", "-p") or "")
-    parts = slurm.partitions()
-    if partition:
-        first = partition.split(",")[0]
-        if first not in parts:
-            raise UsageError(f"no partition {first!r} on this cluster", hint=f"partitions: {', '.join(parts) or 'none'}")
-        info = parts[first]
-    else:
-        defaults = [p for p in parts.values() if p.is_default]
-        if not defaults:
-            raise UsageError("this cluster has no default partition", hint="pass one: chainrun submit ... -- --partition NAME")
-        info = defaults[0]
+    info = _partition(slurm, user_args, script_opts)
     shapes, efficiency = _elastic(req, user_args, script_opts, info.total_nodes)
     max_s = info.max_time_s
-    segment = req.segment_s or (int(max_s) if max_s else None)
-    if segment is None:
-        raise UsageError(f"partition {info.name!r} has no time limit", hint="say how long a segment is: --segment 24h")
-    if max_s and segment > max_s:
-        raise UsageError(
-            f"--segment {format_duration(segment)} is longer than partition {info.name!r} allows ({format_duration(max_s)})"
-        )
-    # --total counts training: a single segment needs the total plus the signal lead
-    segment = min(segment, req.total_s + signal_lead)
-    if signal_lead >= segment:
-        raise UsageError(
-            f"the signal comes {signal_lead}s before the limit, but a segment lasts only {segment}s",
-            hint="use a smaller --signal time, e.g. USR2@60",
-        )
-
-    if req.time_min_s is not None:
-        if req.time_min_s > segment:
-            raise UsageError(f"--time-min {format_duration(req.time_min_s)} is longer than a segment "
-                             f"({format_duration(segment)})", hint="give a shorter --time-min, or a longer --segment")
-        if req.time_min_s <= signal_lead:
-            raise UsageError(f"--time-min {format_duration(req.time_min_s)}: the signal comes {signal_lead}s before "
-                             "the end, so such a segment would not train", hint="give a longer --time-min")
-
+    segment = _segment_length(req, info, signal_lead)
     chain_id = make_chain_id(req.name or PurePosixPath(req.script).stem)
     warnings = script_overrides(req.script_text, script=PurePosixPath(req.script).name, chain_id=chain_id,
                                 segment_s=min(segment, req.total_s), signal=signal, signal_lead_s=signal_lead)
@@ -174,14 +142,70 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     store.add_chain(chain)
-    first = Segment(chain_id=chain_id, idx=0, time_limit_s=segment)
-    shape_event = ""
-    if shapes:  # the reference shape, or a filler while it queues (docs/elastic.md); the watcher chooses the rest
-        from chainrun.chain.engine import Engine
+    first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s)
+    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note)
 
-        shape_event = Engine(store, slurm, runner).plan_first_shape(chain, first)
-    if req.time_min_s:
-        first.extra["time_min_s"] = min(int(req.time_min_s), segment)
+
+def _partition(slurm: SlurmClient, user_args: list[str], script_opts: list[str]) -> PartitionInfo:
+    """The partition the chain runs in: the one asked for (the first of a list), else the cluster's default."""
+    partition = (option_value(user_args, "--partition", "-p") or option_value(script_opts, "--partition", "-p") or "")
+    parts = slurm.partitions()
+    if partition:
+        first = partition.split(",")[0]
+        if first not in parts:
+            raise UsageError(f"no partition {first!r} on this cluster", hint=f"partitions: {', '.join(parts) or 'none'}")
+        info = parts[first]
+    else:
+        defaults = [p for p in parts.values() if p.is_default]
+        if not defaults:
+            raise UsageError("this cluster has no default partition", hint="pass one: chainrun submit ... -- --partition NAME")
+        info = defaults[0]
+    return info
+
+
+def _segment_length(req: SubmitRequest, info: PartitionInfo, signal_lead: int) -> int:
+    """A segment's limit: --segment, else the partition's; checked against the partition, the
+    signal lead and --time-min."""
+    max_s = info.max_time_s
+    segment = req.segment_s or (int(max_s) if max_s else None)
+    if segment is None:
+        raise UsageError(f"partition {info.name!r} has no time limit", hint="say how long a segment is: --segment 24h")
+    if max_s and segment > max_s:
+        raise UsageError(
+            f"--segment {format_duration(segment)} is longer than partition {info.name!r} allows ({format_duration(max_s)})"
+        )
+    # --total counts training: a single segment needs the total plus the signal lead
+    segment = min(segment, req.total_s + signal_lead)
+    if signal_lead >= segment:
+        raise UsageError(
+            f"the signal comes {signal_lead}s before the limit, but a segment lasts only {segment}s",
+            hint="use a smaller --signal time, e.g. USR2@60",
+        )
+
+    if req.time_min_s is not None:
+        if req.time_min_s > segment:
+            raise UsageError(f"--time-min {format_duration(req.time_min_s)} is longer than a segment "
+                             f"({format_duration(segment)})", hint="give a shorter --time-min, or a longer --segment")
+        if req.time_min_s <= signal_lead:
+            raise UsageError(f"--time-min {format_duration(req.time_min_s)}: the signal comes {signal_lead}s before "
+                             "the end, so such a segment would not train", hint="give a longer --time-min")
+    return segment
+
+
+def _submit_first(store: Store, slurm: SlurmClient, runner: Runner, chain: Chain, *,
+                  time_min_s: int | None) -> Segment:
+    """Segment 0: its shape (--shapes), --time-min, a maintenance cut, then sbatch. A refusal fails
+    the chain (recorded) and raises."""
+    first = Segment(chain_id=chain.id, idx=0, time_limit_s=chain.segment_s)
+    shape_event = ""
+    if chain.extra.get("shapes"):  # the reference shape, or a filler while it queues (docs/elastic.md);
+        # the watcher chooses the rest
+        from chainrun.chain.shape_plan import plan_first_shape
+        from chainrun.chain.tick_context import TickContext
+
+        shape_event = plan_first_shape(TickContext(store, slurm, runner), chain, first)
+    if time_min_s:
+        first.extra["time_min_s"] = min(int(time_min_s), chain.segment_s)
     fit_maintenance(chain, first, read_reservations(slurm), time.time())
     try:
         submit_segment(store, slurm, chain, first, note="first segment" + (
@@ -192,7 +216,7 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         raise
     if shape_event:
         store.add_event(chain.id, 0, "shape", shape_event)
-    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note)
+    return first
 
 
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")  # plus $TMPDIR: a folder only the node that writes it sees

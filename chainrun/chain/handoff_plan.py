@@ -27,6 +27,7 @@ import logging
 import math
 import statistics
 
+from chainrun.chain import pace
 from chainrun.chain.handoff_rule import wait_instead_of_cut
 from chainrun.errors import ChainrunError
 from chainrun.runner.base import Runner
@@ -134,19 +135,17 @@ def rule_numbers(c: Chain, segs: list[Segment], cur: Segment, nxt: Segment) -> d
     (--total counts training, so a restart is inside it and the only "restart" the watcher sees is
     the per-segment overhead beyond the signal lead; with --shapes the work left is converted at the
     successor's rate, and a wait is counted as if the predecessor trained at that rate too)."""
-    from chainrun.chain import engine  # engine imports this module
+    overhead = pace.segment_overhead(c, segs)
 
-    overhead = engine.segment_overhead(c, segs)
-
-    def work(s: Segment) -> float:  # as Engine._plan counts it: --shapes count work at the reference shape
-        return engine.expected_training(c, s, overhead) * engine.segment_rate(c, s, segs)
+    def work(s: Segment) -> float:  # as planning.plan counts it: --shapes count work at the reference shape
+        return pace.expected_training(c, s, overhead) * pace.segment_rate(c, s, segs)
 
     live = [s for s in segs if s.phase in (SUBMITTING, PENDING, RUNNING) and s is not nxt and s.idx <= cur.idx]
     handoff = measured_handoff_s(c, segs)
     left = c.total_s - c.credited_s - sum(work(s) for s in live)
     return {
-        "remaining_s": left / max(engine.segment_rate(c, nxt, segs), 1e-6),  # in the successor's training
-        "successor_capacity_s": engine.expected_training(c, nxt, overhead),
+        "remaining_s": left / max(pace.segment_rate(c, nxt, segs), 1e-6),  # in the successor's training
+        "successor_capacity_s": pace.expected_training(c, nxt, overhead),
         "full_capacity_s": max(1.0, c.segment_s - overhead),
         "handoff_s": handoff,
         "restart_s": max(0.0, overhead - c.signal_lead_s),

@@ -202,7 +202,7 @@ def _classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
     if outcome == HANDOFF:
         return Result(HANDOFF, trained, "handed off", f"{what} handed off to its successor after {_fmt(trained)} of training")
     if outcome == CONTINUE:
-        then = "--total reached" if seg.extra.get("total_stop_at") else "next segment continues"  # engine._stop_at_total
+        then = "--total reached" if seg.extra.get("total_stop_at") else "next segment continues"  # total_stop.py
         killed = killed_by(info)
         if info.get("signaled") == "1" and killed:  # the wrapper counts it as stopped, but nothing says it saved
             how = _killed_text(chain, row, killed, info.get("exit", ""))

@@ -282,34 +282,6 @@ def chain_pace(progresses: list[dict]) -> dict:
             "total_steps": next((p["total_steps"] for p in reversed(have) if p.get("total_steps")), None)}
 
 
-def pace_view(chain, segs: list, now: float, trained_s: float) -> dict:
-    """What `status`, `watch` and `report` show of the pace: steps, throughput, training ETAs
-    (toward --total and toward the trainer's total steps) from the measured pace, not from
-    allocation times; and the placement changes chainrun made."""
-    from chainrun.chain import placement
-
-    progs = [s.extra["progress"] for s in sorted(segs, key=lambda s: s.idx)
-             if (s.extra.get("progress") or {}).get("step") is not None]
-    out: dict = {"step": None, "steps_per_s": None, "samples_per_s": None, "total_steps": None, **chain_pace(progs)}
-    # how much of the chain's wall time went to training so far (queue waits, hand-offs and signal leads
-    # cost the rest): the pace of --total, measured
-    starts = [s.start for s in segs if s.start]
-    wall = ((chain.finished or now) - min(starts)) if starts else 0.0
-    eff = min(1.0, trained_s / wall) if wall >= 60 and trained_s > 0 else None
-    active = chain.status == "ACTIVE"
-    out["efficiency"] = eff
-    out["training_eta"] = now + max(0.0, chain.total_s - trained_s) / eff if active and eff else None
-    out["steps_eta"] = None
-    sps, total, step = out.get("steps_per_s"), out.get("total_steps"), out.get("step")
-    if active and sps and total and step is not None and total > step:
-        at = (progs[-1].get("at") or now) if progs else now
-        out["steps_eta"] = max(now, at + (total - step) / sps / (eff or 1.0))
-    out["adapt"] = not chain.extra.get("no_adapt")
-    out["excluded"] = placement.excluded_view(chain)
-    out["changes"] = list((chain.extra.get("placement") or {}).get("changes") or [])
-    return out
-
-
 def segment_fields(seg) -> dict:
     """A segment's own figures: steps it trained, its pace, the nodes that reported."""
     p = seg.extra.get("progress") or {}
@@ -319,4 +291,4 @@ def segment_fields(seg) -> dict:
 
 
 __all__ = ["Point", "parse_line", "parse_lines", "rank_file", "format_line", "report", "progress_main", "read_argv",
-           "parse_read_output", "segment_progress", "pace_view", "segment_fields", "per_node_step_s", "chain_pace", "READ_EVERY_S"]
+           "parse_read_output", "segment_progress", "segment_fields", "per_node_step_s", "chain_pace", "READ_EVERY_S"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from chainrun.chain.pace import shape_rate
 from chainrun.errors import UsageError
 
 DEFAULT_MARGIN_S = 600.0
@@ -87,38 +88,6 @@ def parse_efficiency(text: str | None, shapes: tuple[int, ...] = ()) -> dict[int
                              f"{','.join(map(str, shapes))}")
         out[nodes] = eff
     return out
-
-
-def pace_by_shape(paces: list[tuple[int, float]]) -> dict[int, float]:
-    """node count -> median measured pace (e.g. steps/s) over the chain's segments of that shape."""
-    by: dict[int, list[float]] = {}
-    for nodes, pace in paces:
-        if nodes and pace and pace > 0:
-            by.setdefault(int(nodes), []).append(float(pace))
-    return {n: sorted(v)[len(v) // 2] if len(v) % 2 else sum(sorted(v)[len(v) // 2 - 1:len(v) // 2 + 1]) / 2
-            for n, v in by.items()}
-
-
-def shape_rate(nodes: int, ref_nodes: int, *, measured: dict[int, float] | None = None,
-               efficiency: dict[int, float] | None = None) -> float:
-    """Reference-seconds of work per wall second of training on ``nodes`` nodes.
-
-    ``measured``: the chain's pace per node count (any unit, e.g. steps/s), where known.
-    ``efficiency``: the user's scaling efficiency per node count relative to linear (default 1.0);
-    the reference shape is 1.0 by definition.
-    """
-    eff = efficiency or {}
-    measured = {n: float(v) for n, v in (measured or {}).items() if v and v > 0}
-    if not measured:
-        return (nodes / ref_nodes) * eff.get(nodes, 1.0) / eff.get(ref_nodes, 1.0)
-
-    def pace(n: int) -> float:  # measured, else scaled from the closest measured shape
-        if n in measured:
-            return measured[n]
-        b = min(measured, key=lambda m: (abs(m - n), -m))
-        return measured[b] * (n / b) * eff.get(n, 1.0) / eff.get(b, 1.0)
-
-    return pace(nodes) / pace(ref_nodes)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Whether to plan a chain's next segment, and how much it must carry: one implementation for the
-watcher (``Engine._plan`` and ``Engine._submit_next``) and the whole-chain replay
+watcher (``planning.plan`` and ``planning.submit_next``) and the whole-chain replay
 (``chainrun/sim/chains.py``), so the replay measures what the watcher does.
 
 Pure arithmetic on numbers both callers read from their own records. Work is ``--total``'s unit:

@@ -99,7 +99,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
     now = time.time() if now is None else now
     live = [s for s in segs if s.phase in LIVE_PHASES]
     cur = live[0] if live else (segs[-1] if segs else None)
-    from chainrun.chain.engine import work_done
+    from chainrun.chain.pace import pace_view, work_done
 
     running = next((s for s in live if s.phase == RUNNING), None)
     # work so far in reference-shape seconds (each segment's training from its payload start, times its rate)
@@ -124,7 +124,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
         overlap_s=sum(v.overlap_s for v in views),
         trained_s=done, allocated_s=allocated,
         payload_overlaps=[o for s in segs for o in s.extra.get("payload_overlaps", [])],
-        pace=progress.pace_view(chain, segs, now, done),
+        pace=pace_view(chain, segs, now, done),
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
@@ -174,7 +174,7 @@ def segment_note(s: Segment, now: float) -> str:
         why = explain(s.extra.get("pending_reason", ""))
         told = s.extra.get("pending_explained") or {}
         words = told.get("words") if told.get("reason") == s.extra.get("pending_reason") else why.words
-        if words:  # Slurm's reason, or what the nodes and reservations said about it (engine._pending)
+        if words:  # Slurm's reason, or what the nodes and reservations said about it (queue_row.pending)
             parts.append(f"pending: {words}")
         since = s.eligible or s.submit
         if since:

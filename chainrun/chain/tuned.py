@@ -26,8 +26,8 @@ KEYS = ("rule", "transition_cost_s", "lead_share", "floor_s")
 
 
 def shipped() -> dict:
-    """The shipped values (chainrun/chain/policies.py), in the stored shape."""
-    from chainrun.chain.policies import MAX_LEAD_SHARE, PREDICTED_FLOOR_S, PREDICTED_RULE, TRANSITION_COST_S
+    """The shipped values (chainrun/chain/shipped.py), in the stored shape."""
+    from chainrun.chain.shipped import MAX_LEAD_SHARE, PREDICTED_FLOOR_S, PREDICTED_RULE, TRANSITION_COST_S
 
     return {"rule": PREDICTED_RULE, "transition_cost_s": float(TRANSITION_COST_S), "lead_share": MAX_LEAD_SHARE,
             "floor_s": float(PREDICTED_FLOOR_S)}

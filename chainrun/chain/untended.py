@@ -171,7 +171,7 @@ def _covers_the_rest(chain: Chain, segs: list[Segment], live: list[Segment]) -> 
     """Whether the live segments, trained to their hand-over points, reach --total: the engine's own
     planning gate (engine._plan) then submits nothing more."""
     from chainrun.chain import sizing
-    from chainrun.chain.engine import expected_training, segment_overhead, segment_rate, total_tolerance
+    from chainrun.chain.pace import expected_training, segment_overhead, segment_rate, total_tolerance
 
     overhead = segment_overhead(chain, segs)
     expected = sum(sizing.expected_work(expected_training(chain, s, overhead), rate=segment_rate(chain, s, segs))

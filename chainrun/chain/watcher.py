@@ -89,6 +89,33 @@ def fenced_open(open_context: Callable, lease: ActingLease) -> Callable:
     return opener
 
 
+def _tick_or_view(engine: Engine, *, acting: bool, once: bool) -> TickReport:
+    """One tick while acting: a tick that fails is a failed report (with ``once`` it raises; a state
+    store problem always does). Read-only: the number of active chains, nothing ticked."""
+    if not acting:
+        return TickReport(chains=len(engine.store.chains(active_only=True)))
+    try:
+        return engine.tick()
+    except StateError:
+        raise
+    except Exception as e:
+        if once:
+            raise
+        log.info("watcher tick failed", exc_info=True)  # the traceback: log file always, screen with -v
+        return TickReport(failed=True, warnings=[f"tick failed ({type(e).__name__}: {e}); trying again"])
+
+
+def _next_delay(report: TickReport, backoff: Backoff, interval: float) -> float:
+    """The wait before the next tick: the interval, or the backoff after failed ticks (said in the report)."""
+    if not report.failed:
+        backoff.reset()
+        return interval
+    delay = backoff.failed()
+    if delay > interval:
+        report.warnings.append(f"{backoff.failures} failed tick(s) in a row; next try in {delay:.0f}s")
+    return delay
+
+
 def run_watch(
     engine: Engine, *, interval: float, once: bool, on_tick: Callable[[TickReport], bool | None] | None = None,
     stop_when_idle: bool = False, max_ticks: int | None = None, sleep: Callable[[float], None] = time.sleep,
@@ -149,26 +176,9 @@ def run_watch(
                 else:
                     become(Role(True, lease.file.mine))
             try:
-                if acting:
-                    try:
-                        report = engine.tick()
-                    except StateError:
-                        raise
-                    except Exception as e:
-                        if once:
-                            raise
-                        log.info("watcher tick failed", exc_info=True)  # the traceback: log file always, screen with -v
-                        report = TickReport(failed=True, warnings=[f"tick failed ({type(e).__name__}: {e}); trying again"])
-                else:
-                    report = TickReport(chains=len(engine.store.chains(active_only=True)))
+                report = _tick_or_view(engine, acting=acting, once=once)
                 ticks += 1
-                if report.failed:
-                    delay = backoff.failed()
-                    if delay > interval:
-                        report.warnings.append(f"{backoff.failures} failed tick(s) in a row; next try in {delay:.0f}s")
-                else:
-                    backoff.reset()
-                    delay = interval
+                delay = _next_delay(report, backoff, interval)
                 if on_tick is not None and on_tick(report) is False:
                     return report
             except LeaseLost as e:  # stopped or suspended past the lease: nothing was written, nothing submitted

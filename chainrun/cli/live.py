@@ -17,7 +17,7 @@ from rich.text import Text
 from chainrun.chain.engine import Engine
 from chainrun.chain.summary import view_chain
 from chainrun.cli import tables
-from chainrun.cli.render import clock
+from chainrun.cli.render import clock, role_line
 
 
 def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: list[str] | None = None,
@@ -26,7 +26,6 @@ def live_watch(engine: Engine, *, interval: float, until_done: bool, notify: lis
     """With a ``lease`` held by another watch this is a read-only view: the line under the table
     says which host:pid acts and until when; it takes over when that lease expires."""
     from chainrun.chain.watcher import run_watch
-    from chainrun.cli.chains import role_line
     from chainrun.notify import watch_notifier
 
     store = engine.store

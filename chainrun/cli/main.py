@@ -52,9 +52,9 @@ def _root(
 
 def _register() -> None:
     # each module adds its commands to `app`; none imports heavy libraries at import time
-    from chainrun.cli import chains  # submit, status, watch, cancel
+    from chainrun.cli import chain_cmd  # submit, status, watch, cancel
 
-    chains.register(app)
+    chain_cmd.register(app)
     # --- further command modules register here (one line each) ---
     from chainrun.cli import model_cmd  # model refresh/status/eval, predict
 

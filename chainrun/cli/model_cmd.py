@@ -60,8 +60,12 @@ def refresh(
     runner = _runner(cluster)
     try:
         with bar as progress:
-            res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days, tune=not no_tune,
-                                  tune_workers=workers, progress=progress)
+            tuner = None
+            if not no_tune:  # predicted's values from the same history (chainrun/sim/selftune.py)
+                from chainrun.sim import selftune
+
+                tuner = selftune.tuner(runner, cluster=cluster, workers=workers, progress=progress)
+            res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days, tuner=tuner)
     finally:
         runner.close()
     if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab (chainrun/schedule.py)
@@ -175,9 +179,9 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False,
                                                "default when the output is not a terminal.")] = False) -> None:
     from chainrun.cli.render import console, envelope
     from chainrun.errors import NotFoundError
-    from chainrun.predict import service
+    from chainrun.chain.live_score import model_status
 
-    st = service.status(cluster)
+    st = model_status(cluster)
     if json_out:
         typer.echo(envelope("model status", st))
         return

@@ -32,3 +32,13 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
+
+
+def role_line(role) -> str:
+    """One line saying whether this watch acts, and if not, which process does (plain and live view)."""
+    if role.acting:
+        me = f" ({role.holder.label}, lease epoch {role.holder.epoch})" if role.holder else ""
+        return f"acting: this watch{me} moves the chains of this home"
+    who = f"{role.holder.label} (lease until {clock(role.holder.expires)})" if role.holder else "another watch"
+    why = f"{role.why}; " if role.why else ""
+    return f"read-only: {why}{who} acts; this watch shows its events and takes over if it stops"

@@ -1,6 +1,6 @@
 """The shipped policies, asked the way the watcher asks them: what ships is what is measured.
 
-``SimWatcher.ask`` builds the ``PolicyView`` that ``Engine._plan`` builds (the chain record, the
+``SimWatcher.ask`` builds the ``PolicyView`` that ``planning.plan`` builds (the chain record, the
 current segment, the hand-over point = its end minus the signal lead, and a ``predict_wait``
 callable) and calls the policy class from ``chainrun.chain.policies`` (``get_policy``). The
 wait estimate is the watcher's own: ``chainrun.chain.prediction._estimate`` on the rows of a
@@ -12,7 +12,7 @@ the simulated time. There is no idle-partition shortcut: every ask with a model 
 
 Mirage's ``avg`` is not a shipped policy; ``AvgLead`` implements it on the same interface.
 
-Elastic shapes: ``shape_waits`` is ``Engine._shape_waits`` in the replay: the watcher's
+Elastic shapes: ``shape_waits`` is ``shape_plan.shape_waits`` in the replay: the watcher's
 ``_shape_waits`` (one ``predict_many`` for every shape of the chain, the median wait of each) on
 the same simulated queue and masked past, and ``sbatch --test-only``'s answer per shape
 (``test_only_start``: what Slurm's planner knows, every job to its limit, no future arrivals);

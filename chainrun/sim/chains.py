@@ -9,7 +9,7 @@ never queue behind each other) and every segment is run until the work is done:
   The first ``restart_s`` of every segment's training are lost compute (model load, data loader
   warm-up): **work** is training minus restarts, the chain's ``--total`` less those minutes.
 - Segments are planned as the watcher plans them: the gate, the sizes and the slack allowance are
-  ``chainrun.chain.sizing``'s, which ``Engine._plan`` calls too, on the engine's own
+  ``chainrun.chain.sizing``'s, which ``planning.plan`` calls too, on the engine's own
   ``expected_training``, ``trained_so_far`` and ``total_tolerance`` (tests/chain/test_sizing.py
   drives both on random chain states and checks they agree): the next one is asked for only
   while exactly one segment is live and more than the tolerance (a minute) of work is left after it;
@@ -26,15 +26,15 @@ never queue behind each other) and every segment is run until the work is done:
   reference shape (the first, the chain's injected node count); a segment of ``n`` nodes does
   ``shape_rate(n)`` reference-seconds of work per second of training (linear in nodes times the
   spec's efficiency, which is both the simulated truth and what the rule is told). As in
-  ``Engine._submit_next``: the submit moment is the shipped policy's (its estimate is for the live
+  ``planning.submit_next``: the submit moment is the shipped policy's (its estimate is for the live
   segment's shape), and the shape is chosen when the segment is submitted, by
   ``chainrun.chain.shapes.choose_shape`` on the work left if the live segment stopped now and the
   model's median wait for every shape asked at once (``SimWatcher.shape_waits``, the watcher's
   ``_shape_waits``: one ``predict_many``), a segment's training ``segment - signal lead`` and a
   boundary's cost the signal lead (``segment_overhead`` of a chain with no measured segments).
   A segment planned while nothing is live (the first; one submitted after its predecessor ended)
-  may be a **filler** (``chainrun.chain.shapes.choose_filler``, as ``Engine._choose_shape``): the
-  moment it starts, the reference successor is submitted (``Engine._submit_after_filler``, sized
+  may be a **filler** (``chainrun.chain.shapes.choose_filler``, as ``shape_plan.choose``): the
+  moment it starts, the reference successor is submitted (``planning.submit_after_filler``, sized
   as an early successor), and when that starts it cuts the filler (never the adaptive wait: the
   watcher writes no wait rule for a filler's successor).
 - Completion overhead = (time the work is done - chain submission) - work, and it splits exactly
@@ -54,8 +54,8 @@ import math
 from dataclasses import dataclass, field
 
 from chainrun.chain import sizing
-from chainrun.chain.engine import expected_training, total_tolerance, trained_so_far
-from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape, shape_rate
+from chainrun.chain.pace import expected_training, shape_rate, total_tolerance, trained_so_far
+from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape
 from chainrun.chain.policies import default_lead_s
 from chainrun.sim.scheduler import Scheduler
 
@@ -76,7 +76,7 @@ class ChainWork:
     oracle_step_s: float = 600.0
     horizon_s: float = 60 * 86400.0
     # how the next segment's limit is sized when it is submitted:
-    # "shipped": as Engine._plan does now, the work left as if the live segment stopped now
+    # "shipped": as planning.plan does now, the work left as if the live segment stopped now
     #   (total - credited - trained_so_far), so an early start takes over ("takeover" is an alias);
     # "handover": the rule before the fix, the work left after the live segment trains to its
     #   hand-over point (a successor that starts early and cuts it is then too short: a spiral).
@@ -214,7 +214,7 @@ class _Chain:
         self.choices: list = []  # elastic: (time, ShapeChoice) of every submitted segment
 
     def limit_for(self, left_s: float, rate: float = 1.0) -> float:
-        """As Engine._submit_next: the work left (at least a minute) plus the signal lead, in whole
+        """As planning.submit_next: the work left (at least a minute) plus the signal lead, in whole
         minutes, at most a segment; plus the restart, which is the replay's (the watcher's --total
         counts it as training). ``rate``: the segment's shape's (the work left takes 1/rate as long)."""
         w = self.work
@@ -230,7 +230,7 @@ class _Chain:
                                     restart_s=self.work.restart_s)
 
     def left_if_cut(self, cur: Seg, done_s: float, next_rate: float = 1.0) -> float:
-        """Engine._plan's size for a successor submitted while ``cur`` is live: the work left as if
+        """planning.plan's size for a successor submitted while ``cur`` is live: the work left as if
         ``cur`` stopped now (``trained_so_far``: from its job's start, as the engine counts it;
         before it starts, nothing). In the replay's units: its restart is lost work (limit_for adds
         it), and so are the hand-off minutes the successor waits while ``cur`` saves, which the
@@ -283,12 +283,12 @@ class _Chain:
         return s
 
     def choose(self, left_s: float, cur: Seg | None):
-        """``Engine._choose_shape`` in the replay: ``choose_shape`` on the model's median wait for
+        """``shape_plan.choose`` in the replay: ``choose_shape`` on the model's median wait for
         every shape (asked with the live segment ``cur`` in the queue; for a segment planned while
         nothing is live, the request as it would be queued now), the watcher's segment capacity and
         boundary cost; then, when nothing is live and the reference is kept, ``choose_filler`` on the
         same waits."""
-        from chainrun.chain.engine import segment_overhead
+        from chainrun.chain.pace import segment_overhead
 
         w = self.work
         live = cur is not None
@@ -306,7 +306,7 @@ class _Chain:
 
     def ask(self, cur: Seg, running: bool, left_after: float | None = None):
         """The policy's decision now; ``left_after``: the work left once ``cur`` trains to its
-        hand-over point (for the chain's slack, ``cut_allowance``, as Engine._plan computes it)."""
+        hand-over point (for the chain's slack, ``cut_allowance``, as planning.plan computes it)."""
         w = self.work
         allowance = None if left_after is None else sizing.slack_allowance(
             left_after, segment_s=w.segment_s, overhead_s=w.signal_lead_s, handoff_s=w.handoff_s, restart_s=w.restart_s)
@@ -352,7 +352,7 @@ class _Chain:
                 run.stuck = True
                 run.segments = len(self.segs)
                 return run
-            if nxt is None and cur.filler:  # Engine._submit_after_filler: the reference, the moment it runs
+            if nxt is None and cur.filler:  # planning.submit_after_filler: the reference, the moment it runs
                 nxt = self.submit(left_after, None, cur, done_s, reference=True)
             if nxt is None:
                 self.done_s = done_s

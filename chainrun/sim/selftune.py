@@ -434,6 +434,13 @@ def _iso(t: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t))
 
 
+def tuner(runner: "Runner", *, cluster: str, workers: int = 1,
+          progress: Callable[[str, int, int], None] | None = None) -> Callable[["pd.DataFrame", bool], dict]:
+    """What ``predict.service.refresh(tuner=...)`` calls with the history it just trained on."""
+    return lambda history, all_users: refresh_tuning(runner, cluster=cluster, history=history, all_users=all_users,
+                                                     workers=workers, progress=progress)
+
+
 def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", all_users: bool,
                    partitions: list[str] | None = None, workers: int = 1,
                    progress: Callable[[str, int, int], None] | None = None) -> dict:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from chainrun.chain.engine import Engine, segment_rate, trained_so_far, work_done
+from chainrun.chain.engine import Engine
+from chainrun.chain.pace import segment_rate, trained_so_far, work_done
 from chainrun.chain.segments import submit_segment
 from chainrun.chain.summary import view_chain
 from chainrun.runner.base import RunResult

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from chainrun.chain.shape_plan import plan_first_shape
 from chainrun.chain.summary import view_chain
 from chainrun.state.records import RUNNING, Segment
 from tests.chain.test_elastic_engine import run_segment, world
@@ -26,16 +27,16 @@ def test_no_filler_unless_the_chain_asks_for_one(tmp_path):
     fake, store, eng, c = world(tmp_path, total_s=20000, delay={4: H, 2: 0})
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     fake.test_only_nodes.clear()
-    eng.plan_first_shape(c, seg)
+    plan_first_shape(eng, c, seg)
     assert seg.extra["nodes"] == 4 and "filler" not in seg.extra
 
 
 def test_submit_plans_segment_0_as_a_filler_while_the_reference_queues(tmp_path):
-    # what `chainrun submit` asks (create_chain -> Engine.plan_first_shape): 4 nodes in 1 h, 2 nodes now
+    # what `chainrun submit` asks (create_chain -> shape_plan.plan_first_shape): 4 nodes in 1 h, 2 nodes now
     fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay={4: H, 2: 0})
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
     fake.test_only_nodes.clear()
-    event = eng.plan_first_shape(c, seg)
+    event = plan_first_shape(eng, c, seg)
     assert seg.extra["nodes"] == 2 and seg.extra["filler"] is True
     assert seg.extra["shape"]["filler"] is True
     assert seg.extra["shape"]["reason"].startswith("filler on 2 nodes while 4 nodes queue (~60 min)")
@@ -50,7 +51,7 @@ def test_no_filler_for_a_short_reference_wait_or_with_no_adapt(tmp_path, delay, 
     # 0.5 x (140 - 30) = 55 s < 6 boundaries of 30 s; --no-adapt: never another shape
     fake, store, eng, c = world(tmp_path, filler_margin=6.0, total_s=20000, delay=delay, no_adapt=no_adapt)
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
-    assert eng.plan_first_shape(c, seg) == ""
+    assert plan_first_shape(eng, c, seg) == ""
     assert seg.extra["nodes"] == 4 and "filler" not in seg.extra
 
 
@@ -127,5 +128,5 @@ def test_no_start_estimate_for_the_reference_keeps_it(tmp_path):
 
     fake.run = refuse_four
     seg = Segment(chain_id=c.id, idx=0, time_limit_s=1200)
-    assert eng.plan_first_shape(c, seg) == ""
+    assert plan_first_shape(eng, c, seg) == ""
     assert seg.extra["nodes"] == 4 and "no start estimate" in seg.extra["shape"]["reason"]

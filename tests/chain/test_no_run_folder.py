@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from chainrun.chain.engine import MAX_NO_RUN_FOLDER, Engine
+from chainrun.chain.engine import Engine
+from chainrun.chain.segment_end import MAX_NO_RUN_FOLDER
 from chainrun.chain.segments import submit_segment
 from chainrun.slurm.client import SlurmClient
 from chainrun.state.records import ACTIVE, CRASH, ENDED, FAILED, NO_RUN_FOLDER, PENDING, Segment

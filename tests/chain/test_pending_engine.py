@@ -50,7 +50,7 @@ def test_a_waiting_segment_keeps_its_reason_and_slurms_estimate(tmp_path):
 
 
 def test_cancel_leaves_no_segment_shown_running(tmp_path):
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
     from chainrun.chain.summary import view_chain
 
     fake, store, eng, c = _world(tmp_path)
@@ -89,7 +89,7 @@ def test_an_early_successor_is_sized_to_take_over(tmp_path):
 
 
 def test_segment_overhead_is_learnt_from_segments_that_ran_to_their_signal():
-    from chainrun.chain.engine import expected_training, segment_overhead
+    from chainrun.chain.pace import expected_training, segment_overhead
     from chainrun.state.records import ENDED, Chain
 
     c = Chain(id="o", name="o", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",

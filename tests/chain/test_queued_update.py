@@ -1,5 +1,5 @@
 """A request change reaches a successor that is already queued (chain/placement.py queued_update,
-Engine._update_queued): pure rule, then `scontrol update` on a real pending job."""
+TickContext.update_queued): pure rule, then `scontrol update` on a real pending job."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_a_pending_successor_is_updated_in_place_on_real_slurm(slurm_cluster, tm
         store.save(c, [done, queued])
         c.extra["adapt"] = {"exclude": ["n2"], "switches": "1@00:02:00"}
         eng = Engine(store, SlurmClient(LocalRunner()), LocalRunner(), user="root")
-        events = eng._update_queued(c, store.segments(c.id))
+        events = eng.update_queued(c, store.segments(c.id))
         assert [k for _, k, _ in events] == ["adapt"], events
         shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
         excluded = re.search(r"ExcNodeList=(\S+)", shown)
@@ -65,7 +65,7 @@ def test_a_pending_successor_is_updated_in_place_on_real_slurm(slurm_cluster, tm
         subprocess.run(["scancel", job], check=True)
         time.sleep(1)
         c.extra["adapt"] = {"exclude": ["n3"]}
-        events = eng._update_queued(c, store.segments(c.id))
+        events = eng.update_queued(c, store.segments(c.id))
         assert [k for _, k, _ in events] == ["placement"] and "keeps its request" in events[0][2], events
     finally:
         subprocess.run(["scancel", job], capture_output=True)

@@ -199,7 +199,7 @@ def test_a_superseded_rerun_keeps_what_the_first_run_trained(tmp_path):
 
 
 def test_a_cancelled_requeued_segment_is_settled_over_all_its_runs(tmp_path):
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
 
     fake, store, eng, c = _world(tmp_path)
     (job,) = fake.jobs.values()

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from chainrun.chain.contract import control_path
-from chainrun.chain.engine import Engine, cancel_chain
+from chainrun.chain.cancel import cancel_chain
+from chainrun.chain.engine import Engine
 from chainrun.chain.segments import submit_segment
 from chainrun.chain.summary import view_chain
 from chainrun.chain.watcher import run_watch

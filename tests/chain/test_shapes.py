@@ -2,7 +2,8 @@
 
 import pytest
 
-from chainrun.chain.shapes import choose_shape, finish_estimate, parse_shapes, shape_rate
+from chainrun.chain.pace import shape_rate
+from chainrun.chain.shapes import choose_shape, finish_estimate, parse_shapes
 from chainrun.errors import UsageError
 
 

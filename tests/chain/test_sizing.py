@@ -1,4 +1,4 @@
-"""One implementation of planning (chain/sizing.py): the watcher's Engine._plan and the replay's
+"""One implementation of planning (chain/sizing.py): the watcher's planning.plan and the replay's
 chains.py must plan alike; a property test drives both on random chain states (fast, fake Slurm)."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chainrun.chain import engine as engine_mod
+from chainrun.chain import planning
 from chainrun.chain import sizing
 from chainrun.chain.contract import control_path, done_file
-from chainrun.chain.engine import Engine, total_tolerance
+from chainrun.chain.engine import Engine
+from chainrun.chain.pace import total_tolerance
 from chainrun.chain.policies import Decision
 from chainrun.chain.segments import submit_segment
 from chainrun.sim.adapter import engine_chain
@@ -77,7 +78,7 @@ class _Always:
 
 
 def _engine_plan(state: dict, policy: _Always, sized: list) -> dict:
-    """Engine._plan on the state, through a real store and the fake Slurm: asked?, allowance, size."""
+    """planning.plan on the state, through a real store and the fake Slurm: asked?, allowance, size."""
     with tempfile.TemporaryDirectory() as tmp:
         fake = FakeSlurm(now=T0 - state["elapsed"])
         store = Store(Path(tmp) / "state.db")
@@ -159,14 +160,14 @@ def chain_states(draw):
 @given(state=chain_states())
 def test_the_watcher_and_the_replay_plan_alike(state, monkeypatch):
     policy, sized = _Always(), []
-    monkeypatch.setattr(engine_mod, "get_policy", lambda name: policy)
-    submit_next = Engine._submit_next
+    monkeypatch.setattr(planning, "get_policy", lambda name: policy)
+    submit_next = planning.submit_next
 
-    def recording(self, c, segs, remaining, **kw):
+    def recording(t, c, segs, remaining, **kw):
         sized.append(remaining)
-        return submit_next(self, c, segs, remaining, **kw)
+        return submit_next(t, c, segs, remaining, **kw)
 
-    monkeypatch.setattr(Engine, "_submit_next", recording)
+    monkeypatch.setattr(planning, "submit_next", recording)
     eng, sim = _engine_plan(state, policy, sized), _replay_plan(state)
     assert eng["asked"] == sim["asked"]
     if sim["asked"]:
@@ -254,7 +255,7 @@ def test_no_successor_once_the_work_is_reached(tmp_path):
 def test_submit_prints_the_plan_the_watcher_then_runs(tmp_path, capsys):
     """`5m in ~3 segment(s)` needed more with 2 min segments and a 40 s lead. The printed count is
     what the watcher does when every segment runs to its signal: driven here on the fake Slurm."""
-    from chainrun.cli.chains import _print_submitted
+    from chainrun.cli.chain_cmd import _print_submitted
 
     fake = FakeSlurm(now=time.time())
     store = Store(tmp_path / "state.db")

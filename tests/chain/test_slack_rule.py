@@ -108,9 +108,9 @@ def test_unknown_rule_is_refused():
 
 
 def test_the_engine_gives_the_rule_the_chains_slack(tmp_path, monkeypatch):
-    """Engine._plan computes the allowance from the chain (work left after the live segment, a full
+    """planning.plan computes the allowance from the chain (work left after the live segment, a full
     segment's training, the measured hand-off) with the same cut_allowance the replay calls."""
-    from chainrun.chain import engine as engine_mod
+    from chainrun.chain import planning
     from chainrun.chain.policies import Decision
     from tests.reliability.test_engine_faults import make_world
 
@@ -123,7 +123,7 @@ def test_the_engine_gives_the_rule_the_chains_slack(tmp_path, monkeypatch):
             seen.append(view)
             return Decision(False)
 
-    monkeypatch.setattr(engine_mod, "get_policy", lambda name: Recorder())
+    monkeypatch.setattr(planning, "get_policy", lambda name: Recorder())
     fake, store, eng, c = make_world(tmp_path)  # total 3600 s in 120 s segments, signal lead 30 s
     (job,) = fake.jobs.values()
     fake.start(job.id)
@@ -139,7 +139,7 @@ def test_the_engine_gives_the_rule_the_chains_slack(tmp_path, monkeypatch):
 
 def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
     """A submission's P(start in time) reaches the successor's record, where `model status` reads it."""
-    from chainrun.chain import engine as engine_mod
+    from chainrun.chain import planning
     from chainrun.chain.policies import Decision
     from tests.reliability.test_engine_faults import make_world
 
@@ -149,7 +149,7 @@ def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
         def decide(self, view):
             return Decision(True, "test", estimate=WaitEstimate(seconds=60, model="cluster"), prob_in_time=0.8125)
 
-    monkeypatch.setattr(engine_mod, "get_policy", lambda name: Sure())
+    monkeypatch.setattr(planning, "get_policy", lambda name: Sure())
     fake, store, eng, c = make_world(tmp_path)
     (job,) = fake.jobs.values()
     fake.start(job.id)

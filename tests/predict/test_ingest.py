@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from chainrun.chain import live_score
 from chainrun.predict import ingest, service
 from chainrun.runner.base import RunResult
 from chainrun.paths import home
@@ -92,14 +93,14 @@ def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "MIN_ROWS", 10)  # the capture has 18 started jobs
     pending = EPOCH_ROWS
     now = 1795326600.0 + 3600
-    r1 = service.refresh(FakeRunner(pending), cluster="t", now=now, tune=False)  # the tuning: tests/sim/test_selftune.py
+    r1 = service.refresh(FakeRunner(pending), cluster="t", now=now)  # no tuner: the tuning: tests/sim/test_selftune.py
     assert r1["new_rows"] >= r1["history_rows"] > 20  # every window answered the same rows
     # the same jobs again, one of them finished meanwhile
     line = next(ln for ln in pending.splitlines() if "|PENDING|" in ln)
     f = line.split("|")
     f[7], f[8], f[14] = str(int(f[5]) + 30), str(int(f[5]) + 90), "COMPLETED"
     r = FakeRunner(pending.replace(line, "|".join(f)))
-    r2 = service.refresh(r, cluster="t", now=now + 7200, tune=False)
+    r2 = service.refresh(r, cluster="t", now=now + 7200)
     assert r2["history_rows"] == r1["history_rows"]  # no duplicates
     # incremental: from the last refresh less a day of overlap (7200 s + 86400 s before this one)
     assert r.calls[0][r.calls[0].index("-S") + 1] == f"now-{7200 + int(ingest.OVERLAP_S)}seconds"
@@ -185,7 +186,7 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
     for s in segs:
         st.save_segment(s)
     st.close()
-    le = service.live_error("local")
+    le = live_score.live_error("local")
     from chainrun.chain.policies import predict_quantile
 
     assert le["n"] == 3 and le["acted_quantile"] == pytest.approx(predict_quantile(172800))  # the shipped rule's
@@ -236,7 +237,7 @@ def test_status_verdicts_agree_on_waits_under_a_watcher_tick(tmp_path, monkeypat
         st.save_segment(Segment(chain_id="c1", idx=i, phase=ENDED, job_id=str(i + 1), eligible=1000 * i,
                                 start=1000 * i + wait, end=1000 * i + 120, predicted_wait_s=None if i == 0 else 1.0))
     st.close()
-    le = service.live_error("local")
+    le = live_score.live_error("local")
     assert le["n"] == 4 and le["resolution_s"] == 60
     assert le["acted_quantile_coverage"] == 1.0 and le["within_2x"] == 1.0 and le["waited_longer_than_predicted"] == 0
     assert le["verdict"] == "as promised"
@@ -246,4 +247,4 @@ def test_status_verdicts_agree_on_waits_under_a_watcher_tick(tmp_path, monkeypat
                                            (0.75, 4, "as promised"), (0.9, 100, "too optimistic"),
                                            (0.97, 100, "as promised"), (1.0, 1000, "too cautious")])
 def test_coverage_verdict_allows_the_binomial_spread_of_n_segments(cov, n, verdict):
-    assert service.coverage_verdict(cov, 0.98, n) == verdict
+    assert live_score.coverage_verdict(cov, 0.98, n) == verdict

@@ -15,7 +15,8 @@ import time
 import pytest
 
 from chainrun.chain import engine as engine_mod
-from chainrun.chain.engine import ADOPT_AFTER_S, MAX_UNCONFIRMED, Engine, TickReport
+from chainrun.chain.engine import ADOPT_AFTER_S, Engine, TickReport
+from chainrun.chain.planning import MAX_UNCONFIRMED
 from chainrun.chain.segments import submit_segment
 from chainrun.chain.watcher import run_watch
 from chainrun.errors import StateError

@@ -74,7 +74,7 @@ def test_the_shipped_class_is_what_is_measured(monkeypatch):
     changed = run_chains(busy(), cfg(specs=specs, max_chains=1))
     assert seen, "the replay did not ask chainrun.chain.policies.Predicted"
     v = seen[-1]
-    assert v.handover_at == v.current.end - v.chain.signal_lead_s  # as Engine._plan builds it
+    assert v.handover_at == v.current.end - v.chain.signal_lead_s  # as planning.plan builds it
     assert v.chain.lead_s == policies.PREDICTED_FLOOR_S and v.chain.segment_s == 24 * 3600  # the shipped floor
     b = base.summary["chains"]["policies"]["predicted"]
     c = changed.summary["chains"]["policies"]["predicted"]
@@ -189,7 +189,7 @@ def test_hand_off_spiral_only_with_the_sizing_before_the_fix():
     """A lead longer than the last segment: its successor starts at once on an idle partition and
     cuts it. Sized as the watcher sized it before the fix (successor_limit="handover": the work
     left after the live segment), it is short of what the cut took, so yet another one follows: a
-    spiral. Sized as Engine._plan sizes it now (the default: the work left as if the live segment
+    spiral. Sized as planning.plan sizes it now (the default: the work left as if the live segment
     stopped now), it takes over and the chain ends."""
     idle = frame(steady(30, every_s=12 * H, run_s=H))  # two nodes, almost always free
     specs = [PolicySpec("reactive", "reactive"), PolicySpec("fixed_6h", "lead", lead_s=6 * H)]
@@ -204,15 +204,15 @@ def test_hand_off_spiral_only_with_the_sizing_before_the_fix():
 
 
 def test_the_replay_sizes_a_successor_with_the_engines_helpers(monkeypatch):
-    """The shipped sizing is Engine._plan's: chainrun.chain.engine.trained_so_far is what it calls."""
-    from chainrun.chain import engine
+    """The shipped sizing is planning.plan's: chainrun.chain.pace.trained_so_far is what it calls."""
+    from chainrun.chain import pace
     from chainrun.sim import chains
 
     calls = []
 
     def spy(seg, now):
         calls.append((seg.phase, now))
-        return engine.trained_so_far(seg, now)
+        return pace.trained_so_far(seg, now)
 
     monkeypatch.setattr(chains, "trained_so_far", spy)
     specs = [PolicySpec("fixed_6h", "lead", lead_s=6 * H)]

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from chainrun.chain.engine import Engine, cancel_chain
+from chainrun.chain.cancel import cancel_chain
+from chainrun.chain.engine import Engine
 from chainrun.chain.segments import submit_segment
 from chainrun.runner.base import RunResult
 from chainrun.runner.local import LocalRunner

@@ -156,7 +156,7 @@ def test_what_the_watcher_could_not_send_before_it_stopped_is_logged(store, chai
 
 
 def test_plain_watch_hook_notifies(store, chainrun_home, sendmail, capsys):
-    from chainrun.cli.chains import _plain_watch
+    from chainrun.cli.chain_cmd import _plain_watch
 
     class OneTick:  # the engine's interface as run_watch uses it; the chain completes during the tick
         def __init__(self, s):

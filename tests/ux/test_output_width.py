@@ -225,7 +225,7 @@ def test_watch_plain_once_warnings(tmp_path, mode):
 def test_watch_plain_events_wrap_but_keep_ids(chainrun_home, cols, monkeypatch, capsys):
     """The plain loop's event lines, with events as long as a crash reason, fit the width."""
     from chainrun.chain.engine import TickReport
-    from chainrun.cli.chains import _plain_watch
+    from chainrun.cli.chain_cmd import _plain_watch
 
     monkeypatch.setenv("COLUMNS", str(cols))
     _populate(chainrun_home, {k: CHAINS[k] for k in list(CHAINS)[:1]})

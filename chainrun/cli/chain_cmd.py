@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from chainrun.cli.render import clock, console, envelope
+from chainrun.cli.render import clock, console, envelope, role_line
 from chainrun.durations import DURATION_HELP, format_duration, parse_duration
 from chainrun.errors import UsageError
 
@@ -168,7 +168,7 @@ def _print_submitted(res, json_out: bool) -> None:
                                        "time_min_s": ch.extra.get("time_min_s"),
                                        "policy_note": res.policy_note, "warnings": list(res.warnings)}))
         return
-    from chainrun.chain.engine import segment_overhead, total_tolerance
+    from chainrun.chain.pace import segment_overhead, total_tolerance
     from chainrun.chain.sizing import planned_segments
 
     # as the watcher will plan them: each segment trains its limit less the signal lead
@@ -300,16 +300,6 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def role_line(role) -> str:
-    """One line saying whether this watch acts, and if not, which process does (plain and live view)."""
-    if role.acting:
-        me = f" ({role.holder.label}, lease epoch {role.holder.epoch})" if role.holder else ""
-        return f"acting: this watch{me} moves the chains of this home"
-    who = f"{role.holder.label} (lease until {clock(role.holder.expires)})" if role.holder else "another watch"
-    why = f"{role.why}; " if role.why else ""
-    return f"read-only: {why}{who} acts; this watch shows its events and takes over if it stops"
-
-
 def _live_terminal() -> bool:
     """The live view redraws in place: only on a real terminal that can move its cursor."""
     return sys.stdout.isatty() and os.environ.get("TERM", "").lower() not in ("dumb", "unknown")
@@ -373,7 +363,7 @@ def cancel(
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun import paths
-    from chainrun.chain.engine import cancel_chain
+    from chainrun.chain.cancel import cancel_chain
     from chainrun.context import open_context
     from chainrun.state.store import Store
 

@@ -1,0 +1,137 @@
+"""Planning one chain's next segment: the gate, the size and the slack come from chain/sizing.py
+(which the replay calls too), the moment from the chain's policy (chain/policies.py), the shape
+from shape_plan.py; then a maintenance cut, the hand-off rule, and sbatch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from chainrun.chain import handoff_plan, reconcile, shape_plan, sizing
+from chainrun.chain.maintenance import fit_maintenance
+from chainrun.chain.pace import (
+    chain_shape_rate, chain_shapes, expected_training, segment_overhead, segment_rate, total_tolerance, trained_so_far,
+)
+from chainrun.chain.policies import PolicyView, WaitEstimate, get_policy
+from chainrun.chain.segments import submit_segment
+from chainrun.chain.shapes import ShapeChoice
+from chainrun.slurm.client import SlurmRefused
+from chainrun.state.records import COMPLETED, LIVE_PHASES, RUNNING, SUBMITTING, Chain, Segment
+
+if TYPE_CHECKING:
+    from chainrun.chain.tick_context import TickContext, TickReport
+
+MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a row: the chain fails
+
+
+def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> None:
+    """The gate, the sizes and the slack come from chain/sizing.py, which the replay calls too."""
+    now = t.clock()
+    live = [s for s in segs if s.phase in LIVE_PHASES]
+    # --total counts training: a live segment is expected to train its limit less the signal lead
+    overhead = segment_overhead(c, segs)
+    expected = sum(sizing.expected_work(expected_training(c, s, overhead), rate=segment_rate(c, s, segs))
+                   for s in live)
+    remaining = sizing.work_after(c.total_s, c.credited_s, expected)
+    gate = dict(live=len(live), work_after_s=remaining, tolerance_s=total_tolerance(c),
+                unconfirmed=any(s.phase == SUBMITTING for s in live),  # wait for adoption first
+                stopping=any(s.extra.get("total_stop_at") for s in live))  # told to stop (total_stop.py)
+    step = sizing.plan_gate(**gate)
+    if step == sizing.FIRST and t.done_marker(c):  # the payload said done: nothing more to run
+        step = sizing.plan_gate(**gate, done_marker=True)
+    if step == sizing.FINISH:
+        t.finish(c, segs, COMPLETED, "total time reached" if not live and remaining < gate["tolerance_s"]
+                     else "training finished (the payload's done marker exists)")
+        return
+    if step == sizing.FIRST:
+        # the last prediction made while the predecessor ran stays beside the actual wait
+        last = segs[-1].extra.get("last_prediction") if segs else None
+        est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
+        submit_next(t, c, segs, remaining, dependency="", note="", estimate=est)
+        report.submitted += 1
+        return
+    if step != sizing.ASK:
+        return
+    cur = live[0]
+    if cur.extra.get("filler"):  # docs/elastic.md, "Filler": the reference is asked for the moment it runs
+        if cur.phase == RUNNING and submit_after_filler(t, c, segs, cur, now):
+            report.submitted += 1
+        return  # a queued filler: no policy may pre-queue behind it (a dependency would wait for its end)
+    policy = get_policy(c.policy)
+    handover = (cur.end - c.signal_lead_s) if (cur.phase == RUNNING and cur.end) else None
+    predict = (lambda: t.predictor(c, cur, t.queue)) if t.predictor else None
+    # the share of the chain's slack this boundary may spend (the `slack` rule): remaining is the work
+    # left once cur trains to its hand-over point, a later full segment trains segment_s - overhead
+    allowance = sizing.slack_allowance(remaining, segment_s=c.segment_s, overhead_s=overhead,
+                                       handoff_s=handoff_plan.measured_handoff_s(c, segs))
+    view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict,
+                      cut_allowance_s=allowance)
+    decision = policy.decide(view)
+    if decision.estimate is not None:
+        cur.extra["last_prediction"] = {"at": now, "wait_s": decision.estimate.seconds, "model": decision.estimate.model}
+        t.store.save(c, [cur])
+    if decision.submit and (left := left_if_cut(t, c, segs, cur, now)) is not None:
+        submit_next(t, c, segs, left, dependency=decision.dependency, note=decision.reason,
+                          estimate=decision.estimate, prob_in_time=decision.prob_in_time)
+        report.submitted += 1
+
+
+def left_if_cut(t: TickContext, c: Chain, segs: list[Segment], cur: Segment, now: float) -> float | None:
+    """The size of an early successor of ``cur`` (the one live segment): it carries the work left as
+    if ``cur`` stopped now, since if it starts early it cuts ``cur`` (sized for the hand-over point,
+    early successors spiral). None when nothing may be submitted (sizing.may_submit): the work is
+    reached, or the payload's done marker exists (a segment that finished the chain a moment ago
+    still shows as running)."""
+    t.note_training_start(c, cur, now, force=True)
+    left = sizing.left_if_cut(c.total_s, c.credited_s, trained_so_far(cur, now), rate=segment_rate(c, cur, segs))
+    tolerance = total_tolerance(c)
+    if not sizing.may_submit(left_if_cut_s=left, tolerance_s=tolerance):
+        return None
+    return left if sizing.may_submit(left_if_cut_s=left, tolerance_s=tolerance,
+                                     done_marker=t.done_marker(c)) else None
+
+
+def submit_after_filler(t: TickContext, c: Chain, segs: list[Segment], cur: Segment, now: float) -> bool:
+    """A filler runs: ask for the reference shape at once, whatever the policy's timing, sized as an
+    early successor (the work left as if the filler stopped now). When it starts, the hand-off stops
+    the filler (no adaptive wait: handoff_plan writes no rule for a filler's successor); if the
+    filler reaches its own end first, the chain simply goes on with it. False if nothing may be
+    submitted (``left_if_cut``)."""
+    left = left_if_cut(t, c, segs, cur, now)
+    if left is None:
+        return False
+    ref = chain_shapes(c)[0]
+    why = (f"{ref} nodes (reference), asked as soon as the filler (segment {cur.idx}, {cur.extra.get('nodes')} "
+           "nodes) runs: it takes over when it starts")
+    submit_next(t, c, segs, left, dependency="", estimate=None, choice=ShapeChoice(ref, why, ()),
+                      note=f"filler segment {cur.idx} is running: the reference shape is asked for now")
+    return True
+
+
+def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
+                 estimate: WaitEstimate | None, choice: ShapeChoice | None = None,
+                 prob_in_time: float | None = None) -> None:
+    if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
+        raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
+    idx = (max(s.idx for s in segs) + 1) if segs else 0
+    if choice is None:
+        choice = shape_plan.choose(t, c, segs, remaining, idx)  # None unless the chain has --shapes
+    rate = chain_shape_rate(c, segs, choice.nodes) if choice else 1.0
+    # the training this segment needs at its shape's rate, plus the signal lead, as Slurm grants it
+    limit = sizing.segment_limit(remaining, segment_s=c.segment_s, signal_lead_s=c.signal_lead_s, rate=rate)
+    prev_failed = bool(segs) and segs[-1].outcome == "crash"
+    seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
+                  predicted_wait_s=estimate.seconds if estimate else None,
+                  predicted_model=estimate.model if estimate else "")
+    if prob_in_time is not None:  # what the policy acted on, scored by `model status` (predict/service.py)
+        seg.extra["prob_in_time"] = round(prob_in_time, 4)
+    shape_event = shape_plan.apply_shape(t, c, segs, seg, choice)
+    if c.extra.get("time_min_s"):  # --time-min: Slurm may start it sooner with a shorter limit
+        seg.extra["time_min_s"] = min(int(c.extra["time_min_s"]), limit)
+    fit_maintenance(c, seg, t.reservations(), t.clock())
+    if seg.extra.get("plan_note"):
+        note = f"{note}; {seg.extra['plan_note']}" if note else seg.extra["plan_note"]
+    handoff_plan.write_rule(t.runner, c, segs, seg)  # before sbatch: a successor may start at once
+    submit_segment(t.store, t.slurm, c, seg, note=note)
+    segs.append(seg)
+    if shape_event:
+        t.store.add_event(c.id, idx, "shape", shape_event)
