@@ -24,10 +24,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from chainrun.predict.distribution import QUANTILES, Prediction, pinball  # noqa: E402
 from chainrun.predict.doubt import short_history, widen  # noqa: E402
 from chainrun.predict.features import build_features, log_wait  # noqa: E402
-from chainrun.predict.model import QUANTILES, Prediction, fit_predictor, pinball, queries_of, training_rows  # noqa: E402
 from chainrun.predict.prep import prepare  # noqa: E402
+from chainrun.predict.training import fit_predictor, queries_of, training_rows  # noqa: E402
 from chainrun.traces import read_trace  # noqa: E402
 
 SIZES = (30, 100, 300, 1000, 3000)

@@ -4,7 +4,7 @@
         [--val-from 2023-01-01] [--test-from 2023-02-01] [--test-until 2023-03-01]
         [--out docs/results/predict_queue_future.json]
 
-docs/model.md ("Why deadline accuracy stops near 0.8") ends on: what separates a job that
+docs/model.md ("Why deadline accuracy stops short of the target") ends on: what separates a job that
 starts within the hour from its twin that waits is the queue's future, which no feature
 known at submission holds. Slurm's own answer to that is `squeue --start`: play the queue
 forward with every job running to its limit. This script builds that answer from facts known
@@ -111,9 +111,9 @@ def main() -> None:
     from predict_deadline import SEED, classifier  # the same classifier as the deadline study (bench/ is on the path)
 
     from chainrun.predict.evaluate import HORIZONS
-    from chainrun.predict.model import estimate_capacity, queries_of
     from chainrun.predict.features import FEATURES, build_features
     from chainrun.predict.prep import prepare
+    from chainrun.predict.training import estimate_capacity, queries_of
     from chainrun.predict.service import parse_date
     from chainrun.traces import read_trace
 

@@ -54,7 +54,7 @@ def main() -> None:
 
     from chainrun.durations import parse_duration
     from chainrun.predict.evaluate import evaluate
-    from chainrun.predict.model import training_rows
+    from chainrun.predict.training import training_rows
     from chainrun.predict.prep import default_since, prepare
     from chainrun.predict.service import parse_date
     from chainrun.traces import read_trace

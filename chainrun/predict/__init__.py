@@ -36,6 +36,8 @@ waiting; docs/model.md), saved as LightGBM text + ``meta.json``; :func:`load_pre
 raises :class:`chainrun.errors.ModelError` for a model of another format or feature list.
 """
 
-from chainrun.predict.model import Prediction, Predictor, WaitRequest, fit_predictor, load_predictor
+from chainrun.predict.distribution import Prediction
+from chainrun.predict.model import Predictor, WaitRequest, load_predictor
+from chainrun.predict.training import fit_predictor
 
 __all__ = ["Prediction", "Predictor", "WaitRequest", "fit_predictor", "load_predictor"]

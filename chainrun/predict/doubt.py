@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-from chainrun.predict.model import TAIL_SLOPE, Prediction
+from chainrun.predict.distribution import TAIL_SLOPE, Prediction
 
 if TYPE_CHECKING:
     import numpy as np

@@ -32,13 +32,15 @@ left out and ``notes`` says so in one line, every other row stays.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
+from chainrun.predict.distribution import QUANTILES, pinball, prob_within_matrix, qname
 from chainrun.predict.features import USER_WINDOW, build_features, log_wait
 from chainrun.predict.forest import SklearnLeafForest
-from chainrun.predict.model import QUANTILES, _qname, fit_predictor, pinball, queries_of, training_rows
 from chainrun.predict.prep import default_since, prepare
+from chainrun.predict.training import fit_predictor, queries_of, training_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -53,34 +55,6 @@ REFIT_EVERY_S = 86400.0
 RF_PARAMS = {"n_estimators": 100, "min_samples_leaf": 5, "max_features": 0.6}
 # scikit-learn serves this baseline only: it is the `eval` extra, not a dependency
 NO_SKLEARN = "random_forest left out: scikit-learn is not installed (pip install 'chainrun[eval]')"
-
-
-def _z():
-    from statistics import NormalDist
-
-    return [NormalDist().inv_cdf(q) for q in QUANTILES]
-
-
-def prob_within_matrix(pred_log, h_s: float) -> "np.ndarray":
-    """P(wait <= h) per row of log10 quantiles (rows x QUANTILES): the curve of
-    :meth:`chainrun.predict.model.Prediction.prob_within`, vectorised."""
-    import numpy as np
-    from scipy.special import ndtr
-
-    from chainrun.predict.model import TAIL_SLOPE
-
-    v = np.maximum.accumulate(np.asarray(pred_log, float), axis=1)
-    z = np.asarray(_z())
-    x = np.log10(max(h_s, 1.0))
-    lo = np.maximum((v[:, 1] - v[:, 0]) / (z[1] - z[0]), TAIL_SLOPE)
-    hi = np.maximum((v[:, -1] - v[:, -2]) / (z[-1] - z[-2]), TAIL_SLOPE)
-    out = np.where(x < v[:, 0], z[0] - (v[:, 0] - x) / lo, z[-1] + (x - v[:, -1]) / hi)
-    for k in range(len(z) - 1):
-        inside = (v[:, k] <= x) & (x < v[:, k + 1])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            zz = z[k] + (x - v[:, k]) * (z[k + 1] - z[k]) / (v[:, k + 1] - v[:, k])
-        out = np.where(inside, zz, out)
-    return ndtr(out)
 
 
 def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
@@ -101,7 +75,7 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
     for j, q in enumerate(QUANTILES):
         below = np.where(obs, (y < p[:, j] - 1e-9) + 0.5 * (np.abs(y - p[:, j]) <= 1e-9), 0.0)
         cal[f"q{int(round(q * 100))}"] = round(float(below.mean()), 4)
-    pin = {_qname(q): round(pinball(ys, ps[:, j], q), 4) for j, q in enumerate(QUANTILES)}
+    pin = {qname(q): round(pinball(ys, ps[:, j], q), 4) for j, q in enumerate(QUANTILES)}
     j10, j90, j98 = QUANTILES.index(0.1), QUANTILES.index(0.9), QUANTILES.index(0.98)
     dl = {}
     for h, hs in HORIZONS.items():
@@ -124,6 +98,33 @@ def metrics(y_log, observed, pred_log, probs: dict, base_rates: dict) -> dict:
     }
 
 
+@dataclass
+class _Scored:
+    """One set of scored test jobs (with or without the dependency rule): the rows of the prepared
+    frame, their features, log10 waits and started-or-not, and every model's answers, filled in
+    step by step by the replay (NaN until answered)."""
+
+    rows: "np.ndarray"
+    X: "np.ndarray"
+    y: "np.ndarray"
+    observed: "np.ndarray"
+    user_q: "tuple[np.ndarray, np.ndarray]"  # the user's last waits known at each row (see _user_last)
+    preds: dict  # model name -> (rows x QUANTILES) log10 wait
+    probs: dict  # model name -> horizon name -> P(wait <= H) per row
+    base: dict  # horizon name -> the training base rate each row was answered with
+
+
+@dataclass
+class _Step:
+    """What was known at one refit: the models fit then and the training waits' summaries."""
+
+    model: object  # the shipped kind, a Predictor
+    alt: object  # the other kind chainrun can ship (None: not asked)
+    rates: dict  # horizon name -> share of training waits <= H (base rate, majority class)
+    global_q: "np.ndarray"  # quantiles of every training wait (global_median)
+    rf: object  # the scikit-learn quantile regression forest (None: not asked)
+
+
 def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, random_forest: bool = True,
              refit_every_s: float = REFIT_EVERY_S, per_user: str = "auto", lightgbm_params: dict | None = None,
              anchor: bool | None = None, rf_params: dict | None = None, kind: str | None = None,
@@ -136,7 +137,7 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
     for diagnostics such as bench/predict_deadline.py."""
     import numpy as np
 
-    from chainrun.predict.model import KIND, KINDS
+    from chainrun.predict.training import KIND, KINDS
 
     kind = kind or KIND
     other = next(k for k in KINDS if k != kind) if other_kind else None
@@ -164,134 +165,36 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
     feats = dict(capacity=frozen["capacity"], all_users=frozen["all_users"], categories=frozen["categories"])
     # features of every row at its own time: they use only facts before it, so one pass serves every refit
     X_all = build_features(queries_of(p, np.arange(len(p))), p, **feats)
-    sets = {
-        "with_rule": np.flatnonzero(in_test & ~dep),
-        "without_rule": np.flatnonzero(in_test),
-    }
-    X_set = {"with_rule": X_all[sets["with_rule"]],
-             "without_rule": build_features(queries_of(p, sets["without_rule"], at="t_queue"), p, **feats)}
-    wait_q = np.where(np.isnan(start), np.nan, np.maximum(start - p["t_queue"].to_numpy(float), 0.0))
-    y_set = {"with_rule": log_wait(p["wait"].to_numpy(float)[sets["with_rule"]]),
-             "without_rule": log_wait(wait_q[sets["without_rule"]])}
-    obs_set = {k: ~np.isnan(start[v]) for k, v in sets.items()}
-    K = len(QUANTILES)
     names = ["lightgbm", "lightgbm_uncalibrated"] + ([f"lightgbm_{other}"] if other else []) + \
         ["global_median", "user_median"] + (["random_forest"] if random_forest else [])
-    preds = {s: {n: np.full((len(v), K), np.nan) for n in names} for s, v in sets.items()}
-    probs = {s: {n: {h: np.full(len(v), np.nan) for h in HORIZONS} for n in names} for s, v in sets.items()}
-    base = {s: {h: np.full(len(v), np.nan) for h in HORIZONS} for s, v in sets.items()}
-    user_q = {s: _user_last(p, queries_of(p, v, at="t_elig" if s == "with_rule" else "t_queue")) for s, v in sets.items()}
+    sets = _scored_sets(p, in_test, X_all, feats, names)
     timing = {"lightgbm": 0.0, "random_forest": 0.0}
     refits, user_models = 0, set()
-    steps = np.arange(train_until, test_until, refit_every_s)
-    for T in steps:
-        step_rows = {s: (sub[v] >= T) & (sub[v] < T + refit_every_s) for s, v in sets.items()}
+    for T in np.arange(train_until, test_until, refit_every_s):
+        step_rows = {s: (sub[sc.rows] >= T) & (sub[sc.rows] < T + refit_every_s) for s, sc in sets.items()}
         if not any(r.any() for r in step_rows.values()):
             continue
         refits += 1
-        ts = time.time()
-        pr = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
-                           params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}), kind=kind,
-                           forest_params=forest_params, **({} if refit is None else {"refit": refit}))
-        timing["lightgbm"] += time.time() - ts
-        alt = None
-        if other:
-            ts = time.time()
-            alt = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
-                                kind=other)
-            timing[f"lightgbm_{other}"] = timing.get(f"lightgbm_{other}", 0.0) + time.time() - ts
-        user_models |= set(pr.meta["user_models"])
-        tr = training_rows(p, since=warm, until=T)
-        y_tr = log_wait(p["wait"].to_numpy(float)[tr])
-        rates = {h: float(np.mean(y_tr <= np.log10(hs))) for h, hs in HORIZONS.items()}
-        gq = np.quantile(y_tr, QUANTILES)
-        rf = None
-        if random_forest:
-            ts = time.time()
-            keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
-            y_keep = log_wait(p["wait"].to_numpy(float)[keep])
-            rf = SklearnLeafForest.fit(X_all[keep], y_keep, **(rf_params or RF_PARAMS))
-            timing["random_forest"] += time.time() - ts
+        step = _refit(df, p, T, warm=warm, frozen=frozen, X_all=X_all, timing=timing, per_user=per_user,
+                      kind=kind, other=other, random_forest=random_forest, lightgbm_params=lightgbm_params,
+                      anchor=anchor, forest_params=forest_params, refit=refit, rf_params=rf_params)
+        user_models |= set(step.model.meta["user_models"])
         for s, rows in step_rows.items():
-            if not rows.any():
-                continue
-            X = X_set[s][rows]
-            users = p["user"].astype(str).to_numpy()[sets[s][rows]]
-            chooser = [pr.model_for(u) for u in users]
-            runs = [("lightgbm", pr, True), ("lightgbm_uncalibrated", pr, False)]
-            if alt is not None:
-                runs.append((f"lightgbm_{other}", alt, True))
-            for n, model, calibrated in runs:
-                ch = chooser if model is pr else [model.model_for(u) for u in users]
-                out = model.predict_matrix(X, ch, calibrated=calibrated)
-                preds[s][n][rows] = out
-                for h, hs in HORIZONS.items():
-                    probs[s][n][h][rows] = prob_within_matrix(out, hs)
-            preds[s]["global_median"][rows] = gq
-            for h in HORIZONS:
-                probs[s]["global_median"][h][rows] = rates[h]
-                base[s][h][rows] = rates[h]
-            uq, uw = user_q[s]
-            um = uq[rows]
-            fallback = np.isnan(um[:, 0])
-            um[fallback] = gq
-            preds[s]["user_median"][rows] = um
-            for h, hs in HORIZONS.items():
-                w = uw[rows]
-                known = (~np.isnan(w)).sum(axis=1)
-                share = (w <= np.log10(hs)).sum(axis=1) / np.maximum(known, 1)
-                probs[s]["user_median"][h][rows] = np.where(fallback, rates[h], share)
-            if rf is not None:
-                preds[s]["random_forest"][rows] = rf.quantiles(X, QUANTILES)
-                p_rf = rf.prob_within(X, list(HORIZONS.values()))
-                for i, h in enumerate(HORIZONS):
-                    probs[s]["random_forest"][h][rows] = p_rf[:, i]
-    report = {}
-    for s in sets:
-        ok = ~np.isnan(preds[s]["lightgbm"][:, 0])
-        br = {h: float(np.mean(base[s][h][ok])) for h in HORIZONS}
-        models = {}
-        for n in names:
-            m = metrics(y_set[s][ok], obs_set[s][ok], preds[s][n][ok], {h: probs[s][n][h][ok] for h in HORIZONS},
-                        {h: base[s][h][ok] for h in HORIZONS})
-            models[n] = m
-        # the two non-model answers to the deadline question
-        actual = {h: obs_set[s][ok] & (y_set[s][ok] <= np.log10(hs)) for h, hs in HORIZONS.items()}
-        um_yes = {h: preds[s]["user_median"][ok][:, QUANTILES.index(0.5)] <= np.log10(hs) for h, hs in HORIZONS.items()}
-        baselines = {h: {
-            "base_rate_train": round(br[h], 4),
-            "majority_class_accuracy": round(float(np.mean((base[s][h][ok] >= 0.5) == actual[h])), 4),
-            "user_median_accuracy": round(float(np.mean(um_yes[h] == actual[h])), 4),
-        } for h in HORIZONS}
-        report[s] = {"models": models, "deadline_baselines": baselines, "n": int(ok.sum())}
-
-    def window(idx, extra):
-        s = sub[idx]
-        return {"from": _iso(s.min()) if len(s) else None, "to": _iso(s.max()) if len(s) else None,
-                "n": int(len(idx)), **extra}
-
-    train_idx = training_rows(p, since=warm, until=train_until)
+            if rows.any():
+                _answer(sets[s], rows, step, users=p["user"].astype(str).to_numpy()[sets[s].rows[rows]],
+                        other=other)
+    report = {s: _report(sc, names) for s, sc in sets.items()}
     cens = p["censored"].to_numpy(bool)
-    extra = {}
-    if keep_rows:
-        ok = ~np.isnan(preds["with_rule"]["lightgbm"][:, 0])
-        idx = sets["with_rule"][ok]
-        extra["rows"] = {"index": idx, "X": X_set["with_rule"][ok], "y": y_set["with_rule"][ok],
-                         "observed": obs_set["with_rule"][ok], "submit": sub[idx],
-                         "user": p["user"].astype(str).to_numpy()[idx],
-                         "preds": {n: preds["with_rule"][n][ok] for n in names},
-                         "probs": {n: {h: probs["with_rule"][n][h][ok] for h in HORIZONS} for n in names},
-                         "base_rate": {h: base["with_rule"][h][ok] for h in HORIZONS}}
-    return {**extra,
+    return {**({"rows": _kept_rows(sets["with_rule"], names, p)} if keep_rows else {}),
         "models": report["with_rule"]["models"],
         "deadline_baselines": report["with_rule"]["deadline_baselines"],
         "without_dependency_rule": report["without_rule"],
-        "train": window(train_idx, {
+        "train": _window(sub, training_rows(p, since=warm, until=train_until), {
             "warmup_until": _iso(warm), "until": _iso(train_until),
             "user_models": sorted(user_models), "fit_seconds": {k: round(v, 2) for k, v in timing.items()},
             "calibration_rows_first_fit": first.meta["training_window"]["calibration_rows"],
         }),
-        "test": window(sets["with_rule"], {
+        "test": _window(sub, sets["with_rule"].rows, {
             "until": _iso(test_until), "refit_every_h": round(refit_every_s / 3600.0, 3), "refits": refits,
             "excluded_dependency_like": int((in_test & dep).sum()),
             "never_started": int((in_test & cens & ~dep).sum()),
@@ -304,6 +207,134 @@ def evaluate(df: "pd.DataFrame", *, train_until: float, test_until: float, rando
         "seconds": round(time.time() - t0, 1),
         "notes": notes,
     }
+
+
+def _window(sub, idx, extra: dict) -> dict:
+    """The submit-time span and size of the jobs ``idx``, with ``extra``."""
+    s = sub[idx]
+    return {"from": _iso(s.min()) if len(s) else None, "to": _iso(s.max()) if len(s) else None,
+            "n": int(len(idx)), **extra}
+
+
+def _scored_sets(p: "pd.DataFrame", in_test, X_all, feats: dict, names: list) -> "dict[str, _Scored]":
+    """The test jobs scored twice: ``with_rule`` leaves the dependency-like ones out and asks each
+    at its (re-based) eligible time; ``without_rule`` keeps every job, asked at its recorded one."""
+    import numpy as np
+
+    start = p["start"].to_numpy(float)
+    wait_q = np.where(np.isnan(start), np.nan, np.maximum(start - p["t_queue"].to_numpy(float), 0.0))
+    with_rule = np.flatnonzero(in_test & ~p["dep_like"].to_numpy(bool))
+    without_rule = np.flatnonzero(in_test)
+    parts = {
+        "with_rule": (with_rule, X_all[with_rule], log_wait(p["wait"].to_numpy(float)[with_rule]), "t_elig"),
+        "without_rule": (without_rule, build_features(queries_of(p, without_rule, at="t_queue"), p, **feats),
+                         log_wait(wait_q[without_rule]), "t_queue"),
+    }
+    K = len(QUANTILES)
+    return {s: _Scored(rows=v, X=X, y=y, observed=~np.isnan(start[v]), user_q=_user_last(p, queries_of(p, v, at=at)),
+                       preds={n: np.full((len(v), K), np.nan) for n in names},
+                       probs={n: {h: np.full(len(v), np.nan) for h in HORIZONS} for n in names},
+                       base={h: np.full(len(v), np.nan) for h in HORIZONS})
+            for s, (v, X, y, at) in parts.items()}
+
+
+def _refit(df, p, T: float, *, warm: float, frozen: dict, X_all, timing: dict, per_user: str, kind: str,
+           other: str | None, random_forest: bool, lightgbm_params, anchor, forest_params, refit, rf_params) -> _Step:
+    """Every model refit on what was known at T (``timing`` adds each kind's fit seconds)."""
+    import numpy as np
+
+    ts = time.time()
+    pr = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
+                       params=lightgbm_params, **({} if anchor is None else {"anchor": anchor}), kind=kind,
+                       forest_params=forest_params, **({} if refit is None else {"refit": refit}))
+    timing["lightgbm"] += time.time() - ts
+    alt = None
+    if other:
+        ts = time.time()
+        alt = fit_predictor(df, since=warm, until=T, per_user=per_user, prepared=p, frozen=frozen, X_all=X_all,
+                            kind=other)
+        timing[f"lightgbm_{other}"] = timing.get(f"lightgbm_{other}", 0.0) + time.time() - ts
+    tr = training_rows(p, since=warm, until=T)
+    y_tr = log_wait(p["wait"].to_numpy(float)[tr])
+    rates = {h: float(np.mean(y_tr <= np.log10(hs))) for h, hs in HORIZONS.items()}
+    rf = None
+    if random_forest:
+        ts = time.time()
+        keep = tr[np.argsort(p["t_elig"].to_numpy(float)[tr], kind="stable")][-RF_MAX_ROWS:]
+        y_keep = log_wait(p["wait"].to_numpy(float)[keep])
+        rf = SklearnLeafForest.fit(X_all[keep], y_keep, **(rf_params or RF_PARAMS))
+        timing["random_forest"] += time.time() - ts
+    return _Step(pr, alt, rates, np.quantile(y_tr, QUANTILES), rf)
+
+
+def _answer(sc: _Scored, rows, step: _Step, *, users, other: str | None) -> None:
+    """Every model's answers for the jobs ``rows`` of ``sc`` submitted during one step."""
+    import numpy as np
+
+    X = sc.X[rows]
+    pr, rates, gq = step.model, step.rates, step.global_q
+    chooser = [pr.model_for(u) for u in users]
+    runs = [("lightgbm", pr, True), ("lightgbm_uncalibrated", pr, False)]
+    if step.alt is not None:
+        runs.append((f"lightgbm_{other}", step.alt, True))
+    for n, model, calibrated in runs:
+        ch = chooser if model is pr else [model.model_for(u) for u in users]
+        out = model.predict_matrix(X, ch, calibrated=calibrated)
+        sc.preds[n][rows] = out
+        for h, hs in HORIZONS.items():
+            sc.probs[n][h][rows] = prob_within_matrix(out, hs)
+    sc.preds["global_median"][rows] = gq
+    for h in HORIZONS:
+        sc.probs["global_median"][h][rows] = rates[h]
+        sc.base[h][rows] = rates[h]
+    uq, uw = sc.user_q
+    um = uq[rows]
+    fallback = np.isnan(um[:, 0])
+    um[fallback] = gq
+    sc.preds["user_median"][rows] = um
+    for h, hs in HORIZONS.items():
+        w = uw[rows]
+        known = (~np.isnan(w)).sum(axis=1)
+        share = (w <= np.log10(hs)).sum(axis=1) / np.maximum(known, 1)
+        sc.probs["user_median"][h][rows] = np.where(fallback, rates[h], share)
+    if step.rf is not None:
+        sc.preds["random_forest"][rows] = step.rf.quantiles(X, QUANTILES)
+        p_rf = step.rf.prob_within(X, list(HORIZONS.values()))
+        for i, h in enumerate(HORIZONS):
+            sc.probs["random_forest"][h][rows] = p_rf[:, i]
+
+
+def _report(sc: _Scored, names: list) -> dict:
+    """Metrics of every model on the answered jobs of one set, and the deadline question's two
+    non-model answers (majority class, the user's median)."""
+    import numpy as np
+
+    ok = ~np.isnan(sc.preds["lightgbm"][:, 0])
+    y, obs = sc.y[ok], sc.observed[ok]
+    br = {h: float(np.mean(sc.base[h][ok])) for h in HORIZONS}
+    models = {n: metrics(y, obs, sc.preds[n][ok], {h: sc.probs[n][h][ok] for h in HORIZONS},
+                         {h: sc.base[h][ok] for h in HORIZONS}) for n in names}
+    actual = {h: obs & (y <= np.log10(hs)) for h, hs in HORIZONS.items()}
+    um_yes = {h: sc.preds["user_median"][ok][:, QUANTILES.index(0.5)] <= np.log10(hs) for h, hs in HORIZONS.items()}
+    baselines = {h: {
+        "base_rate_train": round(br[h], 4),
+        "majority_class_accuracy": round(float(np.mean((sc.base[h][ok] >= 0.5) == actual[h])), 4),
+        "user_median_accuracy": round(float(np.mean(um_yes[h] == actual[h])), 4),
+    } for h in HORIZONS}
+    return {"models": models, "deadline_baselines": baselines, "n": int(ok.sum())}
+
+
+def _kept_rows(sc: _Scored, names: list, p: "pd.DataFrame") -> dict:
+    """The per-job answers of the answered jobs of ``sc`` (``evaluate(keep_rows=True)``)."""
+    import numpy as np
+
+    ok = ~np.isnan(sc.preds["lightgbm"][:, 0])
+    idx = sc.rows[ok]
+    return {"index": idx, "X": sc.X[ok], "y": sc.y[ok], "observed": sc.observed[ok],
+            "submit": p["submit"].to_numpy(float)[idx], "user": p["user"].astype(str).to_numpy()[idx],
+            "preds": {n: sc.preds[n][ok] for n in names},
+            "probs": {n: {h: sc.probs[n][h][ok] for h in HORIZONS} for n in names},
+            "base_rate": {h: sc.base[h][ok] for h in HORIZONS}}
 
 
 def _has_sklearn() -> bool:

@@ -16,6 +16,7 @@ All sweeps are sorted arrays + searchsorted + cumsums: O(n log n), no Python loo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chainrun.predict.prep import SPAN
@@ -69,13 +70,27 @@ def build_features(
     timelimit_s, wait. ``capacity``: nodes of the cluster (for the *_frac features).
     """
     import numpy as np
+
+    X = np.full((len(queries), len(FEATURES)), np.nan)
+    col = {f: i for i, f in enumerate(FEATURES)}
+    _request_features(X, col, queries, categories)
+    u = _Universe.of(queries, universe)
+    _user_queue_features(X, col, u)
+    if all_users:
+        _queue_features(X, col, u, capacity)
+        _partition_features(X, col, u, queries, universe)
+    _user_wait_features(X, col, u)
+    if all_users:
+        _cluster_wait_features(X, col, u)
+    return X
+
+
+def _request_features(X, col: dict, queries: "pd.DataFrame", categories: dict) -> None:
+    """The request itself and the calendar (cluster wall clock)."""
+    import numpy as np
     import pandas as pd
 
-    n = len(queries)
-    X = np.full((n, len(FEATURES)), np.nan)
-    col = {f: i for i, f in enumerate(FEATURES)}
     t = queries["t"].to_numpy(float)
-
     X[:, col["nodes"]] = queries["nodes"].to_numpy(float)
     X[:, col["gpus"]] = queries["gpus"].to_numpy(float)
     cpus = queries["cpus"].to_numpy(float)
@@ -88,86 +103,141 @@ def build_features(
     X[:, col["hour"]] = ts.hour + ts.minute / 60.0
     X[:, col["weekday"]] = ts.day_of_week
 
-    # users share one code space between queries and universe
-    users = pd.Index(pd.unique(pd.concat([universe["user"], queries["user"]]).astype(str)))
-    u_code = users.get_indexer(universe["user"].astype(str)).astype(float)
-    q_code = users.get_indexer(queries["user"].astype(str)).astype(float)
-    qk = q_code * SPAN + t  # (user, t) query keys
 
-    # pending from the recorded eligible time (t_queue), not the dependency re-basing: whether a
-    # job without an Eligible column was dependency-held is only known from its later start
-    elig = universe["t_queue" if "t_queue" in universe else "t_elig"].to_numpy(float)
-    start = universe["start"].to_numpy(float)
-    end = universe["end"].to_numpy(float)
-    nodes = universe["nodes"].to_numpy(float)
-    limit = universe["timelimit_s"].to_numpy(float)
-    limit = np.where(np.isnan(limit), UNKNOWN_LIMIT_S, limit)  # a constant: a median would see the future
-    wait = universe["wait"].to_numpy(float)
-    big = SPAN - 1.0
+@dataclass
+class _Universe:
+    """The universe's jobs as arrays, with the intervals in which each was pending and running,
+    and the queries' keys: what every sweep below reads."""
 
-    # --- pending: eligible < t and left the queue (start or end, whichever first) > t
-    leave = np.fmin(np.where(np.isnan(start), np.inf, start), np.where(np.isnan(end), np.inf, end))
-    pend = leave > elig  # else it was never pending
-    p_in, p_out = elig[pend], np.minimum(leave[pend], big)
-    pw = np.column_stack([np.ones(pend.sum()), nodes[pend], nodes[pend] * limit[pend] / 3600.0, p_in])
-    # --- running: start <= t < end
-    ran = ~np.isnan(start)
-    r_in, r_out = start[ran], np.minimum(np.where(np.isnan(end[ran]), np.inf, np.maximum(end[ran], start[ran])), big)
-    rw = np.column_stack([np.ones(ran.sum()), nodes[ran], nodes[ran] * (start[ran] + limit[ran]) / 3600.0])
+    t: "np.ndarray"  # the queries' times
+    u_code: "np.ndarray"  # user code of each universe job (one code space with the queries)
+    q_code: "np.ndarray"  # user code of each query
+    qk: "np.ndarray"  # (user, t) query keys
+    start: "np.ndarray"
+    nodes: "np.ndarray"
+    limit: "np.ndarray"  # time limit, UNKNOWN_LIMIT_S where unknown
+    wait: "np.ndarray"
+    pend: "np.ndarray"  # was ever pending
+    p_in: "np.ndarray"  # pending from (recorded eligible time) ...
+    p_out: "np.ndarray"  # ... until it left the queue (start or end)
+    pw: "np.ndarray"  # pending weights: jobs, nodes, node-hours by limit, eligible time
+    ran: "np.ndarray"  # started
+    r_in: "np.ndarray"  # running from start ...
+    r_out: "np.ndarray"  # ... until its end
+    rw: "np.ndarray"  # running weights: jobs, nodes, node-hours until the limit's end
 
-    # per-user queue state (own jobs are always visible)
-    up = _active(u_code[pend] * SPAN + p_in, u_code[pend] * SPAN + p_out, pw[:, :2], qk, in_side="left")
+    @classmethod
+    def of(cls, queries: "pd.DataFrame", universe: "pd.DataFrame") -> "_Universe":
+        import numpy as np
+        import pandas as pd
+
+        t = queries["t"].to_numpy(float)
+        # users share one code space between queries and universe
+        users = pd.Index(pd.unique(pd.concat([universe["user"], queries["user"]]).astype(str)))
+        u_code = users.get_indexer(universe["user"].astype(str)).astype(float)
+        q_code = users.get_indexer(queries["user"].astype(str)).astype(float)
+        # pending from the recorded eligible time (t_queue), not the dependency re-basing: whether a
+        # job without an Eligible column was dependency-held is only known from its later start
+        elig = universe["t_queue" if "t_queue" in universe else "t_elig"].to_numpy(float)
+        start = universe["start"].to_numpy(float)
+        end = universe["end"].to_numpy(float)
+        nodes = universe["nodes"].to_numpy(float)
+        limit = universe["timelimit_s"].to_numpy(float)
+        limit = np.where(np.isnan(limit), UNKNOWN_LIMIT_S, limit)  # a constant: a median would see the future
+        big = SPAN - 1.0
+
+        # --- pending: eligible < t and left the queue (start or end, whichever first) > t
+        leave = np.fmin(np.where(np.isnan(start), np.inf, start), np.where(np.isnan(end), np.inf, end))
+        pend = leave > elig  # else it was never pending
+        p_in, p_out = elig[pend], np.minimum(leave[pend], big)
+        pw = np.column_stack([np.ones(pend.sum()), nodes[pend], nodes[pend] * limit[pend] / 3600.0, p_in])
+        # --- running: start <= t < end
+        ran = ~np.isnan(start)
+        r_in = start[ran]
+        r_out = np.minimum(np.where(np.isnan(end[ran]), np.inf, np.maximum(end[ran], start[ran])), big)
+        rw = np.column_stack([np.ones(ran.sum()), nodes[ran], nodes[ran] * (start[ran] + limit[ran]) / 3600.0])
+        return cls(t=t, u_code=u_code, q_code=q_code, qk=q_code * SPAN + t, start=start, nodes=nodes, limit=limit,
+                   wait=universe["wait"].to_numpy(float), pend=pend, p_in=p_in, p_out=p_out, pw=pw, ran=ran,
+                   r_in=r_in, r_out=r_out, rw=rw)
+
+
+def _user_queue_features(X, col: dict, u: _Universe) -> None:
+    """The user's own jobs pending and running at t (own jobs are always visible)."""
+    pend, ran = u.pend, u.ran
+    up = _active(u.u_code[pend] * SPAN + u.p_in, u.u_code[pend] * SPAN + u.p_out, u.pw[:, :2], u.qk, in_side="left")
     X[:, col["user_pending_jobs"]], X[:, col["user_pending_nodes"]] = up[:, 0], up[:, 1]
-    ur = _active(u_code[ran] * SPAN + r_in, u_code[ran] * SPAN + r_out, rw[:, 1:2], qk, in_side="left")
+    ur = _active(u.u_code[ran] * SPAN + u.r_in, u.u_code[ran] * SPAN + u.r_out, u.rw[:, 1:2], u.qk, in_side="left")
     X[:, col["user_running_nodes"]] = ur[:, 0]
 
-    if all_users:
-        cp = _active(p_in, p_out, pw, t, in_side="left")
-        cr = _active(r_in, r_out, rw, t, in_side="left")
-        X[:, col["q_pending_jobs"]], X[:, col["q_pending_nodes"]], X[:, col["q_pending_nodeh"]] = cp[:, 0], cp[:, 1], cp[:, 2]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            X[:, col["q_pending_mean_age_h"]] = np.where(cp[:, 0] > 0, (t - cp[:, 3] / np.maximum(cp[:, 0], 1)) / 3600.0, 0.0)
-        X[:, col["q_running_jobs"]], X[:, col["q_running_nodes"]] = cr[:, 0], cr[:, 1]
-        X[:, col["q_running_left_nodeh"]] = cr[:, 2] - cr[:, 1] * t / 3600.0
-        cap = max(float(capacity), 1.0)
-        X[:, col["q_pending_nodes_frac"]] = cp[:, 1] / cap
-        X[:, col["q_running_nodes_frac"]] = cr[:, 1] / cap
-        # hours the whole cluster needs to drain what is queued and what runs (by limits)
-        X[:, col["q_backlog_h"]] = (cp[:, 2] + np.maximum(X[:, col["q_running_left_nodeh"]], 0.0)) / cap
-        X[:, col["q_free_nodes_frac"]] = np.maximum(cap - cr[:, 1], 0.0) / cap
-        X[:, col["q_pending_max_age_h"]] = _oldest_pending_age_h(p_in, p_out, t)
 
-        # per partition: the same sweeps keyed by (partition, time)
-        parts = pd.Index(pd.unique(pd.concat([universe["partition"], queries["partition"]]).astype(str)))
-        pa = parts.get_indexer(universe["partition"].astype(str)).astype(float)
-        qp = parts.get_indexer(queries["partition"].astype(str)).astype(float) * SPAN + t
-        pp = _active(pa[pend] * SPAN + p_in, pa[pend] * SPAN + p_out, pw[:, :3], qp, in_side="left")
-        pr = _active(pa[ran] * SPAN + r_in, pa[ran] * SPAN + r_out, rw[:, 1:3], qp, in_side="left")
-        X[:, col["q_part_pending_jobs"]], X[:, col["q_part_pending_nodes"]] = pp[:, 0], pp[:, 1]
-        X[:, col["q_part_pending_nodeh"]], X[:, col["q_part_running_nodes"]] = pp[:, 2], pr[:, 0]
-        X[:, col["q_part_running_left_nodeh"]] = pr[:, 1] - pr[:, 0] * t / 3600.0
-        ran_idx = np.flatnonzero(ran)
-        pk = pa[ran_idx] * SPAN + start[ran_idx]
-        o = np.argsort(pk, kind="stable")
-        pk, plw, pcode = pk[o], log_wait(wait[ran_idx])[o], pa[ran_idx][o]
-        if len(pk):
-            pos_p = np.searchsorted(pk, qp, side="left") - 1
-            ok_p = (pos_p >= 0) & (pcode[np.clip(pos_p, 0, None)] == np.floor(qp / SPAN))
-            first_p = np.searchsorted(pk, np.floor(qp / SPAN) * SPAN, side="left")
-            X[:, col["c_part_med_wait50"]] = _window_stats(plw, np.where(ok_p, pos_p, -1), first_p, CLUSTER_WINDOW)[0]
+def _queue_features(X, col: dict, u: _Universe, capacity: float) -> None:
+    """The whole cluster's queue at t: pending and running work, its age, the drain time."""
+    import numpy as np
 
-    # --- waits of started jobs, known from their start on
-    s_idx = np.flatnonzero(ran)
-    lw = log_wait(wait[s_idx])
-    lw = np.where(np.isnan(wait[s_idx]), np.nan, lw)
-    # per user, ordered by (user, start)
-    ukeys = u_code[s_idx] * SPAN + start[s_idx]
+    t = u.t
+    cp = _active(u.p_in, u.p_out, u.pw, t, in_side="left")
+    cr = _active(u.r_in, u.r_out, u.rw, t, in_side="left")
+    X[:, col["q_pending_jobs"]], X[:, col["q_pending_nodes"]], X[:, col["q_pending_nodeh"]] = cp[:, 0], cp[:, 1], cp[:, 2]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        X[:, col["q_pending_mean_age_h"]] = np.where(cp[:, 0] > 0, (t - cp[:, 3] / np.maximum(cp[:, 0], 1)) / 3600.0, 0.0)
+    X[:, col["q_running_jobs"]], X[:, col["q_running_nodes"]] = cr[:, 0], cr[:, 1]
+    X[:, col["q_running_left_nodeh"]] = cr[:, 2] - cr[:, 1] * t / 3600.0
+    cap = max(float(capacity), 1.0)
+    X[:, col["q_pending_nodes_frac"]] = cp[:, 1] / cap
+    X[:, col["q_running_nodes_frac"]] = cr[:, 1] / cap
+    # hours the whole cluster needs to drain what is queued and what runs (by limits)
+    X[:, col["q_backlog_h"]] = (cp[:, 2] + np.maximum(X[:, col["q_running_left_nodeh"]], 0.0)) / cap
+    X[:, col["q_free_nodes_frac"]] = np.maximum(cap - cr[:, 1], 0.0) / cap
+    X[:, col["q_pending_max_age_h"]] = _oldest_pending_age_h(u.p_in, u.p_out, t)
+
+
+def _partition_features(X, col: dict, u: _Universe, queries: "pd.DataFrame", universe: "pd.DataFrame") -> None:
+    """The same queue seen from the requested partition only: sweeps keyed by (partition, time)."""
+    import numpy as np
+    import pandas as pd
+
+    t, pend, ran = u.t, u.pend, u.ran
+    parts = pd.Index(pd.unique(pd.concat([universe["partition"], queries["partition"]]).astype(str)))
+    pa = parts.get_indexer(universe["partition"].astype(str)).astype(float)
+    qp = parts.get_indexer(queries["partition"].astype(str)).astype(float) * SPAN + t
+    pp = _active(pa[pend] * SPAN + u.p_in, pa[pend] * SPAN + u.p_out, u.pw[:, :3], qp, in_side="left")
+    pr = _active(pa[ran] * SPAN + u.r_in, pa[ran] * SPAN + u.r_out, u.rw[:, 1:3], qp, in_side="left")
+    X[:, col["q_part_pending_jobs"]], X[:, col["q_part_pending_nodes"]] = pp[:, 0], pp[:, 1]
+    X[:, col["q_part_pending_nodeh"]], X[:, col["q_part_running_nodes"]] = pp[:, 2], pr[:, 0]
+    X[:, col["q_part_running_left_nodeh"]] = pr[:, 1] - pr[:, 0] * t / 3600.0
+    ran_idx = np.flatnonzero(ran)
+    pk = pa[ran_idx] * SPAN + u.start[ran_idx]
+    o = np.argsort(pk, kind="stable")
+    pk, plw, pcode = pk[o], log_wait(u.wait[ran_idx])[o], pa[ran_idx][o]
+    if len(pk):
+        pos_p = np.searchsorted(pk, qp, side="left") - 1
+        ok_p = (pos_p >= 0) & (pcode[np.clip(pos_p, 0, None)] == np.floor(qp / SPAN))
+        first_p = np.searchsorted(pk, np.floor(qp / SPAN) * SPAN, side="left")
+        X[:, col["c_part_med_wait50"]] = _window_stats(plw, np.where(ok_p, pos_p, -1), first_p, CLUSTER_WINDOW)[0]
+
+
+def _started_waits(u: _Universe) -> "tuple[np.ndarray, np.ndarray]":
+    """The started jobs and their log10 waits (known from their start on)."""
+    import numpy as np
+
+    s_idx = np.flatnonzero(u.ran)
+    lw = log_wait(u.wait[s_idx])
+    return s_idx, np.where(np.isnan(u.wait[s_idx]), np.nan, lw)
+
+
+def _user_wait_features(X, col: dict, u: _Universe) -> None:
+    """The user's recent waits and usage: the user's started jobs, ordered by (user, start)."""
+    import numpy as np
+
+    s_idx, lw = _started_waits(u)
+    n = len(u.t)
+    ukeys = u.u_code[s_idx] * SPAN + u.start[s_idx]
     o = np.argsort(ukeys, kind="stable")
-    ukeys, ulw, ucode_s = ukeys[o], lw[o], u_code[s_idx][o]
-    unodes, unodeh = nodes[s_idx][o], (nodes * limit)[s_idx][o] / 3600.0
-    pos = np.searchsorted(ukeys, qk, side="left") - 1  # last job of this user started before t
-    same = (pos >= 0) & (ucode_s[np.clip(pos, 0, None)] == q_code) if len(ukeys) else np.zeros(n, bool)
-    first_of_user = np.searchsorted(ukeys, q_code * SPAN, side="left")
+    ukeys, ulw, ucode_s = ukeys[o], lw[o], u.u_code[s_idx][o]
+    unodes, unodeh = u.nodes[s_idx][o], (u.nodes * u.limit)[s_idx][o] / 3600.0
+    pos = np.searchsorted(ukeys, u.qk, side="left") - 1  # last job of this user started before t
+    same = (pos >= 0) & (ucode_s[np.clip(pos, 0, None)] == u.q_code) if len(ukeys) else np.zeros(n, bool)
+    first_of_user = np.searchsorted(ukeys, u.q_code * SPAN, side="left")
     X[:, col["user_n_prev"]] = np.where(same, pos - first_of_user + 1, 0)
     if len(ukeys):
         pc = np.clip(pos, 0, None)
@@ -176,7 +246,7 @@ def build_features(
         X[:, col["user_last_wait"]] = np.where(same, ulw[pc], np.nan)
         c_nodes = np.concatenate([[0.0], np.cumsum(unodes)])
         c_nodeh = np.concatenate([[0.0], np.cumsum(unodeh)])
-        lo = np.searchsorted(ukeys, qk - 7 * _DAY, side="right")
+        lo = np.searchsorted(ukeys, u.qk - 7 * _DAY, side="right")
         hi = pos + 1
         X[:, col["user_nodes_started_7d"]] = np.where(same, c_nodes[hi] - c_nodes[lo], 0.0)
         X[:, col["user_nodeh_req_7d"]] = np.where(same, c_nodeh[hi] - c_nodeh[lo], 0.0)
@@ -184,16 +254,23 @@ def build_features(
         for f in ("user_nodes_started_7d", "user_nodeh_req_7d"):
             X[:, col[f]] = 0.0
 
-    if all_users and len(s_idx):
-        o = np.argsort(start[s_idx], kind="stable")
-        cs, clw = start[s_idx][o], lw[o]
-        cpos = np.searchsorted(cs, t, side="left") - 1
-        okc = cpos >= 0
-        pc = np.clip(cpos, 0, None)
-        X[:, col["c_med_wait50"]], X[:, col["c_mean_wait50"]] = _window_stats(clw, cpos, np.zeros(n, int), CLUSTER_WINDOW)
-        X[:, col["c_last_wait"]] = np.where(okc, clw[pc], np.nan)
-        X[:, col["c_started_6h"]] = cpos + 1 - np.searchsorted(cs, t - 6 * 3600.0, side="left")
-    return X
+
+def _cluster_wait_features(X, col: dict, u: _Universe) -> None:
+    """The cluster's recent waits: the last CLUSTER_WINDOW jobs that started before t."""
+    import numpy as np
+
+    s_idx, lw = _started_waits(u)
+    if not len(s_idx):
+        return
+    t = u.t
+    o = np.argsort(u.start[s_idx], kind="stable")
+    cs, clw = u.start[s_idx][o], lw[o]
+    cpos = np.searchsorted(cs, t, side="left") - 1
+    okc = cpos >= 0
+    pc = np.clip(cpos, 0, None)
+    X[:, col["c_med_wait50"]], X[:, col["c_mean_wait50"]] = _window_stats(clw, cpos, np.zeros(len(t), int), CLUSTER_WINDOW)
+    X[:, col["c_last_wait"]] = np.where(okc, clw[pc], np.nan)
+    X[:, col["c_started_6h"]] = cpos + 1 - np.searchsorted(cs, t - 6 * 3600.0, side="left")
 
 
 def _window_stats(values, last, first, width: int):

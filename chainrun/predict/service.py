@@ -38,7 +38,7 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
             window_days: float | None = None) -> dict:
     """Fetch new sacct rows, merge them into the cache, retrain, save. Returns a summary."""
     from chainrun.predict import ingest
-    from chainrun.predict.model import fit_predictor
+    from chainrun.predict.training import fit_predictor
 
     t0 = time.time()
     now = time.time() if now is None else now

@@ -11,7 +11,7 @@ from tests.conftest import run_cli
 
 
 def _save_model(cluster: str) -> None:
-    from chainrun.predict.model import fit_predictor
+    from chainrun.predict.training import fit_predictor
     from chainrun.predict.service import model_dir
     from tests.predict.predict_helpers import synthetic_history
 

@@ -249,7 +249,7 @@ def test_the_wrapper_exports_the_segment_and_reference_shapes(tmp_path, ref, nod
 
 def test_the_model_is_asked_once_for_every_shape_and_its_median_used(tmp_path):
     from chainrun.chain.prediction import _shape_waits
-    from chainrun.predict.model import Prediction
+    from chainrun.predict.distribution import Prediction
     from chainrun.slurm.parsers import QueueRow
 
     class Model:  # the queue-delay model's interface: one predict_many call for all shapes

@@ -10,8 +10,10 @@ from chainrun.predict.doubt import (
     FREE_FEATURES, LOAD_FEATURES, SlurmView, Support, answer, assess, backed_level, lean_on, queue_ahead,
     read_level, rows_backing, short_history, support_of, widen,
 )
+from chainrun.predict.distribution import QUANTILES, Prediction
 from chainrun.predict.features import FEATURES
-from chainrun.predict.model import QUANTILES, Prediction, WaitRequest, fit_predictor
+from chainrun.predict.model import WaitRequest
+from chainrun.predict.training import fit_predictor
 from chainrun.slurm.parsers import QueueRow
 
 from .predict_helpers import synthetic_history

@@ -12,7 +12,8 @@ from chainrun.predict.evaluate import metrics
 
 
 def _probs(pred, obs=None):
-    from chainrun.predict.evaluate import HORIZONS, prob_within_matrix
+    from chainrun.predict.distribution import prob_within_matrix
+    from chainrun.predict.evaluate import HORIZONS
 
     return {h: prob_within_matrix(pred, hs) for h, hs in HORIZONS.items()}
 
@@ -40,8 +41,7 @@ def test_metrics_small_wait_rule_coverage_ties_and_never_started():
 
 def test_probability_matrix_matches_the_prediction_object():
     from chainrun.predict import Prediction
-    from chainrun.predict.evaluate import prob_within_matrix
-    from chainrun.predict.model import QUANTILES
+    from chainrun.predict.distribution import QUANTILES, prob_within_matrix
 
     vals = (1.0, 30.0, 4000.0, 9000.0, 40000.0)
     p = Prediction(vals[0], vals[1], vals[2], "x", QUANTILES, vals)
@@ -52,10 +52,9 @@ def test_probability_matrix_matches_the_prediction_object():
 
 def test_deadline_answer_at_one_half_is_the_median_rule():
     """P(wait <= H) >= 0.5 exactly when q50 <= H: the deadline accuracy at 0.5 depends on the
-    median alone (docs/model.md, "Why deadline accuracy stops near 0.8"); the curve's shape
+    median alone (docs/model.md, "Why deadline accuracy stops short of the target"); the curve's shape
     between levels moves the Brier score, not the accuracy."""
-    from chainrun.predict.evaluate import prob_within_matrix
-    from chainrun.predict.model import QUANTILES
+    from chainrun.predict.distribution import QUANTILES, prob_within_matrix
 
     rng = np.random.default_rng(1)
     v = np.sort(rng.uniform(0, 6, (5000, len(QUANTILES))), axis=1)
@@ -71,7 +70,7 @@ def test_quantile_forest_uses_leaf_waits():
     """The baseline is chainrun's one quantile forest (chainrun/predict/forest.py) on trees grown
     by scikit-learn: the answer is the waits in the leaves reached, not the trees' means."""
     from chainrun.predict.forest import SklearnLeafForest
-    from chainrun.predict.model import QUANTILES
+    from chainrun.predict.distribution import QUANTILES
 
     rng = np.random.default_rng(0)
     X = rng.random((600, 3))

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from chainrun.predict.features import FEATURES, build_features
-from chainrun.predict.model import queries_of
 from chainrun.predict.prep import prepare
+from chainrun.predict.training import queries_of
 
 from .predict_helpers import synthetic_history
 

@@ -82,10 +82,10 @@ def test_history_windows_are_relative_to_the_clusters_now():
 
 
 def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
-    from chainrun.predict import model
+    from chainrun.predict import training
 
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
-    monkeypatch.setattr(model, "MIN_ROWS", 10)  # the capture has 18 started jobs
+    monkeypatch.setattr(training, "MIN_ROWS", 10)  # the capture has 18 started jobs
     pending = EPOCH_ROWS
     now = 1795326600.0 + 3600
     r1 = service.refresh(FakeRunner(pending), cluster="t", now=now)

@@ -10,7 +10,8 @@ import pytest
 
 from chainrun.errors import ModelError
 from chainrun.predict import Prediction, WaitRequest, fit_predictor, load_predictor
-from chainrun.predict import model as model_mod
+from chainrun.predict import training as train_mod
+from chainrun.predict.distribution import QUANTILES, pinball
 from chainrun.predict.features import FEATURES
 
 from .predict_helpers import synthetic_history
@@ -40,7 +41,7 @@ def test_predict_orders_quantiles_and_names_model(fitted):
     qs = [p.quantile(q) for q in (0.05, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95, 0.98, 0.99)]
     assert qs == sorted(qs) and qs[1] == pytest.approx(p.p10) and qs[5] == pytest.approx(p.p90)
     # the upper levels are learned, not stretched: the answer carries them
-    assert p.qs == model_mod.QUANTILES and qs[7] == pytest.approx(p.values[p.qs.index(0.98)])
+    assert p.qs == QUANTILES and qs[7] == pytest.approx(p.values[p.qs.index(0.98)])
 
 
 def test_deadline_probability_is_the_same_curve(fitted):
@@ -71,7 +72,7 @@ def test_calibration_shifts_are_saved_and_used(fitted, tmp_path):
 
 
 def test_km_quantile_counts_waits_that_have_not_ended():
-    from chainrun.predict.model import km_quantile
+    from chainrun.predict.calibration import km_quantile
 
     v = np.arange(10.0)
     assert km_quantile(v, np.ones(10, bool), 0.5) == 4.0
@@ -128,7 +129,7 @@ def test_load_refuses_missing_and_corrupt(fitted, tmp_path):
 
 
 def test_per_user_models_and_cold_start(monkeypatch):
-    monkeypatch.setattr(model_mod, "MIN_USER_ROWS", 40)
+    monkeypatch.setattr(train_mod, "MIN_USER_ROWS", 40)
     df = synthetic_history(900, seed=2, users=4)
     pr = fit_predictor(df, per_user="always")
     assert pr.meta["user_models"] and all(f"user:{u}" in pr.boosters for u in pr.meta["user_models"])
@@ -160,7 +161,7 @@ def test_fit_is_fast_enough_for_the_simulator():
     df = synthetic_history(5000, seed=9, users=40)
     t0 = time.perf_counter()
     fit_predictor(df)
-    assert time.perf_counter() - t0 < 10.0  # ~1-2 s here; 15k LS6 rows take ~4 s (docs/model.md)
+    assert time.perf_counter() - t0 < 10.0  # ~1-2 s here
 
 
 def _timed(f, *a):
@@ -191,7 +192,7 @@ def test_forest_kind_round_trip_without_pickle(tmp_path):
     snap, hist = _live(df, t)
     req = WaitRequest(user="u1", nodes=1, gpus=4, cpus=0, timelimit_s=3600, submit=t)
     p = pr.predict(req, snap, hist)
-    assert p.qs == model_mod.QUANTILES and list(p.values) == sorted(p.values) and p.values[0] >= 1.0
+    assert p.qs == QUANTILES and list(p.values) == sorted(p.values) and p.values[0] >= 1.0
     d = pr.save(tmp_path / "f")
     assert sorted(f.name for f in d.iterdir()) == ["cluster_forest.txt", "meta.json"]
     assert load_predictor(d).predict(req, snap, hist) == p
@@ -221,15 +222,15 @@ def test_refit_learns_the_calibration_rows_and_keeps_their_shifts():
     assert on.meta["refit"] is True and off.meta["refit"] is False
     assert on.meta["calibration"] == off.meta["calibration"]  # measured the same way, before the refit
     p = prepare(df)
-    idx = model_mod.training_rows(p, since=default_since(p), until=None)
+    idx = train_mod.training_rows(p, since=default_since(p), until=None)
     late = idx[p["t_elig"].to_numpy(float)[idx] >= on.meta["training_window"]["calibration_from"]]
-    X = build_features(model_mod.queries_of(p, late), p, capacity=on.meta["capacity"], all_users=on.meta["all_users"],
+    X = build_features(train_mod.queries_of(p, late), p, capacity=on.meta["capacity"], all_users=on.meta["all_users"],
                        categories=on.meta["categories"])
     y = log_wait(p["wait"].to_numpy(float)[late])
 
     def loss(pr):
         out = pr.predict_matrix(X, ["cluster"], calibrated=False)
-        return np.mean([model_mod.pinball(y, out[:, j], q) for j, q in enumerate(model_mod.QUANTILES)])
+        return np.mean([pinball(y, out[:, j], q) for j, q in enumerate(QUANTILES)])
 
     assert len(late) >= 50 and loss(on) < loss(off)
 

@@ -64,7 +64,8 @@ except ModuleNotFoundError:
 from predict_helpers import synthetic_history
 from chainrun.cli.main import main
 from chainrun.predict import WaitRequest
-from chainrun.predict.model import fit_predictor, load_predictor
+from chainrun.predict.model import load_predictor
+from chainrun.predict.training import fit_predictor
 assert main(["--help"]) in (0, None)
 assert main(["status"]) in (0, None)
 df = synthetic_history(500, seed=2)
