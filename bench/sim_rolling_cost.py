@@ -6,6 +6,11 @@ from the DataFrames the watcher would read (``SimWatcher.fast = False``, the pan
 of the trace's arrays (chainrun/predict/columnar.py), and says whether its chains are the same.
 
     .venv/bin/python bench/sim_rolling_cost.py --from 2023-01-20 --points 2 --reference
+    .venv/bin/python bench/sim_rolling_cost.py --spread 8 --no-alone    # the full run, projected
+
+``--spread N`` takes N points evenly over the whole run instead (quiet and busy weeks alike) and
+projects the full run's CPU: its rows times the CPU per row net of model fits, plus one fit per
+week and worker (the workers split the points; each refits weekly on what it replays).
 
 CPU seconds, not wall: the box is shared. The full run's cost is about its 20,000 rows times the
 per-row cost printed here (points of heavy load cost more than quiet ones).
@@ -28,6 +33,8 @@ def main() -> int:
     ap.add_argument("--points", type=int, default=2)
     ap.add_argument("--reference", action="store_true", help="also the pandas prediction path, compared")
     ap.add_argument("--no-alone", action="store_true", help="skip the run without shared trunks")
+    ap.add_argument("--spread", type=int, default=0, help="N points evenly over the whole run (ignores --from)")
+    ap.add_argument("--workers", type=int, default=2, help="workers of the projected full run")
     args = ap.parse_args()
     import pandas as pd
 
@@ -42,6 +49,18 @@ def main() -> int:
     w, nodes, sizes = setup(read_trace(args.trace), replace(cfg, specs=[PolicySpec("reactive", "reactive")]))
     every = chain_points(w.jobs[-1][0], chain_replay._SHARED["first"], cfg, sizes)
     pts = [p for p in every if p[0] >= pd.Timestamp(args.start).timestamp()][: args.points]
+    if args.spread:
+        pts = [every[round(i * (len(every) - 1) / max(args.spread - 1, 1))] for i in range(args.spread)]
+    fit_cpu = []
+
+    def timed_fit(history, until):  # the replay's factory, its CPU counted apart
+        c0 = time.process_time()
+        try:
+            return chain_replay.chainrun_predictor(history, until)
+        finally:
+            fit_cpu.append(time.process_time() - c0)
+
+    cfg = replace(cfg, predictor=timed_fit)
     full = R.grid(cfg.work.segment_s) + R.fixed_specs() + [PolicySpec("reactive", "reactive"),
                                                            PolicySpec("oracle", "oracle")]
     out, rows = {}, {}
@@ -50,10 +69,19 @@ def main() -> int:
     for name, share, fast in plan:
         chain_replay._SHARED["cfg"] = replace(cfg, share=share)
         SimWatcher.fast = fast
+        fit_cpu.clear()
         c = time.process_time()
         runs, cost = run_points([(t, k, full) for t, k in pts], 1)
         cpu = time.process_time() - c
-        out[name] = {"cpu_s": round(cpu, 1), "cpu_s_per_row": round(cpu / max(len(runs), 1), 4), "cost": cost}
+        net = (cpu - sum(fit_cpu)) / max(len(runs), 1)
+        out[name] = {"cpu_s": round(cpu, 1), "cpu_s_per_row": round(cpu / max(len(runs), 1), 4),
+                     "fit_cpu_s": round(sum(fit_cpu), 1), "cpu_s_per_row_net_of_fits": round(net, 4), "cost": cost}
+        if args.spread:
+            weeks = math.ceil((every[-1][0] - every[0][0]) / cfg.retrain_every_s) + 1
+            per_fit = sum(fit_cpu) / max(len(fit_cpu), 1)
+            out[name]["projected_full_run"] = {
+                "rows": len(every) * len(full), "fits": weeks * args.workers,
+                "cpu_s": round(net * len(every) * len(full) + per_fit * weeks * args.workers)}
         rows[name] = [tuple(None if isinstance(v, float) and math.isnan(v) else v for v in astuple(r)) for r in runs]
     SimWatcher.fast = True
     doc = {"trace": args.trace, "points": [[pd.Timestamp(t, unit="s").isoformat(), k] for t, k in pts],
