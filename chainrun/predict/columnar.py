@@ -11,7 +11,7 @@ The result is the same bits, not an approximation: rows keep the pandas path's o
 (snapshot first, then history), the history keeps and drops the same rows, users and
 partitions are numbered in order of first appearance as ``pd.unique`` numbers them (the code
 order fixes the order of float additions in the sweeps), and ``prepared_columns`` is the code
-``prepare`` runs. tests/predict/test_columnar.py compares both paths on many asks.
+``prepare`` runs. tests/sim/test_fast_asks.py compares both paths on many asks.
 """
 
 from __future__ import annotations
