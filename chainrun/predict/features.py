@@ -69,39 +69,114 @@ def build_features(
     ``universe``: a prepared table (see prep.prepare): user, t_elig, start, end, nodes,
     timelimit_s, wait. ``capacity``: nodes of the cluster (for the *_frac features).
     """
+    asks, jobs = columns_of(queries, universe, categories)
+    return feature_matrix(asks, jobs, capacity=capacity, all_users=all_users)
+
+
+@dataclass
+class Asks:
+    """The queries as arrays. ``user``/``part`` share one code space with :class:`Jobs`."""
+
+    t: "np.ndarray"
+    nodes: "np.ndarray"
+    gpus: "np.ndarray"
+    cpus: "np.ndarray"
+    limit: "np.ndarray"  # requested time limit, s
+    partition_code: "np.ndarray"  # the model's category code of the partition (NaN: unknown)
+    qos_code: "np.ndarray"
+    user: "np.ndarray"
+    part: "np.ndarray"
+
+
+@dataclass
+class Jobs:
+    """A prepared universe as arrays (prep.prepare's columns).
+
+    Codes number users (and partitions) in order of first appearance over the jobs, then the
+    asks: the sweeps' cumulative sums run over jobs sorted by (code, time), so the code order
+    fixes the order of float additions, and every path that builds these arrays (pandas here,
+    chainrun/predict/columnar.py for the replay) numbers them the same way to get the same bits."""
+
+    user: "np.ndarray"
+    part: "np.ndarray"
+    t_queue: "np.ndarray"  # entered the queue (prep's t_queue, else t_elig)
+    start: "np.ndarray"
+    end: "np.ndarray"
+    nodes: "np.ndarray"
+    limit: "np.ndarray"  # timelimit_s as recorded (NaN: unknown)
+    wait: "np.ndarray"
+
+
+def columns_of(queries: "pd.DataFrame", universe: "pd.DataFrame", categories: dict) -> "tuple[Asks, Jobs]":
+    """The two tables as arrays, codes in order of first appearance (see :class:`Jobs`)."""
+    import numpy as np
+    import pandas as pd
+
+    codes = {}
+    for c in ("user", "partition"):
+        names = pd.Index(pd.unique(pd.concat([universe[c], queries[c]]).astype(str)))
+        codes[c] = (names.get_indexer(universe[c].astype(str)).astype(float),
+                    names.get_indexer(queries[c].astype(str)).astype(float))
+    cat = {}
+    for name in ("partition", "qos"):
+        m = categories.get(name, {})
+        cat[name] = queries[name].astype(str).map(lambda v, m=m: m.get(v, np.nan)).to_numpy(float)
+    asks = Asks(t=queries["t"].to_numpy(float), nodes=queries["nodes"].to_numpy(float),
+                gpus=queries["gpus"].to_numpy(float), cpus=queries["cpus"].to_numpy(float),
+                limit=queries["timelimit_s"].to_numpy(float), partition_code=cat["partition"], qos_code=cat["qos"],
+                user=codes["user"][1], part=codes["partition"][1])
+    # pending from the recorded eligible time (t_queue), not the dependency re-basing: whether a
+    # job without an Eligible column was dependency-held is only known from its later start
+    jobs = Jobs(user=codes["user"][0], part=codes["partition"][0],
+                t_queue=universe["t_queue" if "t_queue" in universe else "t_elig"].to_numpy(float),
+                start=universe["start"].to_numpy(float), end=universe["end"].to_numpy(float),
+                nodes=universe["nodes"].to_numpy(float), limit=universe["timelimit_s"].to_numpy(float),
+                wait=universe["wait"].to_numpy(float))
+    return asks, jobs
+
+
+def feature_matrix(asks: Asks, jobs: Jobs, *, capacity: float, all_users: bool) -> "np.ndarray":
+    """:func:`build_features` on arrays (no pandas): what every path computes features with."""
     import numpy as np
 
-    X = np.full((len(queries), len(FEATURES)), np.nan)
+    X = np.full((len(asks.t), len(FEATURES)), np.nan)
     col = {f: i for i, f in enumerate(FEATURES)}
-    _request_features(X, col, queries, categories)
-    u = _Universe.of(queries, universe)
+    _request_features(X, col, asks)
+    u = _Universe.of(asks, jobs)
     _user_queue_features(X, col, u)
     if all_users:
         _queue_features(X, col, u, capacity)
-        _partition_features(X, col, u, queries, universe)
+        _partition_features(X, col, u, asks, jobs)
     _user_wait_features(X, col, u)
     if all_users:
         _cluster_wait_features(X, col, u)
     return X
 
 
-def _request_features(X, col: dict, queries: "pd.DataFrame", categories: dict) -> None:
+def _request_features(X, col: dict, asks: Asks) -> None:
     """The request itself and the calendar (cluster wall clock)."""
     import numpy as np
-    import pandas as pd
 
-    t = queries["t"].to_numpy(float)
-    X[:, col["nodes"]] = queries["nodes"].to_numpy(float)
-    X[:, col["gpus"]] = queries["gpus"].to_numpy(float)
-    cpus = queries["cpus"].to_numpy(float)
-    X[:, col["cpus"]] = np.where(cpus > 0, cpus, np.nan)  # 0 = not recorded
-    X[:, col["log_limit"]] = np.log10(np.maximum(queries["timelimit_s"].to_numpy(float), 60.0))
-    for name in ("partition", "qos"):
-        m = categories.get(name, {})
-        X[:, col[f"{name}_code"]] = queries[name].astype(str).map(lambda v, m=m: m.get(v, np.nan)).to_numpy(float)
-    ts = pd.to_datetime(t, unit="s")
-    X[:, col["hour"]] = ts.hour + ts.minute / 60.0
-    X[:, col["weekday"]] = ts.day_of_week
+    X[:, col["nodes"]] = asks.nodes
+    X[:, col["gpus"]] = asks.gpus
+    X[:, col["cpus"]] = np.where(asks.cpus > 0, asks.cpus, np.nan)  # 0 = not recorded
+    X[:, col["log_limit"]] = np.log10(np.maximum(asks.limit, 60.0))
+    X[:, col["partition_code"]] = asks.partition_code
+    X[:, col["qos_code"]] = asks.qos_code
+    X[:, col["hour"]], X[:, col["weekday"]] = calendar(asks.t)
+
+
+def calendar(t) -> "tuple[np.ndarray, np.ndarray]":
+    """Hour of day (with minutes as a fraction) and weekday (Monday 0) of epoch seconds, UTC: what
+    ``pd.to_datetime(t, unit="s")`` gives (its float-to-nanosecond rounding included; a test
+    compares them on fractional seconds), without pandas."""
+    import numpy as np
+
+    t = np.asarray(t, float)
+    base = np.trunc(t)
+    ns = base.astype(np.int64) * 10**9 + (np.round(t - base, 9) * 1e9).astype(np.int64)
+    s = ns // 10**9
+    return (s // 3600) % 24 + ((s // 60) % 60) / 60.0, ((s // 86400) + 3) % 7  # 1970-01-01 was a Thursday
 
 
 @dataclass
@@ -127,23 +202,12 @@ class _Universe:
     rw: "np.ndarray"  # running weights: jobs, nodes, node-hours until the limit's end
 
     @classmethod
-    def of(cls, queries: "pd.DataFrame", universe: "pd.DataFrame") -> "_Universe":
+    def of(cls, asks: Asks, jobs: Jobs) -> "_Universe":
         import numpy as np
-        import pandas as pd
 
-        t = queries["t"].to_numpy(float)
-        # users share one code space between queries and universe
-        users = pd.Index(pd.unique(pd.concat([universe["user"], queries["user"]]).astype(str)))
-        u_code = users.get_indexer(universe["user"].astype(str)).astype(float)
-        q_code = users.get_indexer(queries["user"].astype(str)).astype(float)
-        # pending from the recorded eligible time (t_queue), not the dependency re-basing: whether a
-        # job without an Eligible column was dependency-held is only known from its later start
-        elig = universe["t_queue" if "t_queue" in universe else "t_elig"].to_numpy(float)
-        start = universe["start"].to_numpy(float)
-        end = universe["end"].to_numpy(float)
-        nodes = universe["nodes"].to_numpy(float)
-        limit = universe["timelimit_s"].to_numpy(float)
-        limit = np.where(np.isnan(limit), UNKNOWN_LIMIT_S, limit)  # a constant: a median would see the future
+        t, u_code, q_code = asks.t, jobs.user, asks.user
+        elig, start, end, nodes = jobs.t_queue, jobs.start, jobs.end, jobs.nodes
+        limit = np.where(np.isnan(jobs.limit), UNKNOWN_LIMIT_S, jobs.limit)  # a constant: a median would see the future
         big = SPAN - 1.0
 
         # --- pending: eligible < t and left the queue (start or end, whichever first) > t
@@ -157,7 +221,7 @@ class _Universe:
         r_out = np.minimum(np.where(np.isnan(end[ran]), np.inf, np.maximum(end[ran], start[ran])), big)
         rw = np.column_stack([np.ones(ran.sum()), nodes[ran], nodes[ran] * (start[ran] + limit[ran]) / 3600.0])
         return cls(t=t, u_code=u_code, q_code=q_code, qk=q_code * SPAN + t, start=start, nodes=nodes, limit=limit,
-                   wait=universe["wait"].to_numpy(float), pend=pend, p_in=p_in, p_out=p_out, pw=pw, ran=ran,
+                   wait=jobs.wait, pend=pend, p_in=p_in, p_out=p_out, pw=pw, ran=ran,
                    r_in=r_in, r_out=r_out, rw=rw)
 
 
@@ -191,15 +255,13 @@ def _queue_features(X, col: dict, u: _Universe, capacity: float) -> None:
     X[:, col["q_pending_max_age_h"]] = _oldest_pending_age_h(u.p_in, u.p_out, t)
 
 
-def _partition_features(X, col: dict, u: _Universe, queries: "pd.DataFrame", universe: "pd.DataFrame") -> None:
+def _partition_features(X, col: dict, u: _Universe, asks: Asks, jobs: Jobs) -> None:
     """The same queue seen from the requested partition only: sweeps keyed by (partition, time)."""
     import numpy as np
-    import pandas as pd
 
     t, pend, ran = u.t, u.pend, u.ran
-    parts = pd.Index(pd.unique(pd.concat([universe["partition"], queries["partition"]]).astype(str)))
-    pa = parts.get_indexer(universe["partition"].astype(str)).astype(float)
-    qp = parts.get_indexer(queries["partition"].astype(str)).astype(float) * SPAN + t
+    pa = jobs.part
+    qp = asks.part * SPAN + t
     pp = _active(pa[pend] * SPAN + u.p_in, pa[pend] * SPAN + u.p_out, u.pw[:, :3], qp, in_side="left")
     pr = _active(pa[ran] * SPAN + u.r_in, pa[ran] * SPAN + u.r_out, u.rw[:, 1:3], qp, in_side="left")
     X[:, col["q_part_pending_jobs"]], X[:, col["q_part_pending_nodes"]] = pp[:, 0], pp[:, 1]
@@ -290,9 +352,22 @@ def _window_stats(values, last, first, width: int):
     has = ok.any(axis=1)
     med = np.full(len(last), np.nan)
     mean = np.full(len(last), np.nan)
-    med[has] = np.nanmedian(vals[has], axis=1)
+    med[has] = _nanmedian_rows(vals[has])
     mean[has] = np.nanmean(vals[has], axis=1)
     return med, mean
+
+
+def _nanmedian_rows(vals):
+    """``np.nanmedian(vals, axis=1)`` for rows with at least one value, the same floats: the two
+    middle values of the sorted row, added and halved, as numpy's small-array median does (for an
+    odd count both are the middle one), without its masked-array machinery (most of a live ask's time).
+    Only a tie of -0.0 with 0.0 may come out with the other sign; log waits are never -0.0."""
+    import numpy as np
+
+    s = np.sort(vals, axis=1)  # NaN last
+    cnt = np.count_nonzero(~np.isnan(vals), axis=1)
+    r = np.arange(len(s))
+    return (s[r, np.where(cnt % 2 == 1, cnt // 2, cnt // 2 - 1)] + s[r, cnt // 2]) / 2.0
 
 
 def _oldest_pending_age_h(k_in, k_out, q):
@@ -305,6 +380,12 @@ def _oldest_pending_age_h(k_in, k_out, q):
 
     import numpy as np
 
+    if len(q) and (q == q[0]).all():
+        # every query at one moment (a live ask): the heap's top would be the earliest-eligible
+        # job among those pending at t, so take that minimum directly (the same float)
+        t = q[0]
+        live = (k_in < t) & (k_out > t)
+        return np.full(len(q), (t - k_in[live].min()) / 3600.0 if live.any() else 0.0)
     oi = np.argsort(k_in, kind="stable")
     ins, outs = k_in[oi], k_out[oi]
     res = np.zeros(len(q))

@@ -42,39 +42,46 @@ def prepare(df: "pd.DataFrame", *, now: float | None = None) -> "pd.DataFrame":
     import numpy as np
 
     out = df.copy()
-    submit = out["submit"].to_numpy(float)
-    elig = out["eligible"].to_numpy(float).copy()
-    elig = np.where(np.isnan(elig), submit, np.maximum(elig, submit))
-    start = out["start"].to_numpy(float)
-    end = out["end"].to_numpy(float)
     known = out["eligible_known"].to_numpy(bool) if "eligible_known" in out else np.zeros(len(out), bool)
-    dep = np.zeros(len(out), bool)
-    if len(out) and not known.all():
-        prev_end = _previous_end_same_user(out["user"], start, end)
-        dep = (~known) & ~np.isnan(prev_end) & (start - prev_end <= DEP_GAP_S) & (submit < prev_end)
-        elig = np.where(dep, np.maximum(prev_end, submit), elig)
-    started = ~np.isnan(start)
-    if not len(out):
-        started = np.zeros(0, bool)
-    out["t_elig"] = elig
-    # when the job entered the queue as far as anyone could tell at the time: the recorded
-    # Eligible (or Submit). The re-based ``t_elig`` of a dependency-like job is decided by its
-    # own later start, so queue-state sweeps and still-waiting jobs use this one instead.
-    out["t_queue"] = np.where(np.isnan(out["eligible"].to_numpy(float)), submit,
-                              np.maximum(out["eligible"].to_numpy(float), submit))
-    out["dep_like"] = dep
-    out["wait"] = np.where(started, np.maximum(start - elig, 0.0), np.nan)
-    out["censored"] = ~started
-    stop = np.where(np.isnan(end), np.nan if now is None else now, end)
-    out["wait_lb"] = np.where(started, np.nan, np.maximum(stop - elig, 0.0))
+    cols = prepared_columns(out["submit"].to_numpy(float), out["eligible"].to_numpy(float),
+                            out["start"].to_numpy(float), out["end"].to_numpy(float), known,
+                            lambda: group_codes(out["user"])[0], now=now)
+    for c in ("t_elig", "t_queue", "dep_like", "wait", "censored", "wait_lb"):
+        out[c] = cols[c]
     return out
 
 
-def _previous_end_same_user(users: "pd.Series", start, end):
+def prepared_columns(submit, eligible, start, end, known, user_codes, *, now: float | None = None) -> dict:
+    """:func:`prepare`'s added columns from arrays (no pandas). ``user_codes``: integer user codes
+    (any numbering: they only group), or a callable giving them (asked only when some job's
+    eligibility is not known)."""
+    import numpy as np
+
+    elig = np.where(np.isnan(eligible), submit, np.maximum(eligible, submit))
+    dep = np.zeros(len(submit), bool)
+    if len(submit) and not known.all():
+        prev_end = _previous_end_same_user(user_codes() if callable(user_codes) else user_codes, start, end)
+        dep = (~known) & ~np.isnan(prev_end) & (start - prev_end <= DEP_GAP_S) & (submit < prev_end)
+        elig = np.where(dep, np.maximum(prev_end, submit), elig)
+    started = ~np.isnan(start)
+    stop = np.where(np.isnan(end), np.nan if now is None else now, end)
+    return {
+        "t_elig": elig,
+        # when the job entered the queue as far as anyone could tell at the time: the recorded
+        # Eligible (or Submit). The re-based ``t_elig`` of a dependency-like job is decided by its
+        # own later start, so queue-state sweeps and still-waiting jobs use this one instead.
+        "t_queue": np.where(np.isnan(eligible), submit, np.maximum(eligible, submit)),
+        "dep_like": dep,
+        "wait": np.where(started, np.maximum(start - elig, 0.0), np.nan),
+        "censored": ~started,
+        "wait_lb": np.where(started, np.nan, np.maximum(stop - elig, 0.0)),
+    }
+
+
+def _previous_end_same_user(codes, start, end):
     """End of the same user's job that ended last at or before each job's start (NaN if none)."""
     import numpy as np
 
-    codes, _ = group_codes(users)
     n = len(codes)
     ok = ~np.isnan(end)
     idx_ok = np.flatnonzero(ok)

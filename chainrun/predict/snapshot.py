@@ -17,13 +17,24 @@ HELD_REASONS = ("Dependency", "DependencyNeverSatisfied", "JobHeldUser", "JobHel
                 "InvalidAccount", "InvalidQOS", "PartitionDown", "Reservation")
 
 
+_EMPTY: list = []  # the frame of no rows, built once (the replay asks with no rows on every cached state)
+
+
 def snapshot_from_rows(rows: "list[QueueRow]") -> "pd.DataFrame":
     """Pending and running jobs of everyone, from parsed ``squeue --all`` rows."""
+    keep = [r for r in rows if r.state in ("PENDING", "RUNNING")
+            and not (r.state == "PENDING" and r.reason.split(",")[0].strip("()") in HELD_REASONS)]
+    if keep:
+        return _frame(keep)
+    if not _EMPTY:
+        _EMPTY.append(_frame([]))
+    return _EMPTY[0].copy()  # a copy: the caller may change it
+
+
+def _frame(keep: "list[QueueRow]") -> "pd.DataFrame":
     import numpy as np
     import pandas as pd
 
-    keep = [r for r in rows if r.state in ("PENDING", "RUNNING")
-            and not (r.state == "PENDING" and r.reason.split(",")[0].strip("()") in HELD_REASONS)]
     return pd.DataFrame({
         "job_id": [r.job_id for r in keep], "user": [r.user for r in keep], "name": [r.name for r in keep],
         "partition": [r.partition for r in keep], "qos": [r.qos for r in keep], "account": "",

@@ -10,6 +10,12 @@ and a history that is the masked simulated past plus the chain's own earlier seg
 ``sacct`` shows the watcher). ``_estimate`` asks the wall clock for "now"; here that clock reads
 the simulated time. There is no idle-partition shortcut: every ask with a model runs the model.
 
+The model's answer itself comes from ``chainrun.predict.columnar`` when the model is the
+chainrun one (``fast``, the default): the same universe, features and prediction as
+``Predictor.predict`` on the simulated squeue and sacct frames, computed from the trace's arrays
+(kept once) instead of DataFrames built per ask; ``_estimate`` then gets only the chain's own row,
+which it needs for the request. tests/sim/test_fast_asks.py checks both give the same answers.
+
 Mirage's ``avg`` is not a shipped policy; ``AvgLead`` implements it on the same interface.
 
 Elastic shapes: ``shape_waits`` is ``shape_plan.shape_waits`` in the replay: the watcher's
@@ -99,10 +105,11 @@ def _sim_time(now: float):
 
 
 class _Cached:
-    """The refit model, answering from the cache when the simulated state was seen before."""
+    """The refit model, answering from the cache when the simulated state was seen before, else
+    from ``answer`` (the columnar path: requests -> predictions) when given."""
 
-    def __init__(self, model, cache: dict, key) -> None:
-        self.model, self.cache, self.key, self.last = model, cache, key, None
+    def __init__(self, model, cache: dict, key, answer=None) -> None:
+        self.model, self.cache, self.key, self.last, self.answer = model, cache, key, None, answer
 
     def predict(self, req, snapshot, history):
         if self.key in self.cache:
@@ -110,10 +117,20 @@ class _Cached:
             if p is None:
                 raise ValueError("the model failed on this state before")
         else:
-            p = self.model.predict(req, snapshot, history)
+            p = self.answer([req])[0] if self.answer is not None else self.model.predict(req, snapshot, history)
             self.cache[self.key] = p
         self.last = p
         return p
+
+
+class _Columnar:
+    """``predict_many`` answered by the columnar path (for ``_shape_waits``)."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def predict_many(self, requests, snapshot=None, history=None):
+        return self.answer(list(requests))
 
 
 class _Many:
@@ -147,6 +164,8 @@ def test_only_start(sim, nodes: int, limit_s: float, horizon_s: float) -> float:
 
 
 class SimWatcher:
+    fast = True  # the chainrun model answers from arrays (chainrun.predict.columnar): the same answers
+
     def __init__(self, knowledge, *, gpus_per_node: int = 3) -> None:
         self.k = knowledge
         self.gpn = gpus_per_node
@@ -168,6 +187,7 @@ class SimWatcher:
         self._within: dict = {}  # estimate's cache key -> {seconds: P(wait <= seconds)}
         self.test_only = True  # shape_waits: also Slurm's --test-only answer, as the engine asks it
         self.test_only_horizon_s = 14 * 86400.0
+        self._arrays: dict | None = None  # the trace's per-job arrays for the columnar path, built on first use
 
     def policy(self, spec):
         if spec.policy == "avg":
@@ -215,12 +235,16 @@ class SimWatcher:
             self._cache.clear()
         seg = engine_segment(cur, running)
         model = self.k.predictor(now)
-        if not hasattr(model, "predict_many"):  # the stand-in used where no model could be fit
-            model = _Many(model)
+        answer = self._columnar(model, sim, now, segs, cur.nodes)
+        if answer is not None:
+            model, rows, history = _Columnar(answer), self.queue_rows(sim, now, seg, cur, cur.nodes, only_own=True), None
+        else:
+            if not hasattr(model, "predict_many"):  # the stand-in used where no model could be fit
+                model = _Many(model)
+            rows, history = self.queue_rows(sim, now, seg, cur, cur.nodes), self.history(now, segs, cur.nodes)
         try:
             with _sim_time(now):
-                out = _shape_waits(model, self.history(now, segs, cur.nodes), engine_chain(work, lead_s, "predicted"),
-                                   seg, self.queue_rows(sim, now, seg, cur, cur.nodes), list(shapes))
+                out = _shape_waits(model, history, engine_chain(work, lead_s, "predicted"), seg, rows, list(shapes))
         except (ChainrunError, ValueError):  # as in estimate: counted; the rule keeps the reference
             self.fallbacks += 1
             out = {}
@@ -253,8 +277,10 @@ class SimWatcher:
         if not hit and len(self._cache) > 20000:
             self._cache.clear()
             self._within.clear()
-        model = _Cached(self.k.predictor(now), self._cache, key)
-        if hit:  # the model is not run: only the chain's own row, which _estimate needs for the request
+        predictor = self.k.predictor(now)
+        answer = None if hit else self._columnar(predictor, sim, now, segs, nodes)
+        model = _Cached(predictor, self._cache, key, answer)
+        if hit or answer is not None:  # the frames are not read: only the chain's own row, for the request
             rows, history = self.queue_rows(sim, now, seg, cur, nodes, only_own=True), None
         else:
             rows, history = self.queue_rows(sim, now, seg, cur, nodes), self.history(now, segs, nodes)
@@ -277,6 +303,85 @@ class SimWatcher:
         else:
             self.cost["cache_hits"] = self.cost.get("cache_hits", 0) + 1
         return est
+
+    def _columnar(self, model, sim, now: float, segs, nodes: int):
+        """requests -> predictions by ``chainrun.predict.columnar`` on the simulated squeue and the
+        masked past (what ``queue_rows`` and ``history`` hold), or None where it does not apply
+        (``fast`` off, or a model other than chainrun's: it gets the frames)."""
+        from chainrun.predict.model import Predictor
+
+        if not self.fast or not isinstance(model, Predictor):
+            return None
+
+        def answer(requests):
+            from chainrun.predict.columnar import predict_at, universe_at
+
+            names = self._columns()["names"]
+            snap, hist = self.snapshot_columns(sim), self.history_columns(now, segs, nodes)
+            out: list = [None] * len(requests)
+            groups: dict = {}
+            for i, r in enumerate(requests):  # one universe per (user, moment), as features_for builds it
+                groups.setdefault((r.user, now if r.submit is None else float(r.submit)), []).append(i)
+            for (user, t), idx in groups.items():
+                u = universe_at(t, names.user(user), snap, hist)
+                for i, p in zip(idx, predict_at(model, t, [requests[i] for i in idx], u, names)):
+                    out[i] = p
+            return out
+
+        return answer
+
+    def _columns(self) -> dict:
+        import numpy as np
+
+        from chainrun.predict.columnar import Names
+
+        if self._arrays is None:
+            names = Names()
+            self._arrays = {
+                "names": names, "user": names.codes(self._user, "user"), "part": names.codes(self._part, "part"),
+                "submit": np.asarray(self._submit, float), "limit": np.asarray(self._limit, float),
+                "nodes": np.asarray(self._nodes, float), "chain_user": names.user(CHAIN_USER), "no_part": names.part(""),
+            }
+        return self._arrays
+
+    def snapshot_columns(self, sim):
+        """``queue_rows`` (without the chain's own row) as the snapshot ``_universe`` reads:
+        pending jobs, then running ones, keyed by the job id the rows carry (the row in the trace)."""
+        import numpy as np
+
+        from chainrun.predict.columnar import JobColumns
+
+        a = self._columns()
+        pending, running = sim.queue_view()
+        pj = [j for j in pending if 0 <= j < self.n]
+        rj = [(j, s) for j, s in running if 0 <= j < self.n]
+        jid = np.array(pj + [j for j, _ in rj], np.int64)
+        start = np.array([np.nan] * len(pj) + [s for _, s in rj], float)
+        submit = a["submit"][jid]
+        return JobColumns(key=jid, user=a["user"][jid], part=a["part"][jid], submit=submit, eligible=submit,
+                          start=start, end=np.full(len(jid), np.nan), limit=a["limit"][jid], nodes=a["nodes"][jid],
+                          known=np.ones(len(jid), bool))
+
+    def history_columns(self, now: float, segs, nodes: int):
+        """``history`` as columns: the masked past plus the chain's own segments."""
+        import numpy as np
+
+        from chainrun.predict.columnar import NO_KEY, JobColumns
+
+        a = self._columns()
+        h = self.k.history_columns(now, a["names"])
+        own = [s for s in segs if s.submit < now]
+        if not own:
+            return h
+        k = len(own)
+        sub = np.array([s.submit for s in own], float)
+        mine = JobColumns(
+            key=np.full(k, NO_KEY, np.int64), user=np.full(k, a["chain_user"], np.int64),
+            part=np.full(k, a["no_part"], np.int64), submit=sub, eligible=sub,
+            start=np.array([s.start if (s.start == s.start and s.start <= now) else np.nan for s in own], float),
+            end=np.array([s.exit if (s.exit == s.exit and s.exit <= now) else np.nan for s in own], float),
+            limit=np.array([s.limit for s in own], float), nodes=np.full(k, float(nodes)), known=np.zeros(k, bool))
+        return JobColumns.concat([h, mine])
 
     def _remembered(self, key, prob_within):
         """``prob_within`` answering from memory: the slack rule asks the same distribution at the

@@ -80,6 +80,7 @@ class Knowledge:
         self.model_kinds: set[str] = set()
         self.fallbacks = 0  # predictions answered by the stand-in because the model failed
         self.cost = {"fits": 0, "fit_s": 0.0, "predictions": 0, "predict_s": 0.0}
+        self._columns: tuple | None = None  # (names, the world as JobColumns), built on first use
 
     def history(self, now: float, *, window_s: float | None = HISTORY_WINDOW_S) -> "pd.DataFrame":
         import numpy as np
@@ -96,6 +97,39 @@ class Knowledge:
         h["exit_code"] = np.where(ended, self._exit[lo:hi], "")
         h["priority"] = np.nan  # recorded at some later time: never known at `now`
         return h
+
+    def history_columns(self, now: float, names, *, window_s: float = HISTORY_WINDOW_S):
+        """:meth:`history` as ``chainrun.predict.columnar.JobColumns`` (the same rows, order and
+        masks; ``names`` numbers users and partitions). A row's ``key`` is its job id where that id
+        is a whole number (a snapshot row names a job by its id; ``model._universe`` drops a history
+        row whose id a snapshot row has)."""
+        import numpy as np
+
+        world = self._world_columns(names)
+        lo = int(np.searchsorted(self._submit, now - window_s, "left"))
+        hi = int(np.searchsorted(self._submit, now, "left"))  # submitted strictly before now
+        h = world.take(slice(lo, hi))
+        h.start = np.where(h.start <= now, h.start, np.nan)
+        h.end = np.where(h.end <= now, h.end, np.nan)
+        return h
+
+    def _world_columns(self, names):
+        import numpy as np
+
+        from chainrun.predict.columnar import NO_KEY, JobColumns
+
+        if self._columns is None or self._columns[0] is not names:
+            w = self.world
+            ids = w["job_id"].astype(str).tolist()
+            key = np.fromiter((_id_key(v, NO_KEY) for v in ids), np.int64, len(ids))
+            self._columns = (names, JobColumns(
+                key=key, user=names.codes(w["user"].astype(str).tolist(), "user"),
+                part=names.codes(w["partition"].astype(str).tolist(), "part"), submit=self._submit,
+                eligible=w["eligible"].to_numpy(float), start=self._start, end=self._end,
+                limit=w["timelimit_s"].to_numpy(float), nodes=w["nodes"].to_numpy(float),
+                known=w["eligible_known"].fillna(False).astype(bool).to_numpy() if "eligible_known" in w
+                else np.zeros(len(w), bool)))
+        return self._columns[1]
 
     def mean_recent_wait(self, now: float, n: int = 100) -> float:
         """Mirage's "avg": mean wait of the last ``n`` jobs that started before ``now``."""
@@ -141,3 +175,12 @@ class Knowledge:
         snap["exit_code"] = ""  # facts of the end (and the trace's after-the-fact priority): unknown now
         snap["priority"] = np.nan
         return pd.DataFrame(snap)
+
+
+def _id_key(job_id: str, none: int) -> int:
+    """The job id as an integer key when it is one written plainly (what ``str(int)`` gives back)."""
+    try:
+        k = int(job_id)
+    except ValueError:
+        return none
+    return k if str(k) == job_id and k >= 0 else none
