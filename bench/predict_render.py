@@ -41,7 +41,8 @@ def _printed(fn, *args) -> list[str]:
 
 
 def settings() -> list[str]:
-    from chainrun.predict import calibration, distribution, evaluate, features, ingest, model, prep, service, training
+    from chainrun.predict import calibration, distribution, evaluate, features, ingest, model, prep, training
+    from chainrun.chain import live_score
     from chainrun.predict.doubt import ACTED_LEVEL, Z, read_level, rows_backing
 
     p = training.PARAMS
@@ -74,7 +75,7 @@ def settings() -> list[str]:
          "prep.WARMUP_S"),
         ("sacct reads", f"{ingest.WINDOW_DAYS:g}-day windows, {ingest.LOOKBACK_DAYS:g} days back the first time, "
                         f"then from the last refresh minus {ingest.OVERLAP_S / 3600:g} h", "ingest.WINDOW_DAYS"),
-        ("`model status` resolution", f"{service.RESOLUTION_S:g} s (the watcher's tick)", "service.RESOLUTION_S"),
+        ("`model status` resolution", f"{live_score.RESOLUTION_S:g} s (the watcher's tick)", "chain.live_score.RESOLUTION_S"),
         ("`model eval` refits", f"every {evaluate.REFIT_EVERY_S / 3600:g} h by default; deadline horizons "
                                 f"{', '.join(evaluate.HORIZONS)}; within 2x: both under {evaluate.SMALL_S:g} s count",
          "evaluate.REFIT_EVERY_S"),
