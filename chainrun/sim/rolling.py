@@ -136,6 +136,44 @@ def beats(by_point: dict, keys: list, new: str, old: str, seed: int) -> dict:
     return {"n": len(d), "mean_gain_h": sum(d) / len(d) if d else None, "ci90_h": [lo, hi], "adopt": ok}
 
 
+def _weeks_in_force(wk, scored, by_point, ended, full, loads, cands, ship, fixed, seed, *, check_s: float,
+                    min_choice: int, min_check: int) -> tuple[list[dict], dict]:
+    """Week by week, the values in force: each chosen only on chains whose replay ended before the
+    week starts (the older ones), checked on the newest of those, adopted only when the check says so.
+    Returns the weeks' records and, per scored point, (predicted in force, fixed lead in force)."""
+    week_out, force, force_fixed = [], ship, fixed[0]
+    plan: dict = {}  # scored point -> (predicted in force, fixed lead in force)
+    for a, b in wk:
+        past = [k for k in by_point if ended[k] < a]
+        check = [k for k in past if k[0] >= a - check_s]
+        choice = [k for k in past if k[0] < a - check_s]
+        entry = {"start": _iso(a), "end": _iso(b), "n": int(sum(a <= t < b for t, _ in scored)),
+                 "choice_chains": len(choice), "check_chains": len(check)}
+        if len(choice) >= min_choice and len(check) >= min_check:
+            pol = rows(by_point, choice, full, loads, seed)
+            best = tune.pick(pol, cands)
+            best_fixed = tune.pick(pol, fixed)
+            chk = beats(by_point, check, best.name, force.name, seed)
+            chk_fixed = beats(by_point, check, best_fixed.name, force_fixed.name, seed)
+            if chk["adopt"]:
+                force = best
+            if chk_fixed["adopt"]:
+                force_fixed = best_fixed
+            entry.update(chosen=values(best), chosen_name=best.name,
+                         chosen_on_until=_iso(max(ended[k] for k in past)), adopted=chk["adopt"], check=chk,
+                         best_fixed_chosen_lead_s=best_fixed.lead_s, best_fixed_adopted=chk_fixed["adopt"],
+                         best_fixed_check=chk_fixed)
+        else:  # too little past: the shipped values
+            entry.update(chosen=values(ship), chosen_name=ship.name, chosen_on_until=None, adopted=False,
+                         note="too little past: the shipped values")
+        entry.update(in_force=values(force), in_force_name=force.name, best_fixed_lead_s=force_fixed.lead_s)
+        week_out.append(entry)
+        for t, k in scored:
+            if a <= t < b:
+                plan[(t, k)] = (force, force_fixed)
+    return week_out, plan
+
+
 def rolling(trace, cfg: ChainsConfig, *, check_s: float = CHECK_S, min_choice: int = MIN_CHOICE,
             min_check: int = MIN_CHECK, cands: list[PolicySpec] | None = None) -> dict:
     """The rolling-origin run: ``{"fidelity", "chains": {policies, targets, rolling}, "meta"}``.
@@ -163,36 +201,8 @@ def rolling(trace, cfg: ChainsConfig, *, check_s: float = CHECK_S, min_choice: i
         by_point.setdefault((r.t0, r.nodes), {})[r.policy] = r
     ended = {k: max(r.ended for r in v.values()) for k, v in by_point.items()}
     loads = load_levels(runs)
-    week_out, force, force_fixed = [], ship, fixed[0]
-    plan: dict = {}  # scored point -> (predicted in force, fixed lead in force)
-    for a, b in wk:
-        past = [k for k in by_point if ended[k] < a]
-        check = [k for k in past if k[0] >= a - check_s]
-        choice = [k for k in past if k[0] < a - check_s]
-        entry = {"start": _iso(a), "end": _iso(b), "n": int(sum(a <= t < b for t, _ in scored)),
-                 "choice_chains": len(choice), "check_chains": len(check)}
-        if len(choice) >= min_choice and len(check) >= min_check:
-            pol = rows(by_point, choice, full, loads, cfg.seed)
-            best = tune.pick(pol, cands)
-            best_fixed = tune.pick(pol, fixed)
-            chk = beats(by_point, check, best.name, force.name, cfg.seed)
-            chk_fixed = beats(by_point, check, best_fixed.name, force_fixed.name, cfg.seed)
-            if chk["adopt"]:
-                force = best
-            if chk_fixed["adopt"]:
-                force_fixed = best_fixed
-            entry.update(chosen=values(best), chosen_name=best.name,
-                         chosen_on_until=_iso(max(ended[k] for k in past)), adopted=chk["adopt"], check=chk,
-                         best_fixed_chosen_lead_s=best_fixed.lead_s, best_fixed_adopted=chk_fixed["adopt"],
-                         best_fixed_check=chk_fixed)
-        else:  # too little past: the shipped values
-            entry.update(chosen=values(ship), chosen_name=ship.name, chosen_on_until=None, adopted=False,
-                         note="too little past: the shipped values")
-        entry.update(in_force=values(force), in_force_name=force.name, best_fixed_lead_s=force_fixed.lead_s)
-        week_out.append(entry)
-        for t, k in scored:
-            if a <= t < b:
-                plan[(t, k)] = (force, force_fixed)
+    week_out, plan = _weeks_in_force(wk, scored, by_point, ended, full, loads, cands, ship, fixed, cfg.seed,
+                                     check_s=check_s, min_choice=min_choice, min_check=min_check)
     # the scored points: reuse their rows where they were run, else run what is needed
     need = []
     for (t, k), (pf, ff) in plan.items():
