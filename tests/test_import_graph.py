@@ -133,6 +133,14 @@ def test_lower_layers_do_not_import_chain(layer):
     assert not {m: d for m, d in bad.items() if d}, f"{layer} reaches up into chain/"
 
 
+@pytest.mark.parametrize("layer", ["chainrun.chain", *BELOW_CHAIN])
+def test_the_product_does_not_import_the_replay_or_the_cli(layer):
+    """sim/ (the replay) and cli/ sit above the product's core: the core never reaches up into them."""
+    bad = {m: sorted(d for d in deps if d.startswith(("chainrun.sim.", "chainrun.cli.")))
+           for m, deps in GRAPH.items() if m == layer or m.startswith(layer + ".")}
+    assert not {m: d for m, d in bad.items() if d}, f"{layer} reaches up into sim/ or cli/"
+
+
 def test_no_module_over_600_lines():
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert set(long) <= KNOWN_LONG, f"modules over {MAX_LINES} lines: {long}"

@@ -12,14 +12,13 @@ import math
 def model_status(cluster: str = "default", user: str | None = None) -> dict:
     """The saved model's status (predict/service.py ``status``) and, once there is a model, how the
     predictions the watcher acted on turned out (``live_error``)."""
+    from chainrun.chain import tuned
     from chainrun.predict import service
-
-    from chainrun.sim.selftune import tuning_status
 
     out = service.status(cluster, user)
     if out["model"] is not None:
         out["live_error"] = live_error(cluster)
-    out["tuning"] = tuning_status(cluster)  # predicted's values in force per partition (sim/selftune.py)
+    out["tuning"] = tuned.status(cluster)  # predicted's values in force per partition
     return out
 
 

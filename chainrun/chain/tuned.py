@@ -138,3 +138,19 @@ def rollback(cluster: str, partition: str) -> dict:
     e["pinned"] = True
     save(cluster, doc)
     return e
+
+
+def status(cluster: str) -> dict:
+    """What `model status` shows per partition: the values in force, where they came from, when and
+    on what window they were chosen, the check's scores, pinned or not, the last refresh's outcome
+    and the history of choices (newest last)."""
+    doc = load(cluster)
+    out = {"file": str(path(cluster)), "default_partition": doc.get("default_partition"), "partitions": {}}
+    for part, e in sorted(doc["partitions"].items()):
+        hist = e.get("history") or []
+        out["partitions"][part] = {
+            "in_force": e.get("in_force"), "pinned": bool(e.get("pinned")), "last": e.get("last"),
+            "history": [{"at": h.get("at"), "chosen": h.get("chosen"), "adopted": h.get("adopted"),
+                         "put_in_force": h.get("put_in_force"), "reason": h.get("reason"), "window": h.get("window"),
+                         "scores_h": (h.get("check") or {}).get("scores_h")} for h in hist]}
+    return out

@@ -531,18 +531,7 @@ def tune_now(runner: "Runner", *, cluster: str, partitions: list[str] | None = N
 
 
 def tuning_status(cluster: str) -> dict:
-    """What `model status` shows per partition: the values in force, where they came from, when and
-    on what window they were chosen, the check's scores, pinned or not, the last refresh's outcome
-    and the history of choices (newest last)."""
+    """What `model status` shows per partition (chainrun/chain/tuned.py ``status``)."""
     from chainrun.chain import tuned
 
-    doc = tuned.load(cluster)
-    out = {"file": str(tuned.path(cluster)), "default_partition": doc.get("default_partition"), "partitions": {}}
-    for part, e in sorted(doc["partitions"].items()):
-        hist = e.get("history") or []
-        out["partitions"][part] = {
-            "in_force": e.get("in_force"), "pinned": bool(e.get("pinned")), "last": e.get("last"),
-            "history": [{"at": h.get("at"), "chosen": h.get("chosen"), "adopted": h.get("adopted"),
-                         "put_in_force": h.get("put_in_force"), "reason": h.get("reason"), "window": h.get("window"),
-                         "scores_h": (h.get("check") or {}).get("scores_h")} for h in hist]}
-    return out
+    return tuned.status(cluster)
