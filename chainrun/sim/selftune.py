@@ -264,8 +264,8 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     ``progress`` are for small test traces (``cands`` must hold the shipped values)."""
     import numpy as np
 
-    from chainrun.sim import chain_replay, rolling as R, tune
-    from chainrun.sim.chain_replay import ChainsConfig, chain_points, load_levels, run_points, setup
+    from chainrun.sim import chain_replay, rolling as R
+    from chainrun.sim.chain_replay import ChainsConfig, chain_points, setup
     from chainrun.sim.chains import PolicySpec
 
     check_s = R.CHECK_S if check_s is None else check_s
@@ -309,6 +309,29 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
         return {**out, "reason": f"history too short: {sum(t < as_of - check_s for t, _ in pts)} chains to choose "
                                  f"on (needs {min_choice})"}
     _fit_every_week(memo, w, chain_replay._SHARED, cfg, as_of)
+    by_point, ended, loads = _replay_points(pts, full, workers, progress)
+    past = [k for k in by_point if ended[k] < as_of]
+    check = [k for k in past if k[0] >= as_of - check_s]
+    choice = [k for k in past if k[0] < as_of - check_s]
+    out["window"] = {"choice_from": _iso(min((k[0] for k in choice), default=None)),
+                     "choice_until": _iso(as_of - check_s), "check_from": _iso(as_of - check_s),
+                     "check_until": _iso(as_of), "choice_chains": len(choice), "check_chains": len(check)}
+    if len(choice) < min_choice or len(check) < min_check:
+        return {**out, "reason": f"too little history: {len(choice)} chains to choose on (needs {min_choice}), "
+                                 f"{len(check)} to check on (needs {min_check})",
+                "seconds": round(time.monotonic() - t_begin, 1)}
+    best, chk = _choose_and_check(out, by_point, choice, check, full, loads, cands, fixed, refs, force, seed)
+    out["seconds"] = round(time.monotonic() - t_begin, 1)
+    adopted, reason = verdict(same=best.name == force.name or R.values(best) == out["previous"], check=chk,
+                              spearman=fid.get("spearman"))
+    return {**out, "adopted": adopted, "reason": reason}
+
+
+def _replay_points(pts, full, workers: int, progress) -> tuple[dict, dict, dict]:
+    """Every candidate on every point, in a few batches (a progress step after each): the rows by
+    point, when each point's last chain ended, and the load level of each point."""
+    from chainrun.sim.chain_replay import load_levels, run_points
+
     runs = []
     nb = min(PROGRESS_STEPS, len(pts))
     batches = [pts[round(len(pts) * i / nb):round(len(pts) * (i + 1) / nb)] for i in range(nb)]
@@ -321,17 +344,15 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     for r in runs:
         by_point.setdefault((r.t0, r.nodes), {})[r.policy] = r
     ended = {k: max(r.ended for r in v.values()) for k, v in by_point.items()}
-    loads = load_levels(runs)
-    past = [k for k in by_point if ended[k] < as_of]
-    check = [k for k in past if k[0] >= as_of - check_s]
-    choice = [k for k in past if k[0] < as_of - check_s]
-    out["window"] = {"choice_from": _iso(min((k[0] for k in choice), default=None)),
-                     "choice_until": _iso(as_of - check_s), "check_from": _iso(as_of - check_s),
-                     "check_until": _iso(as_of), "choice_chains": len(choice), "check_chains": len(check)}
-    if len(choice) < min_choice or len(check) < min_check:
-        return {**out, "reason": f"too little history: {len(choice)} chains to choose on (needs {min_choice}), "
-                                 f"{len(check)} to check on (needs {min_check})",
-                "seconds": round(time.monotonic() - t_begin, 1)}
+    return by_point, ended, load_levels(runs)
+
+
+def _choose_and_check(out: dict, by_point, choice, check, full, loads, cands, fixed, refs, force, seed):
+    """The frozen procedure on the older chains (tune.pick), the paired check on the newer ones
+    (rolling.beats), and the check's scores beside reactive, the oracle and the best fixed lead,
+    written into ``out``. Returns the choice and the check."""
+    from chainrun.sim import rolling as R, tune
+
     pol = R.rows(by_point, choice, full, loads, seed)
     best = tune.pick(pol, cands)
     best_fixed = tune.pick(pol, fixed)
@@ -344,10 +365,7 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
                                         "reactive": _mean(score["reactive"]), "oracle": _mean(score["oracle"]),
                                         "best_fixed": _mean(score[best_fixed.name])},
                     "stuck": {"chosen": score[best.name]["stuck"], "in_force": score[force.name]["stuck"]}}
-    out["seconds"] = round(time.monotonic() - t_begin, 1)
-    adopted, reason = verdict(same=best.name == force.name or R.values(best) == out["previous"], check=chk,
-                              spearman=fid.get("spearman"))
-    return {**out, "adopted": adopted, "reason": reason}
+    return best, chk
 
 
 def verdict(*, same: bool, check: dict, spearman: float | None) -> tuple[bool, str]:
