@@ -60,7 +60,8 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
     predictor.meta["cluster"] = cluster
     path = predictor.save(model_dir(cluster))
     out = {
-        "cluster": cluster, "new_rows": int(len(fetched.frame)), "history_rows": int(len(hist)),
+        "cluster": cluster, "new_rows": _queue_rows(fetched.frame),
+        "history_rows": int(len(hist)),
         "all_users": all_users, "sacct_calls": fetched.calls, "model_dir": str(path),
         "train_rows": predictor.meta["training_window"]["rows"], "user_models": sorted(predictor.meta["user_models"]),
         "seconds": {"fetch": round(t_fetch, 2), "total": round(time.time() - t0, 2)},
@@ -70,6 +71,15 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
         out["tuning"] = tuner(hist, all_users)
         out["seconds"].update(tune=round(time.time() - t_tune, 2), total=round(time.time() - t0, 2))
     return out
+
+
+def _queue_rows(frame) -> int:
+    """Rows of the queue's history in a fetch: chainrun's own scheduled ticks are read, then left out."""
+    from chainrun.predict import ingest
+
+    if "name" not in frame:
+        return int(len(frame))
+    return int((~frame["name"].isin(ingest.IGNORED_JOB_NAMES)).sum())
 
 
 def status(cluster: str = "default", user: str | None = None) -> dict:
