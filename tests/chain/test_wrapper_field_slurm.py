@@ -177,12 +177,16 @@ def _trains(fc: FieldChain, job: str, steps: int = 3, restart: int | None = None
 
 
 def _sacct(job: str, fields: str) -> dict:
-    for _ in range(30):
+    """The job's accounting row once it is complete. A job squeue no longer lists can still read
+    RUNNING in sacct for a while (slurmdbd records the end after the controller): wait for a final state."""
+    for _ in range(60):
         p = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job, "-o", fields], capture_output=True, text=True,
                            timeout=60, env={**os.environ, "SLURM_TIME_FORMAT": "%s"})
         vals = p.stdout.strip().splitlines()[0].split("|") if p.stdout.strip() else []
-        if vals and all(vals):
-            return dict(zip(fields.split(","), vals))
+        row = dict(zip(fields.split(","), vals))
+        live = row.get("State", "").split(" ")[0] in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING")
+        if vals and all(vals) and not live:
+            return row
         time.sleep(1)
     raise AssertionError(f"sacct has no {fields} for job {job}")
 
