@@ -41,7 +41,6 @@ def make_dump(trace: str, rows: int, out: Path, seed: int = 7) -> None:
     import numpy as np
     import pandas as pd
 
-    from chainrun.predict.ingest import SACCT_FORMAT
     from chainrun.traces import read_trace
 
     df = read_trace(trace)
@@ -59,23 +58,7 @@ def make_dump(trace: str, rows: int, out: Path, seed: int = 7) -> None:
         tiles.append(t)
         n += take
         k += 1
-    d = pd.concat(tiles, ignore_index=True)
-
-    def ep(s):
-        return s.map(lambda v: "Unknown" if v != v else str(int(v)))
-
-    cols = {
-        "JobIDRaw": d["job_id"], "User": "u" + d["user"].astype(str), "Partition": "gpu-a100", "QOS": "normal",
-        "Account": "acct", "Submit": ep(d["submit"]), "Eligible": ep(d["submit"]), "Start": ep(d["start"]),
-        "End": ep(d["end"]), "TimelimitRaw": (d["timelimit_s"] // 60).astype(int).astype(str),
-        "NNodes": d["nodes"].astype(str), "NCPUS": (d["nodes"] * 128).astype(str),
-        "AllocTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str) + ",node=" + d["nodes"].astype(str),
-        "ReqTRES": "cpu=" + (d["nodes"] * 128).astype(str) + ",gres/gpu=" + d["gpus"].astype(str),
-        "State": d["state"], "ExitCode": d["exit_code"], "JobName": d["name"],
-        "Elapsed": "00:00:00", "Reason": "None", "NodeList": "",
-    }
-    cols = {k: cols[k] for k in SACCT_FORMAT.split(",")}  # sacct's order, with its header line
-    pd.DataFrame(cols).to_csv(out, sep="|", header=True, index=False)
+    _write_dump(pd.concat(tiles, ignore_index=True), out)  # ids 10_000_000 + position, as set above
 
 
 class DumpRunner:
