@@ -11,3 +11,19 @@ def test_evaluation_tables_match_the_results_files():
     p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_render.py"), "--check"], capture_output=True,
                        text=True, cwd=REPO)
     assert p.returncode == 0, "docs/evaluation.md is out of date: run .venv/bin/python bench/sim_render.py"
+
+
+def test_the_readme_headline_is_the_rolling_results_file():
+    """README's `predicted` row quotes docs/results/sim-rolling-ls6.json: the means and the share of
+    reactive's excess over the oracle closed per load level are read from it, not written in."""
+    import json
+
+    pol = json.loads((REPO / "docs/results/sim-rolling-ls6.json").read_text())["data"]["chains"]["policies"]
+    readme = (REPO / "README.md").read_text()
+    for name in ("predicted", "reactive", "best_fixed", "oracle", "predicted_shipped"):
+        assert f"{pol[name]['mean_overhead_h']:.2f} h" in readme, name
+    closed = []
+    for level in ("low", "medium", "heavy"):
+        m = {n: pol[n]["by_load"][level]["mean_overhead_h"] for n in ("predicted", "reactive", "oracle")}
+        closed.append(f"{100 * (m['reactive'] - m['predicted']) / (m['reactive'] - m['oracle']):.0f}")
+    assert " / ".join(f"{c} %" for c in closed) + " of reactive's excess" in readme, closed
