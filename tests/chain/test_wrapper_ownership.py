@@ -123,7 +123,15 @@ class Chain:
 
     def steps(self) -> list[tuple[str, str, float]]:
         log = self.ckpt / "steps.log"
-        return [tuple(ln.split()[:2]) + (float(ln.split()[2]),) for ln in log.read_text().splitlines()] if log.exists() else []
+        text = log.read_text() if log.exists() else ""
+        out = []
+        # only whole lines (one may be being written), and only those with their time: a run killed while
+        # `$(date ...)` ran wrote its line without it ("step JOB GEN RESTART", "save JOB")
+        for ln in text.splitlines()[: text.count("\n")]:
+            f = ln.split()
+            if len(f) == {"step": 5, "save": 3}.get(f[0] if f else "", -1):
+                out.append((f[0], f[1], float(f[2])))
+        return out
 
     def training_windows(self) -> dict[str, tuple[float, float]]:
         w: dict[str, tuple[float, float]] = {}
