@@ -1,0 +1,125 @@
+"""What the driver does next for one move between clusters: a pure function of what it has seen.
+
+A move hands a chain from the segment training on site A (the predecessor, generation G-1) to a
+segment submitted on site B (the successor, generation G). No filesystem is shared, so neither Slurm
+nor the wrapper can keep the two apart: the driver does, in this order (docs/remote-clusters.md,
+"Moving between clusters"):
+
+1. while the predecessor trains, copy its newest complete checkpoint to B (a copy ahead);
+2. once the successor runs (it waits, gated, for a go-ahead) or the predecessor has ended, write
+   ``moved.<G>`` into A's control folder: no run below generation G starts training there again
+   (a requeued or late predecessor);
+3. if the predecessor still trains, ask it to hand off (``handoff.<G-1>`` on its site), as a successor
+   on its own site would;
+4. once the predecessor has released (``released.<G-1>``) or its job has ended: copy its final
+   checkpoint, or resume from the copy ahead and redo the steps since, whichever is expected to cost
+   less; verify the copy on B;
+5. then, and only then, write ``go.<G>`` into B's control folder.
+
+The driver may die between any two steps; every action is idempotent and the move's phase is kept in
+the store, so the next watcher repeats at most the step it was in. A go-ahead is never written before
+the predecessor is known to have stopped: an unreachable site A stalls the move (and the successor ends
+``unstarted`` at its limit), it never makes two copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# phases of a move (kept in the successor segment's extra["move"]["phase"])
+AHEAD = "ahead"  # successor submitted on B; copying ahead while the predecessor trains
+FENCED = "fenced"  # moved.<G> written on A; waiting for the predecessor to stop
+GO = "go"  # go.<G> written on B
+ABANDONED = "abandoned"  # the successor ended before its go-ahead: the chain plans again
+
+# actions, in the order they must be carried out within one tick
+COPY = "copy"  # copy (or resume copying) the named checkpoint from A to B and verify it there
+FENCE = "fence"  # write moved.<G> into A's control folder
+ASK_HANDOFF = "ask-handoff"  # write handoff.<G-1> into A's control folder
+GO_AHEAD = "go"  # write go.<G> into B's control folder, naming the verified checkpoint
+CANCEL = "cancel"  # the successor on B is no longer wanted while it still pends
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint as its manifest names it."""
+
+    generation: int
+    step: int
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the driver read this tick (None: that site did not answer)."""
+
+    successor: str  # the successor's phase: SUBMITTING, PENDING, RUNNING or ENDED
+    predecessor_live: bool | None  # its job is pending or running on A (None: A did not answer)
+    released: bool | None  # released.<G-1> exists on A (None: A did not answer)
+    newest: Checkpoint | None  # the newest complete checkpoint on A (None: none, or A did not answer)
+    copied: Checkpoint | None  # the newest copy verified on B
+    copying: bool = False  # a copy is under way
+    # what the expected-cost choice needs: seconds per step (measured on A), throughput A->B (bytes/s)
+    step_s: float = 0.0
+    throughput_bps: float = 0.0
+
+
+@dataclass
+class Step:
+    phase: str
+    actions: list[tuple[str, Checkpoint | None]] = field(default_factory=list)
+    why: str = ""
+
+
+def next_step(phase: str, seen: Seen) -> Step:
+    """The move's next phase and the actions that get it there; the caller carries out the actions in
+    order and stores the phase only once they all succeeded (so a failed action is retried next tick)."""
+    if phase in (GO, ABANDONED):
+        return Step(phase)
+    if seen.successor == "ENDED":  # it left before its go-ahead (its limit, a cancel): plan again
+        return Step(ABANDONED, why="the successor ended before its go-ahead")
+    stopped = seen.predecessor_live is False or seen.released is True
+    if phase == AHEAD:
+        if seen.successor != "RUNNING" and not stopped:
+            return Step(AHEAD, _copy_ahead(seen), "copying ahead while the predecessor trains")
+        actions = [(FENCE, None)]
+        if not stopped:
+            actions.append((ASK_HANDOFF, None))
+        return Step(FENCED, actions + _copy_ahead(seen), "the successor runs" if not stopped
+                    else "the predecessor has stopped")
+    # FENCED: wait for the predecessor to stop; then the checkpoint to resume from, verified, then go
+    if not stopped:
+        return Step(FENCED, _copy_ahead(seen), "waiting for the predecessor to release")
+    target = resume_from(seen)
+    if target is None:
+        return Step(FENCED, why="no complete checkpoint is known on either site yet")
+    if seen.copied is not None and seen.copied.generation == target.generation and seen.copied.step == target.step:
+        return Step(GO, [(GO_AHEAD, target)], f"resuming from step {target.step} (verified on the new site)")
+    if seen.copying:
+        return Step(FENCED, why="copying the final checkpoint")
+    return Step(FENCED, [(COPY, target)], f"copying step {target.step} before the go-ahead")
+
+
+def resume_from(seen: Seen) -> Checkpoint | None:
+    """The checkpoint the successor resumes from once the predecessor stopped: the final one (copied
+    now: the successor waits for the transfer) or the copy ahead (ready: the steps since are redone),
+    whichever costs less expected time. Unknown costs choose the final checkpoint (no work lost)."""
+    final, ahead = seen.newest, seen.copied
+    if final is None:
+        return ahead
+    if ahead is None or (ahead.generation, ahead.step) >= (final.generation, final.step):
+        return final
+    if seen.step_s <= 0 or seen.throughput_bps <= 0:
+        return final
+    redo_s = (final.step - ahead.step) * seen.step_s
+    transfer_s = final.size_bytes / seen.throughput_bps
+    return ahead if redo_s < transfer_s else final
+
+
+def _copy_ahead(seen: Seen) -> list[tuple[str, Checkpoint | None]]:
+    """Copy the newest complete checkpoint ahead when it is newer than what B holds and no copy runs."""
+    if seen.copying or seen.newest is None:
+        return []
+    if seen.copied is not None and (seen.copied.generation, seen.copied.step) >= (seen.newest.generation, seen.newest.step):
+        return []
+    return [(COPY, seen.newest)]
