@@ -18,6 +18,7 @@ from pathlib import Path
 
 from chainrun import paths
 from chainrun.errors import NotFoundError, UsageError
+from chainrun.site_config import SITE_TABLES, SiteSettings, check_site_tables, settings_from
 
 LOCAL = "local"
 OPENSSH = "openssh"
@@ -56,6 +57,8 @@ class Cluster:
 class Config:
     default: str | None = None
     clusters: dict[str, Cluster] = field(default_factory=dict)
+    # each cluster's site tables ([clusters.NAME.sbatch], .gpu, .job; `local` too), as read: sites.py reads them
+    sites: dict[str, dict[str, dict]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,16 @@ def load() -> Config:
     cfg = Config(default=default)
     known = set(Cluster.__dataclass_fields__) - {"name"}
     for name, table in clusters.items():
+        site = {k: table.pop(k) for k in SITE_TABLES if k in table}
+        if site:
+            check_site_tables(path, name, site)
+            cfg.sites[name] = site
+        if name == LOCAL:  # this machine has no connection facts, only site tables
+            if table:
+                raise UsageError(f"{path}: [clusters.local] takes only site tables "
+                                 f"({', '.join(f'[clusters.local.{t}]' for t in SITE_TABLES)}), not "
+                                 f"{', '.join(sorted(table))}")
+            continue
         _check_shape(path, name, table)
         unknown = set(table) - known
         if unknown:
@@ -119,10 +132,22 @@ def site_options(cluster: str) -> list[str]:
         [sbatch]
         local = ["--account=proj42", "--qos=normal"]
         ls6 = ["--account=TG-123", "--constraint=a100"]
+
+    then those of ``[clusters.NAME.sbatch]`` (account, partition, gres, args), which come later and win.
     """
     path = config_path()
     if not path.exists():
         return []
+    return _top_site_options(path, cluster) + site_settings(cluster).sbatch_options()
+
+
+def site_settings(cluster: str, cfg: Config | None = None) -> SiteSettings:
+    """What config.toml says a chain needs on this cluster ([clusters.NAME.sbatch], .gpu, .job); empty if nothing."""
+    cfg = cfg or load()
+    return settings_from(cfg.sites.get(cluster) or {})
+
+
+def _top_site_options(path: Path, cluster: str) -> list[str]:
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -201,8 +226,17 @@ def save(cfg: Config) -> Path:
         parts.append(top.strip("\n"))
     if tables.strip():
         parts.append(tables.strip("\n"))
-    parts += [c.to_toml() for c in sorted(cfg.clusters.values(), key=lambda c: c.name)]
+    for c in sorted(cfg.clusters.values(), key=lambda c: c.name):
+        parts.append(c.to_toml())
+        parts += _site_toml(c.name, cfg.sites.get(c.name) or {})
+    parts += _site_toml(LOCAL, cfg.sites.get(LOCAL) or {})  # a removed cluster's site tables go with it
     write_private(path, "\n\n".join(parts) + "\n")
+    return path
+
+
+def _site_toml(name: str, site: dict[str, dict]) -> list[str]:
+    return ["\n".join([f"[clusters.{name}.{t}]", *(f"{k} = {_toml_value(v)}" for k, v in site[t].items())])
+            for t in SITE_TABLES if t in site]
     return path
 
 
@@ -307,6 +341,8 @@ def _local_user() -> str:
 def _toml_value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, int):
+    if isinstance(v, (int, float)):
         return str(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     return json.dumps(str(v))  # a JSON string is a valid TOML basic string

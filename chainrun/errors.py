@@ -28,6 +28,10 @@ class UsageError(ChainrunError):
     exit_code = 2
 
 
+class SiteRefused(UsageError):
+    """A cluster of a chain spanning clusters failed a check at submit; the message names the cluster."""
+
+
 class NotFoundError(ChainrunError):
     """A chain, cluster, file or model that does not exist."""
 

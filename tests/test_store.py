@@ -259,3 +259,60 @@ def test_a_cancel_wins_over_a_tick_that_read_the_chain_before_it(tmp_path):
         tick_copy.status = later
         s.save_chain(tick_copy)
         assert s.chain("train-1a2b").status == "CANCELLED"
+
+
+def test_a_version_2_store_is_migrated_to_sites(tmp_path):
+    """Schema 3 (issue 26): segments.cluster (NULL for the old rows: the chain's cluster) and chain_sites."""
+    from chainrun.state.records import ChainSite
+    from chainrun.state.store import MIGRATIONS
+
+    path = tmp_path / "v2.sqlite"
+    db = sqlite3.connect(path)
+    for script in MIGRATIONS[:2]:  # exactly what a chainrun of schema 2 created
+        for stmt in script.split(";"):
+            if stmt.strip():
+                db.execute(stmt)
+    db.execute("INSERT INTO meta VALUES('schema_version', '2')")
+    c = make_chain()
+    cols = list(c.__dict__)
+    vals = [("[]" if k == "sbatch_args" else "{}" if k == "extra" else getattr(c, k)) for k in cols]
+    db.execute(f"INSERT INTO chains({','.join(chr(34) + k + chr(34) for k in cols)}) VALUES({','.join('?' * len(cols))})",
+               vals)
+    seg_cols = [k for k in Segment(chain_id=c.id, idx=0).__dict__ if k != "cluster"]
+    old = Segment(chain_id=c.id, idx=0, job_id="41", phase="ENDED")
+    db.execute(f"INSERT INTO segments({','.join(chr(34) + k + chr(34) for k in seg_cols)}) "
+               f"VALUES({','.join('?' * len(seg_cols))})",
+               [("{}" if k == "extra" else int(v) if isinstance(v, bool) else v)
+                for k, v in ((k, getattr(old, k)) for k in seg_cols)])
+    db.commit()
+    db.close()
+
+    s = Store(path)
+    (seg,) = s.segments(c.id)
+    assert seg.job_id == "41" and seg.cluster is None  # an old row: the chain's cluster
+    assert s.sites(c.id) == []
+    s.save(s.chain(c.id), [Segment(chain_id=c.id, idx=1, job_id="7", cluster="crh9")])
+    s.save_sites([ChainSite(chain_id=c.id, cluster="crh9", rank=1, workdir="/h", run_dir="/h/r",
+                            checkpoint_dir="/h/r/checkpoint", script="/h/r/t.sh", sbatch_args=["--account=x"],
+                            extra={"segment_s": 120})])
+    s.close()
+    s = Store(path)
+    assert [x.cluster for x in s.segments(c.id)] == [None, "crh9"]
+    (site,) = s.sites(c.id)
+    assert site.sbatch_args == ["--account=x"] and site.extra == {"segment_s": 120} and site.rank == 1
+    assert s.get_meta("schema_version") == "3" == str(SCHEMA_VERSION)
+
+
+def test_a_chain_and_its_sites_are_written_together(tmp_path):
+    from chainrun.state.records import ChainSite
+
+    s = Store(tmp_path / "s.sqlite")
+    c = make_chain()
+    sites = [ChainSite(chain_id=c.id, cluster=n, rank=i, workdir="/w", run_dir=f"/w/{n}", checkpoint_dir="/c",
+                       script="/s.sh") for i, n in enumerate(["b", "a"])]
+    s.add_chain(c, sites)
+    assert [x.cluster for x in s.sites(c.id)] == ["b", "a"]  # by rank, not by name
+    with pytest.raises(StateError):  # the chain exists: nothing of the second attempt is kept
+        s.add_chain(make_chain(), [ChainSite(chain_id=c.id, cluster="z", rank=5, workdir="/w", run_dir="/z",
+                                             checkpoint_dir="/c", script="/s.sh")])
+    assert [x.cluster for x in s.sites(c.id)] == ["b", "a"]

@@ -76,7 +76,7 @@ def option_value(opts: list[str], *names: str) -> str | None:
 
 def render_wrapper(
     *, chain_id: str, run_dir: str, checkpoint_dir: str, payload: str, signal: str, script_text: str,
-    ref_nodes: int | None = None, signal_lead_s: int = 300, save_timeout_s: int = 0,
+    ref_nodes: int | None = None, signal_lead_s: int = 300, save_timeout_s: int = 0, cluster: str = "local",
 ) -> str:
     """The batch script every segment of a chain runs.
 
@@ -94,6 +94,7 @@ def render_wrapper(
         "SAVE_TIMEOUT": str(int(save_timeout_s)),
         "HANDOFF_MARGIN": str(HANDOFF_MARGIN_S),
         "REF_NODES": str(int(ref_nodes)) if ref_nodes else "",  # elastic chains: the first of --shapes
+        "CLUSTER": shlex.quote(cluster),  # CHAINRUN_CLUSTER: the site this copy of the wrapper runs on
     }
     text = wrapper_template()
     for key, val in values.items():

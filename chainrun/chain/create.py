@@ -7,6 +7,7 @@ import secrets
 import shlex
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 from pathlib import PurePosixPath
 
 from chainrun.chain.contract import OWNED_OPTIONS, option_value, render_wrapper, sbatch_options, token_text
@@ -20,7 +21,7 @@ from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
 from chainrun.slurm.client import SlurmClient
 from chainrun.slurm.parsers import PartitionInfo
-from chainrun.state.records import FAILED, Chain, Segment
+from chainrun.state.records import FAILED, Chain, ChainSite, Segment
 from chainrun.state.store import Store
 
 SIGNALS = {"USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "URG", "ALRM"}
@@ -59,6 +60,7 @@ class SubmitResult:
     partition_max_s: float | None
     warnings: tuple[str, ...] = ()  # e.g. #SBATCH lines chainrun overrides; the CLI prints them on stderr
     policy_note: str | None = None  # how the default policy was chosen, when it was (default_policy)
+    sites: tuple[ChainSite, ...] = ()  # a chain spanning clusters: every site, the first where it starts
 
 
 def parse_signal(text: str) -> tuple[str, int]:
@@ -93,7 +95,11 @@ def default_policy(cluster: str) -> tuple[str, str]:
                     f"`chainrun model refresh{opt} --install-cron` (later chains then default to predicted)")
 
 
-def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRequest) -> SubmitResult:
+def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRequest, *,
+                 other_sites: Callable[[Chain], list[ChainSite]] | None = None) -> SubmitResult:
+    """``other_sites``: a chain spanning clusters (chain/sites.py). Called once this cluster's folders and
+    wrapper are written and before anything is recorded: it prepares and checks every site (raising a
+    one-line error that names the cluster) and returns them all; the chain is recorded with them."""
     policy_note = None
     if req.policy is None:
         policy, policy_note = default_policy(req.cluster)
@@ -135,15 +141,18 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None,
-                             signal_lead_s=signal_lead, save_timeout_s=int(req.save_timeout_s or 0))
+                             signal_lead_s=signal_lead, save_timeout_s=int(req.save_timeout_s or 0),
+                             cluster=req.cluster)
     warnings += make_folders(runner, run_dir, ckpt, run_mode())
     runner.write_file(f"{run_dir}/control/token", token_text(chain_id), 0o600)  # the wrapper checks it on the node
     if req.upload_script:
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
-    store.add_chain(chain)
-    first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s)
-    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note)
+    sites = other_sites(chain) if other_sites else []
+    store.add_chain(chain, sites)
+    first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s,
+                          site=chain.cluster if sites else None)
+    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))
 
 
 def _partition(slurm: SlurmClient, user_args: list[str], script_opts: list[str]) -> PartitionInfo:
@@ -193,10 +202,10 @@ def _segment_length(req: SubmitRequest, info: PartitionInfo, signal_lead: int) -
 
 
 def _submit_first(store: Store, slurm: SlurmClient, runner: Runner, chain: Chain, *,
-                  time_min_s: int | None) -> Segment:
+                  time_min_s: int | None, site: str | None = None) -> Segment:
     """Segment 0: its shape (--shapes), --time-min, a maintenance cut, then sbatch. A refusal fails
     the chain (recorded) and raises."""
-    first = Segment(chain_id=chain.id, idx=0, time_limit_s=chain.segment_s)
+    first = Segment(chain_id=chain.id, idx=0, time_limit_s=chain.segment_s, cluster=site)
     shape_event = ""
     if chain.extra.get("shapes"):  # the reference shape, or a filler while it queues (docs/elastic.md);
         # the watcher chooses the rest

@@ -53,12 +53,28 @@ def submit(
     shape_efficiency: Annotated[Optional[str], typer.Option("--shape-efficiency", metavar="N=E,...", help="Scaling efficiency per node count against linear, e.g. 2=0.9,4=0.95 (default 1.0) until the chain has measured its pace.")] = None,
     time_min: Annotated[Optional[str], typer.Option("--time-min", help=f"The shortest segment worth starting: Slurm may start a segment sooner with a limit down to this (sbatch --time-min); {DURATION_HELP}.")] = None,
     save_timeout: Annotated[Optional[str], typer.Option("--save-timeout", help=f"How long a checkpoint may take when the next segment asks for the hand-off, before it cancels this one (default: the signal lead + 1 min; never past the segment's end); {DURATION_HELP}.")] = None,
+    gpu_mem: Annotated[Optional[str], typer.Option("--gpu-mem", metavar="SIZE", help="GPU memory the chain needs, e.g. 40G: checked at submit against each cluster's declared [clusters.NAME.gpu] memory.")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="A number format the GPUs must support, e.g. bf16: checked at submit against each cluster's declared [clusters.NAME.gpu] dtypes.")] = None,
     filler: Annotated[Optional[float], typer.Option("--filler", metavar="BOUNDARIES", help="With --shapes: while the reference shape only queues, run a segment on fewer nodes when it gains at least this many segment boundaries of work, e.g. 6 (default: no filler, the replay's pick; docs/elastic.md).")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
     from chainrun.context import cluster_name, open_context
 
-    name_of_cluster = cluster_name(cluster)
+    from chainrun.chain.sites import parse_gpu_need, parse_sites
+
+    names = parse_sites(cluster_name(cluster))
+    need = parse_gpu_need(gpu_mem, dtype)
+    if len(names) > 1:  # a chain spanning clusters (order = preference): chain/sites.py
+        return _submit_spanning(ctx, script, names, need, total=total, segment=segment, policy=policy, lead=lead,
+                                signal=signal, name=name, retries=retries, checkpoint_dir=checkpoint_dir,
+                                remote_script=remote_script, json_out=json_out, adapt=not no_adapt,
+                                elastic=_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout))
+    name_of_cluster = names[0]
+    if need.any:  # the declared GPUs of this one cluster (config only, no connection)
+        from chainrun import clusters
+        from chainrun.chain.sites import gpu_fit
+
+        gpu_fit(name_of_cluster, clusters.site_settings(name_of_cluster), need)
     if name_of_cluster != "local":
         return _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retries, checkpoint_dir,
                               name_of_cluster, remote_script, json_out, adapt=not no_adapt,
@@ -125,6 +141,33 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
     _print_submitted(res, json_out)
 
 
+def _submit_spanning(ctx, script: Path, names: list[str], need, *, total, segment, policy, lead, signal, name,
+                     retries, checkpoint_dir, remote_script: bool, json_out: bool, adapt: bool, elastic: dict) -> None:
+    """``--cluster a,b``: every site checked and prepared, the chain starts on the first (chain/sites.py)."""
+    from chainrun import paths
+    from chainrun.chain.create import SubmitRequest
+    from chainrun.chain.sites import submit_spanning
+    from chainrun.context import open_runner
+    from chainrun.state.store import Store
+
+    if remote_script:
+        raise UsageError("--remote-script takes one cluster", hint="give each cluster its own script in "
+                         "[clusters.NAME.job] script, or submit a local script (uploaded to each cluster)")
+    script_path = script.expanduser().resolve()
+    req = SubmitRequest(
+        script=str(script_path), script_text=_read_script(script), total_s=parse_duration(total, what="--total"),
+        workdir=os.getcwd(), segment_s=parse_duration(segment, what="--segment") if segment else None,
+        policy=policy, lead_s=parse_duration(lead, what="--lead") if lead else None, signal=signal, name=name,
+        retries=retries, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+        sbatch_args=list(ctx.args), adapt=adapt, **elastic)
+    store = Store(paths.state_db())
+    try:
+        res = submit_spanning(store, names, req, open_runner=open_runner, need=need)
+    finally:
+        store.close()
+    _print_submitted(res, json_out)
+
+
 def _elastic_options(shapes: str | None, efficiency: str | None, time_min: str | None,
                      filler: float | None = None, save_timeout: str | None = None) -> dict:
     """--shapes, --shape-efficiency, --time-min as SubmitRequest fields. Their syntax is checked here,
@@ -166,7 +209,8 @@ def _print_submitted(res, json_out: bool) -> None:
                                        "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
                                        "shapes": ch.extra.get("shapes") or [],
                                        "time_min_s": ch.extra.get("time_min_s"),
-                                       "policy_note": res.policy_note, "warnings": list(res.warnings)}))
+                                       "policy_note": res.policy_note, "warnings": list(res.warnings),
+                                       **_sites_json(res)}))
         return
     from chainrun.chain.pace import segment_overhead, total_tolerance
     from chainrun.chain.sizing import planned_segments
@@ -182,9 +226,28 @@ def _print_submitted(res, json_out: bool) -> None:
                    f"--total counted at {sh[0]} nodes")
     if res.policy_note:  # no --policy given: which default, and (for lead) how to get the model
         typer.echo(res.policy_note)
-    typer.echo(f"segment 0 submitted as job {res.first.job_id}")
+    typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if res.sites else ""))
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
+    if res.sites:  # a chain spanning clusters: each site and what its checks found
+        from chainrun.chain.sites import MOVES_NOTE
+
+        for site in res.sites:
+            checks = site.extra.get("checks") or {}
+            typer.echo(f"site {site.rank + 1} {site.cluster}: {site.run_dir}; "
+                       + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "preflight") if checks.get(k)))
+        typer.echo(MOVES_NOTE.format(first=ch.cluster))
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")
+
+
+def _sites_json(res) -> dict:
+    if not res.sites:
+        return {}
+    from chainrun.chain.sites import MOVES
+
+    return {"sites": [{"cluster": s.cluster, "rank": s.rank, "workdir": s.workdir, "run_dir": s.run_dir,
+                       "checkpoint_dir": s.checkpoint_dir, "script": s.script, "sbatch_args": s.sbatch_args,
+                       "segment_s": s.extra.get("segment_s"), "checks": s.extra.get("checks") or {}}
+                      for s in res.sites], "moves": MOVES}
 
 
 def status(

@@ -92,6 +92,7 @@ class Segment:
     predicted_model: str = ""
     is_retry: bool = False
     extra: dict = field(default_factory=dict)
+    cluster: str | None = None  # the site it was submitted on; None: the chain's cluster (every chain on one)
 
     @property
     def wait_s(self) -> float | None:
@@ -102,6 +103,21 @@ class Segment:
     @property
     def is_live(self) -> bool:
         return self.phase in LIVE_PHASES
+
+
+@dataclass
+class ChainSite:
+    """One cluster a chain spanning clusters may run on, with the chain's own folders and options there."""
+
+    chain_id: str
+    cluster: str
+    rank: int  # order of preference, 0 = where the chain starts
+    workdir: str
+    run_dir: str
+    checkpoint_dir: str
+    script: str  # the payload on that cluster
+    sbatch_args: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)  # e.g. segment_s, env_file, what the checks at submit found
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Iterator
 from chainrun.errors import NotFoundError, StateError
 from chainrun.state.lease import WriteLease, drop_cached_pages, read_uncached
 from chainrun.state.mounts import existing_parent, journal_mode_for, read_mountinfo
-from chainrun.state.records import CANCELLED, SUBMITTING, Chain, Event, Segment
+from chainrun.state.records import CANCELLED, SUBMITTING, Chain, ChainSite, Event, Segment
 
 log = logging.getLogger(__name__)
 _READ = object()  # Store(mountinfo=...) default: read /proc/self/mountinfo
@@ -43,7 +43,7 @@ FRESH_S = 1.0
 STALE_WAIT_S = 40.0
 COMMIT_RECORD_BYTES = 128  # the commit record is always this long: one same-length pwrite, never a short read
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # each entry migrates from version i to i+1; index 0 creates the schema
 MIGRATIONS: list[str] = [
@@ -78,10 +78,22 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE chains ADD COLUMN extra TEXT NOT NULL DEFAULT '{}';
     """,
+    # 2 -> 3: a chain may span clusters (issue 26). Each segment says where it ran (NULL: the chain's
+    # cluster, as every row before) and each site keeps the chain's own folders and options there
+    """
+    ALTER TABLE segments ADD COLUMN cluster TEXT;
+    CREATE TABLE chain_sites (
+        chain_id TEXT NOT NULL REFERENCES chains(id), cluster TEXT NOT NULL, rank INTEGER NOT NULL,
+        workdir TEXT NOT NULL, run_dir TEXT NOT NULL, checkpoint_dir TEXT NOT NULL, script TEXT NOT NULL,
+        sbatch_args TEXT NOT NULL, extra TEXT NOT NULL,
+        PRIMARY KEY (chain_id, cluster)
+    );
+    """,
 ]
 
 _CHAIN_COLS = [f.name for f in fields(Chain)]
 _SEG_COLS = [f.name for f in fields(Segment)]
+_SITE_COLS = [f.name for f in fields(ChainSite)]
 
 
 class Store:
@@ -385,7 +397,8 @@ class Store:
         self._db.close()
 
     # ---------------------------------------------------------------- chains
-    def add_chain(self, chain: Chain) -> None:
+    def add_chain(self, chain: Chain, sites: list[ChainSite] = ()) -> None:
+        """A new chain, with its sites when it spans clusters (one transaction: never a chain without them)."""
         now = time.time()
         chain.created = chain.created or now
         chain.updated = now
@@ -398,6 +411,8 @@ class Store:
                 )
             except sqlite3.IntegrityError:
                 raise StateError(f"a chain named {chain.id!r} exists already") from None
+            for site in sites:
+                self._upsert_site(site)
             self._event(chain.id, None, "created", f"chain {chain.id} created ({chain.policy})")
 
     def save_chain(self, chain: Chain) -> None:
@@ -464,6 +479,27 @@ class Store:
             for idx, kind, msg in events:
                 self._event(chain.id, idx, kind, msg)
 
+    # ---------------------------------------------------------------- sites (a chain spanning clusters)
+    def sites(self, chain_id: str) -> list[ChainSite]:
+        """The chain's sites in order of preference; empty for a chain on one cluster."""
+        with self.reading():
+            rows = self.db.execute("SELECT * FROM chain_sites WHERE chain_id=? ORDER BY rank", (chain_id,))
+            return [_site_from(r) for r in rows]
+
+    def save_sites(self, sites: list[ChainSite]) -> None:
+        with self.tx():
+            for site in sites:
+                self._upsert_site(site)
+
+    def _upsert_site(self, site: ChainSite) -> None:
+        row = _site_row(site)
+        self.db.execute(
+            f"INSERT INTO chain_sites({','.join(_SITE_COLS)}) VALUES({','.join('?' * len(_SITE_COLS))}) "
+            "ON CONFLICT(chain_id, cluster) DO UPDATE SET "
+            + ",".join(f"{c}=excluded.{c}" for c in _SITE_COLS if c not in ("chain_id", "cluster")),
+            [row[c] for c in _SITE_COLS],
+        )
+
     # ---------------------------------------------------------------- events
     def _event(self, chain_id: str, idx: int | None, kind: str, message: str) -> None:
         self.db.execute(
@@ -499,6 +535,20 @@ def _chain_from(r: sqlite3.Row) -> Chain:
     d["sbatch_args"] = json.loads(d["sbatch_args"])
     d["extra"] = json.loads(d.get("extra") or "{}")
     return Chain(**d)
+
+
+def _site_row(s: ChainSite) -> dict:
+    d = asdict(s)
+    d["sbatch_args"] = json.dumps(s.sbatch_args)
+    d["extra"] = json.dumps(s.extra)
+    return d
+
+
+def _site_from(r: sqlite3.Row) -> ChainSite:
+    d = {k: r[k] for k in r.keys()}
+    d["sbatch_args"] = json.loads(d["sbatch_args"])
+    d["extra"] = json.loads(d["extra"] or "{}")
+    return ChainSite(**d)
 
 
 def _seg_row(s: Segment) -> dict:

@@ -1,0 +1,273 @@
+"""`chainrun submit --cluster local,b` on two real Slurm clusters with their own ClusterName: ``local`` is
+this process's cluster (SLURM_CONF), ``b`` a second cluster reached through a real OpenSSH server on
+127.0.0.1 (the system ssh, `cluster add --ssh`), whose sessions get that cluster's SLURM_CONF from
+sshd's own SetEnv (a server of this module's: the shared ones are left as they are).
+
+Every check at submit is proven on the real thing: both sites accept the chain's job with
+`sbatch --test-only` and pass a preflight job that runs there (on b it reads b's ClusterName); each
+site gets its run and checkpoint folders; the chain and its sites are recorded and it starts on the
+first site, where it runs to the end like a single-cluster chain. Each failure is one line naming the
+cluster and leaves nothing behind: a script option refused by b's `--test-only`, declared GPUs that do
+not fit, a failing preflight, a site that asks for a login (MFA, no master) or whose host key is unknown.
+
+The second cluster: ``CHAINRUN_TEST_SITE_B_CONF`` (a running cluster's slurm.conf), else one started
+here (scripts/start-cluster.sh /tmp/chainrun-slurm-sites, ClusterName crsites, ports 9017+/3311).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import IN_CI, REPO, run_cli
+from tests.ssh.conftest import REMOTE_HOME, REMOTE_USER, Server, host_block
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+
+B_DIR = Path("/tmp/chainrun-slurm-sites")
+SSHD_DIR = Path(os.environ.get("CHAINRUN_TEST_SITE_B_SSHD_DIR", "/tmp/chainrun-sshd-sites"))
+SSHD_PORT = int(os.environ.get("CHAINRUN_TEST_SITE_B_SSHD_PORT", "2228"))
+N4 = "--exclude=n1,n2,n3"  # the chain's own jobs: n1-n3 belong to other tests on the shared cluster
+
+
+def _need(why: str):
+    if IN_CI:
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def _cluster_name(conf: str) -> str:
+    p = subprocess.run(["scontrol", "show", "config"], env={**os.environ, "SLURM_CONF": conf}, capture_output=True,
+                       text=True, timeout=60)
+    m = re.search(r"^ClusterName\s*=\s*(\S+)", p.stdout, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
+@pytest.fixture(scope="module")
+def second_cluster(slurm_cluster) -> str:
+    """The slurm.conf of a second real cluster whose ClusterName differs from this process's."""
+    conf = os.environ.get("CHAINRUN_TEST_SITE_B_CONF")
+    if not conf:
+        if os.geteuid() != 0:
+            _need("a second Slurm cluster needs root to start (or set CHAINRUN_TEST_SITE_B_CONF)")
+        env = {**os.environ, "CHAINRUN_SLURM_PORT_BASE": "9017", "CHAINRUN_SLURM_DB_PORT": "3311",
+               "CHAINRUN_SLURM_ETC_LINK": "0", "CHAINRUN_SLURM_CLUSTER": "crsites",
+               "CHAINRUN_SLURM_USERS": REMOTE_USER}
+        p = subprocess.run(["bash", str(REPO / "scripts" / "start-cluster.sh"), str(B_DIR)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        if p.returncode != 0:
+            _need(f"the second cluster did not start: {p.stderr.strip()[-500:]}")
+        conf = str(B_DIR / "etc" / "slurm.conf")
+    here, there = _cluster_name(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")), _cluster_name(conf)
+    if not there or here == there:
+        _need(f"two clusters with their own ClusterName are needed (got {here!r} and {there!r})")
+    return conf
+
+
+@pytest.fixture(scope="module")
+def site_b(second_cluster, ssh_server) -> Server:
+    """A key-only sshd whose sessions reach the second cluster (sshd_config SetEnv SLURM_CONF=...)."""
+    p = subprocess.run(["bash", str(REPO / "scripts" / "start-sshd.sh"), str(SSHD_DIR)],
+                       env={**os.environ, "CHAINRUN_SSH_PORT": str(SSHD_PORT),
+                            "CHAINRUN_SSH_SETENV": f"SLURM_CONF={second_cluster}"},
+                       capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        _need(f"the second cluster's sshd did not start: {p.stderr.strip()[-500:]}")
+    return Server(SSHD_DIR, SSHD_PORT)
+
+
+@pytest.fixture(scope="module")
+def env(site_b, tmp_path_factory):
+    """A chainrun home with cluster b (`--ssh crb`, its own workdir), and the environment of its commands."""
+    home = tmp_path_factory.mktemp("sites") / "home"
+    cm = Path(tempfile.mkdtemp(prefix="crst", dir="/tmp"))
+    (cm / "config").write_text(host_block("crb", site_b))
+    workdir = REMOTE_HOME / f"cr-sites-{uuid.uuid4().hex[:8]}"
+    extra = {"CHAINRUN_SSH_CONFIG": str(cm / "config"), "CHAINRUN_SSH_CONTROL_DIR": str(cm)}
+    p = run_cli("cluster", "add", "b", "--ssh", "crb", "--workdir", str(workdir), home=home, env=extra)
+    assert p.returncode == 0, p.stderr
+    base = (home / "config.toml").read_text()
+    yield {"home": home, "extra": extra, "base": base, "workdir": workdir, "server": site_b,
+           "cm": cm, "b_cluster": _cluster_name(os.environ.get("CHAINRUN_TEST_SITE_B_CONF")
+                                                or str(B_DIR / "etc" / "slurm.conf"))}
+    for sock in cm.iterdir():
+        if sock.is_socket():
+            subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "x"], capture_output=True, timeout=30)
+    shutil.rmtree(cm, ignore_errors=True)
+    site_b.ssh(f"rm -rf {workdir}")
+
+
+def configure(env, sites: str) -> None:
+    (env["home"] / "config.toml").write_text(env["base"] + "\n" + sites)
+
+
+def submit(env, work: Path, *args: str):
+    env["before"] = chain_ids(env)
+    env["before_folders"] = run_folders(env, work)
+    script = work / "train.sh"
+    if not script.exists():  # the toy trainer, beside its script (it finds the trainer there)
+        shutil.copy(REPO / "templates" / "toy_train.sh", script)
+        shutil.copy(REPO / "templates" / "toy_trainer.py", work / "toy_trainer.py")
+    return run_cli("submit", str(script), "--total", "2m", "--signal", "USR2@50", "--policy", "lead", "--json",
+                   *args, home=env["home"], cwd=work, env=env["extra"], timeout=600)
+
+
+def run_folders(env, work: Path) -> tuple[list[Path], list[str]]:
+    """Run folders on this machine and on b (the witness is the plain ssh client, not chainrun)."""
+    here = sorted((work / "chainrun-runs").glob("*")) if (work / "chainrun-runs").exists() else []
+    there = env["server"].ssh(f"ls {env['workdir']}/chainrun-runs 2>/dev/null").stdout.split()
+    return here, sorted(there)
+
+
+GOOD = """
+[clusters.local.gpu]
+memory = "80G"
+dtypes = ["bf16", "fp16"]
+
+[clusters.local.job]
+preflight = "test -d \\"$CHAINRUN_CHECKPOINT_DIR\\" && echo ready on $CHAINRUN_CLUSTER"
+
+[clusters.b.sbatch]
+partition = "long"
+
+[clusters.b.gpu]
+memory = "40G"
+dtypes = ["bf16", "fp16"]
+
+[clusters.b.job]
+preflight = "scontrol show config | grep ClusterName > \\"$CHAINRUN_RUN_DIR/preflight-saw\\""
+"""
+
+
+def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, tmp_path):
+    configure(env, GOOD)
+    t0 = time.monotonic()
+    p = submit(env, tmp_path, "--cluster", "local,b", "--gpu-mem", "40G", "--dtype", "bf16", "--",
+               N4, "--export=ALL,TOY_TOTAL_STEPS=10")
+    assert p.returncode == 0, p.stderr
+    submit_s = time.monotonic() - t0
+    data = json.loads(p.stdout)["data"]
+    chain = data["chain"]
+    assert data["cluster"] == "local" and data["moves"] == "not yet"
+    a, b = data["sites"]
+    assert (a["cluster"], a["rank"], b["cluster"], b["rank"]) == ("local", 0, "b", 1)
+    for site in (a, b):
+        checks = site["checks"]
+        assert checks["test_only"].startswith("accepted by sbatch --test-only"), checks
+        assert checks["preflight"].startswith("preflight passed (job "), checks
+        assert "GPUs support bf16" in checks["gpu"], checks
+    assert "--partition=long" in b["sbatch_args"] and "--partition=long" not in a["sbatch_args"] and b["run_dir"] == f"{env['workdir']}/chainrun-runs/{chain}"
+    # each site has its own run and checkpoint folder and wrapper, and the wrapper says where it runs
+    assert Path(a["checkpoint_dir"]).is_dir() and (Path(a["run_dir"]) / "control" / "token").is_file()
+    assert "export CHAINRUN_CLUSTER=local" in (Path(a["run_dir"]) / "wrapper.sh").read_text()
+    got = env["server"].ssh(f"test -d {b['checkpoint_dir']} && test -f {b['run_dir']}/control/token && "
+                            f"grep -h CHAINRUN_CLUSTER= {b['run_dir']}/wrapper.sh && cat {b['run_dir']}/preflight-saw")
+    assert got.returncode == 0, got.stderr
+    assert "export CHAINRUN_CLUSTER=b" in got.stdout
+    assert re.search(rf"ClusterName\s*=\s*{env['b_cluster']}\b", got.stdout), got.stdout  # it ran on the other cluster
+    # recorded: the chain with its sites, segment 0 on the first
+    from chainrun.state.store import Store
+
+    store = Store(env["home"] / "state.sqlite")
+    try:
+        assert [(s.cluster, s.rank) for s in store.sites(chain)] == [("local", 0), ("b", 1)]
+        assert store.sites(chain)[1].extra["checks"]["preflight"] == b["checks"]["preflight"]
+        assert store.segments(chain)[0].cluster == "local"
+    finally:
+        store.close()
+    # it runs on its first site like any chain: to the end, every segment there
+    w = run_cli("watch", "--plain", "--interval", "3", "--until-done", home=env["home"], env=env["extra"], timeout=600)
+    assert w.returncode == 0, w.stderr
+    st = json.loads(run_cli("status", chain, "--json", home=env["home"]).stdout)["data"][0]
+    assert st["status"] == "COMPLETED", st
+    print(f"submit with both sites' checks took {submit_s:.1f}s")
+
+
+def test_the_text_result_says_moves_are_not_made_yet(env, tmp_path):
+    configure(env, "")
+    script = tmp_path / "train.sh"
+    shutil.copy(REPO / "templates" / "toy_train.sh", script)
+    p = run_cli("submit", str(script), "--total", "2m", "--signal", "USR2@50", "--policy", "lead",
+                "--cluster", "local,b", "--", N4, "--hold", home=env["home"], cwd=tmp_path, env=env["extra"],
+                timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "moves between sites: not yet: the chain runs on local" in p.stdout
+    assert re.search(r"^site 2 b: .*reached without a prompt; accepted by sbatch --test-only", p.stdout, re.M), p.stdout
+    chain = re.search(r"^chain (\S+):", p.stdout, re.M).group(1)
+    assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
+
+
+def chain_ids(env) -> set[str]:
+    p = run_cli("status", "--json", home=env["home"])
+    assert p.returncode == 0, p.stderr
+    return {c["id"] for c in json.loads(p.stdout)["data"]}
+
+
+def _refused(env, work: Path, p, *words: str) -> None:
+    """One line on stderr naming the cluster, exit 2, and nothing left on either site or in the store."""
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert run_folders(env, work) == env["before_folders"], "a refused chain left folders behind"
+    assert chain_ids(env) == env["before"], "a refused chain was recorded"
+
+
+def test_an_option_refused_by_test_only_on_one_cluster(env, tmp_path):
+    configure(env, GOOD.replace('partition = "long"', 'args = ["--constraint=nosuchfeature"]'))
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
+    _refused(env, tmp_path, p, "cluster b: sbatch --test-only refused the chain's job", "Invalid feature specification")
+
+
+def test_declared_gpus_that_do_not_fit(env, tmp_path):
+    configure(env, GOOD)
+    p = submit(env, tmp_path, "--cluster", "local,b", "--gpu-mem", "64G", "--", N4)
+    _refused(env, tmp_path, p, "cluster b: its GPUs have 40G of memory, the chain needs 64G (--gpu-mem)")
+    configure(env, GOOD.replace('dtypes = ["bf16", "fp16"]\n\n[clusters.b.job]', 'dtypes = ["fp16"]\n\n[clusters.b.job]'))
+    p = submit(env, tmp_path, "--cluster", "local,b", "--dtype", "bf16", "--", N4)
+    _refused(env, tmp_path, p, "cluster b: its GPUs do not support bf16 (declared: fp16)")
+
+
+def test_a_failing_preflight(env, tmp_path):
+    configure(env, GOOD.replace(
+        'preflight = "scontrol show config',
+        'preflight = "test -d /nonexistent/data || { echo data missing on $CHAINRUN_CLUSTER; exit 4; }; '
+        'scontrol show config'))
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
+    _refused(env, tmp_path, p, "cluster b: preflight `test -d /nonexistent/data", "failed (job ", "exit 4",
+             ": data missing on b")
+
+
+def test_a_site_that_asks_for_a_login_or_has_an_unknown_host_key(env, tmp_path, mfa_server, ssh_server):
+    cfg = env["cm"] / "config"
+    unknown = tmp_path / "empty_known_hosts"
+    unknown.write_text("")
+    # the untrusted one is another server: an alias of b's would share b's open master (ssh's %C is
+    # host, port and user) and never check a host key again
+    cfg.write_text(host_block("crb", env["server"]) + host_block("crmfa", mfa_server)
+                   + host_block("crnew", ssh_server, known_hosts=unknown))
+    (env["home"] / "config.toml").write_text(env["base"])
+    for name, alias in (("m", "crmfa"), ("u", "crnew")):
+        assert run_cli("cluster", "add", name, "--ssh", alias, "--no-check", home=env["home"],
+                       env=env["extra"]).returncode == 0
+    env2 = {**env, "base": (env["home"] / "config.toml").read_text()}
+    try:
+        configure(env2, "")
+        p = submit(env2, tmp_path, "--cluster", "local,m")
+        _refused(env2, tmp_path, p, "cluster m: needs a login (MFA or a password) and no SSH master is open; "
+                 "a chain spanning clusters needs a driver that reaches every cluster without a prompt",
+                 "chainrun cluster login m")
+        p = submit(env2, tmp_path, "--cluster", "b,u")
+        _refused(env2, tmp_path, p, "cluster u: its host key is not trusted")
+    finally:
+        (env["home"] / "config.toml").write_text(env["base"])
