@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from chainrun.chain import handoff_plan, outcomes, placement, planning, progress, queue_row, reconcile, segment_end
-from chainrun.chain import settle, spread, total_stop
+from chainrun.chain import settle, span, spread, total_stop
 from chainrun.chain.cancel import retry_cancels
 from chainrun.chain.pace import segment_rate
 from chainrun.chain.segments import job_name
@@ -68,9 +68,10 @@ class Engine(TickContext):
         # each row goes to the segment it belongs to, by id, name and submit time: a recorded id that now
         # names a later job (ids restart after a controller reset) is not ours, and never the other way round
         recorded: dict[str, list[tuple[Chain, Segment]]] = {}
+        # a segment on another site (a move under way, chain/span.py) is the driver's: never looked up here
         for c in chains:
             for s in segs[c.id]:
-                if s.job_id and (s.phase in (PENDING, RUNNING) or s.extra.get("settle") is not None):
+                if s.job_id and (s.phase in (PENDING, RUNNING) or s.extra.get("settle") is not None) and not span.foreign(c, s):
                     recorded.setdefault(s.job_id, []).append((c, s))
         by_seg, foreign = reconcile.match_rows(queue, recorded)
         for c, s, q in foreign:
@@ -80,7 +81,7 @@ class Engine(TickContext):
         # adopt jobs whose submission we did not get to record
         for c in chains:
             for s in segs[c.id]:
-                if s.phase == SUBMITTING and (q := by_name.get(job_name(c.id, s.idx))):
+                if s.phase == SUBMITTING and not span.foreign(c, s) and (q := by_name.get(job_name(c.id, s.idx))):
                     s.job_id, s.phase = q.job_id, PENDING
                     self.store.save(c, [s], [(s.idx, "adopted", f"found job {q.job_id} for segment {s.idx}")])
 
@@ -89,7 +90,7 @@ class Engine(TickContext):
         gone = [s for c in chains for s in segs[c.id]
                 if s.job_id and any(o is s for _, o in recorded.get(s.job_id, ())) and (c.id, s.idx) not in by_seg]
         orphans = [(c, s) for c in chains for s in segs[c.id]
-                   if s.phase == SUBMITTING and now - s.intent_at > ADOPT_AFTER_S]
+                   if s.phase == SUBMITTING and now - s.intent_at > ADOPT_AFTER_S and not span.foreign(c, s)]
         acct: dict[tuple[str, int], AcctRow] = {}
         if gone:
             since = min((s.submit or s.intent_at or now) for s in gone)
@@ -127,7 +128,7 @@ class Engine(TickContext):
     def _settle(self, c: Chain, segs: list[Segment], by_seg: dict, acct: dict) -> None:
         """Cancelled segments whose job has ended: their figures from sacct and the wrapper (chain/settle.py)."""
         now = self.clock()
-        for s in settle.unsettled(segs):
+        for s in settle.unsettled([s for s in segs if not span.foreign(c, s)]):
             row = acct.get((c.id, s.idx))
             if row is None or not outcomes.is_final(row.state):
                 if (c.id, s.idx) not in by_seg and now - float(s.extra["settle"]) > settle.GIVE_UP_S:
@@ -171,7 +172,7 @@ class Engine(TickContext):
         now = self.clock()
         self._settle(c, segs, by_seg, acct)
         for s in segs:
-            if s.phase not in (PENDING, RUNNING):
+            if s.phase not in (PENDING, RUNNING) or span.foreign(c, s):
                 continue
             q = by_seg.get((c.id, s.idx))
             if q is not None:
@@ -193,8 +194,9 @@ class Engine(TickContext):
             if c.status != ACTIVE:
                 return
         outcomes.record_overlaps(segs)
-        total_stop.stop_at_total(self, c, segs, now)
-        handoff_plan.refresh(self.runner, c, segs)  # a queued successor's adaptive hand-off rule
+        here = [s for s in segs if not span.foreign(c, s)]
+        total_stop.stop_at_total(self, c, here, now)
+        handoff_plan.refresh(self.runner, c, here)  # a queued successor's adaptive hand-off rule
         self.store.save(c, segs)
         planning.plan(self, c, segs, report)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chainrun.chain import handoff_plan, reconcile, shape_plan, sizing
+from chainrun.chain import handoff_plan, reconcile, shape_plan, sizing, span
 from chainrun.chain.maintenance import fit_maintenance
 from chainrun.chain.pace import (
     chain_shape_rate, chain_shapes, expected_training, segment_overhead, segment_rate, total_tolerance, trained_so_far,
@@ -27,6 +27,8 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
     """The gate, the sizes and the slack come from chain/sizing.py, which the replay calls too."""
     now = t.clock()
     live = [s for s in segs if s.phase in LIVE_PHASES]
+    if any(span.foreign(c, s) for s in live):  # a move to another site is under way: the driver's (chain/mover.py)
+        return
     # --total counts training: a live segment is expected to train its limit less the signal lead
     overhead = segment_overhead(c, segs)
     expected = sum(sizing.expected_work(expected_training(c, s, overhead), rate=segment_rate(c, s, segs))

@@ -266,7 +266,7 @@ def test_submit_prints_the_plan_the_watcher_then_runs(tmp_path, capsys):
               sbatch_args=[], partition="short", created=time.time())
     store.add_chain(c)
     submit_segment(store, slurm, c, Segment(chain_id=c.id, idx=0, time_limit_s=120))
-    _print_submitted(SimpleNamespace(chain=c, first=SimpleNamespace(job_id="100"), warnings=[], policy_note=""), False)
+    _print_submitted(SimpleNamespace(chain=c, first=SimpleNamespace(job_id="100"), warnings=[], policy_note="", sites=()), False)
     assert "chain n-0001: 5m in ~4 segment(s) of 2m" in capsys.readouterr().out
     for idx in range(10):  # every segment trains to its signal, checkpoints and exits
         if store.chain(c.id).status != ACTIVE:
