@@ -72,6 +72,8 @@ def plan(text: str, keep: Iterable[str] = (), partial_age_s: float = PARTIAL_AGE
             now = int(rest)
         elif kind == "copied":
             record, sha, b64 = (rest.split(" ", 2) + ["", ""])[:3]
+            if not (record.startswith(COPIED) and _name_ok(record)):
+                continue
             try:
                 rec = json.loads(base64.b64decode(b64, validate=True))
             except (binascii.Error, ValueError):

@@ -147,7 +147,8 @@ def choose_route(src: CopySite, dst: CopySite, route: str = "auto") -> str:
         raise UsageError(f"unknown copy route {route!r}", hint="auto, direct or driver")
     if route == DIRECT and dst.name not in src.direct:
         raise UsageError(f"no direct route from {src.name} to {dst.name}",
-                         hint=f"allow it with [copy.{src.name}] direct = {{ {dst.name} = \"ALIAS\" }}, or copy through the driver")
+                         hint=f"allow it in config.toml ([copy.{src.name}.direct] {dst.name} = \"ALIAS\"), "
+                         "or copy through the driver")
     if route == "auto":
         return DIRECT if dst.name in src.direct else DRIVER
     return route
@@ -197,11 +198,19 @@ def send(src: CopySite, dst: CopySite, man: cm.Manifest, *, route: str = "auto",
     report = report or _Reporter(CopyProgress(src.name, dst.name, route, checkpoint_bytes=man.total_bytes), None, None)
     partial = f"{dst.ckpt_dir}/{INCOMING}{man.name}"
     _mkdir(dst, partial)
-    if man.content is not None:  # a small single file: the bytes hashed on the source are the bytes sent
-        dst.runner.write_file(f"{partial}/{man.name}", man.content.decode("utf-8", "surrogateescape"), 0o600)
+    text = _text(man.content)
+    if text is not None:  # a small single file: the bytes hashed on the source are the bytes sent
+        dst.runner.write_file(f"{partial}/{man.name}", text, 0o600)
         return partial, []
     what = f"copy of {man.name} from {src.name} to {dst.name}"
     return partial, _send(src, dst, man, route, partial, what, staging_dir, bwlimit_kbps, report, poll_s, timeout_s)
+
+
+def _text(content: bytes | None) -> str | None:
+    try:
+        return None if content is None else content.decode("utf-8")
+    except UnicodeDecodeError:
+        return None  # runners write text: other bytes go by rsync
 
 
 def _staging(staging_dir, src: CopySite, dst: CopySite, man: cm.Manifest) -> Path:
@@ -315,7 +324,9 @@ def land(dst: CopySite, man: cm.Manifest, partial: str, *, source: str = "") -> 
     diff = cm.differences(man.files, found)
     if diff:
         have = {f.path for f in found}
-        bad = [f"{partial}/{f.path}" for f in man.files if f.path in have and any(d.startswith(f.path + " ") for d in diff)]
+        expected = {f.path for f in man.files}
+        bad = [f"{partial}/{p}" for p in sorted(have)
+               if p not in expected or any(d.startswith(p + " ") for d in diff)]
         if bad:  # sent again next time, not kept by rsync's size-and-time check
             dst.runner.run(["rm", "-f", "--", *bad], 60)
         raise VerifyMismatch(f"the copy of {man.name} on {dst.name} does not match the source's manifest "

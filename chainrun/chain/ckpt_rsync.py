@@ -10,7 +10,6 @@ half-sent file, so the next run sends only the rest. ``-s`` passes paths to the 
 from __future__ import annotations
 
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -25,7 +24,9 @@ NOT_255 = '"$0" "$@"; rc=$?; [ "$rc" -ne 255 ] || rc=254; exit "$rc"'
 def rsync_argv(src: str, dst: str, *, rsync: str = "rsync", ssh: Sequence[str] | None = None,
                remote_rsync: str | None = None, bwlimit_kbps: int | None = None) -> list[str]:
     """``rsync`` from ``src`` to ``dst`` (``host:path`` for the far side, reached with ``ssh``)."""
-    argv = [rsync, "-rlpt", "--partial", "-s", "--stats"]
+    # --delete: the receiving folder is the copy's own (a partial or staging folder); what a killed
+    # receiver left beside the files goes
+    argv = [rsync, "-rlpt", "--partial", "--delete", "-s", "--stats"]
     if bwlimit_kbps:
         argv.append(f"--bwlimit={int(bwlimit_kbps)}")
     if ssh:
@@ -79,7 +80,8 @@ def route_throughput(legs: Sequence[Leg], min_bytes: int = 1 << 20) -> float | N
 
 _MISSING = re.compile(r"rsync: (?:command )?not found|rsync: No such file or directory|"
                       r"exec request failed|rsync\S*: not found", re.IGNORECASE)
-_LOGIN = re.compile(r"permission denied \((?:publickey|password|keyboard|gssapi|hostbased)|host key verification failed|no .* host key is known", re.IGNORECASE)
+_LOGIN = re.compile(r"permission denied \((?:publickey|password|keyboard|gssapi|hostbased)|"
+                    r"host key verification failed|no .* host key is known", re.IGNORECASE)
 _FULL = re.compile(r"no space left on device|disk quota exceeded|\(28\)|\(122\)", re.IGNORECASE)
 _DENIED = re.compile(r"permission denied|\(13\)|read-only file system", re.IGNORECASE)
 _GONE = re.compile(r"vanished|no such file or directory \(2\)|change_dir .* failed", re.IGNORECASE)
@@ -120,8 +122,3 @@ def failure(res: RunResult, *, what: str, runs_on: str, far: str) -> CopyError:
         return CopyError(f"{what}: the source checkpoint changed or was removed while it was copied "
                          f"({why}); the next copy takes the newer one")
     return CopyError(f"{what}: rsync failed with exit {res.returncode} ({why})")
-
-
-def ssh_words(argv: Sequence[str]) -> str:
-    """For logs: an argv as one line."""
-    return shlex.join(str(a) for a in argv)
