@@ -32,7 +32,8 @@ for r in .chainrun-copied.*.json; do
   mk=$(printf %s "$t" | base64 -d | sed -n 's/.*"marker": *"\([^"/]*\)".*/\1/p')
   if [ -n "$mk" ]; then c=$mk; else c=$n; fi
   h=-; [ -f "$c" ] && h=$(sha256sum < "$c" | cut -d' ' -f1)
-  printf 'copied %s %s %s\n' "$r" "$h" "$t"
+  d=-; [ -n "$mk" ] && [ -f "$mk" ] && d=$(sed -n 's/.*"folder"[[:space:]]*:[[:space:]]*"\([^"/]*\)".*/\1/p' "$mk" | head -n 1)
+  printf 'copied %s %s %s %s\n' "$r" "$h" "${d:--}" "$t"
 done
 for p in .chainrun-incoming.*; do
   [ -e "$p" ] || continue
@@ -71,7 +72,7 @@ def plan(text: str, keep: Iterable[str] = (), partial_age_s: float = PARTIAL_AGE
         if kind == "now":
             now = int(rest)
         elif kind == "copied":
-            record, sha, b64 = (rest.split(" ", 2) + ["", ""])[:3]
+            record, sha, named, b64 = (rest.split(" ", 3) + ["", "", ""])[:4]
             if not (record.startswith(COPIED) and _name_ok(record)):
                 continue
             try:
@@ -86,7 +87,9 @@ def plan(text: str, keep: Iterable[str] = (), partial_age_s: float = PARTIAL_AGE
                 kept.append(name)
             elif sha == rec.get("sha256"):
                 remove += [*([marker] if marker else []), name, record]  # the marker first: never a dangling latest
-            else:
+            elif marker and named != name:  # the marker names another checkpoint now (a newer copy, a trainer's
+                remove += [name, record]  # save): this folder is no one's latest any more
+            else:  # rewritten in place by a trainer there: its own now
                 forgotten.append(name)
                 remove.append(record)
         elif kind == "partial":

@@ -111,13 +111,22 @@ class CopyResult:
     manifest: cm.Manifest
     legs: tuple[cr.Leg, ...]
     seconds: float
-    throughput_Bps: float | None  # the route's (transfer time = size / throughput); None if unmeasurable
+    throughput_Bps: float | None  # rsync's legs alone (the network and ssh); None if unmeasurable
     already: bool = False  # the destination held this checkpoint already: nothing was sent
+
+    @property
+    def copy_Bps(self) -> float | None:
+        """The whole copy's rate (manifest, rsync, verification, rename) when every leg sent the whole
+        checkpoint: what a move costs, transfer time = size / copy_Bps. None for a resumed or no-op copy."""
+        size = self.manifest.total_bytes
+        if not self.legs or size < (1 << 20) or any(leg.bytes_moved < 0.9 * size for leg in self.legs):
+            return None
+        return size / self.seconds if self.seconds > 0 else None
 
     def to_dict(self) -> dict:
         return {"src": self.src, "dst": self.dst, "route": self.route, "checkpoint": self.manifest.summary(),
                 "legs": [asdict(leg) for leg in self.legs], "seconds": round(self.seconds, 3),
-                "throughput_Bps": self.throughput_Bps, "already": self.already}
+                "throughput_Bps": self.throughput_Bps, "copy_Bps": self.copy_Bps, "already": self.already}
 
 
 class _Reporter:

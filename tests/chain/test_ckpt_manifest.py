@@ -168,13 +168,24 @@ def test_land_and_cleanup_plan_on_a_real_folder(tmp_path):
     assert ckpt_cleanup.plan(listing, keep=["latest.g2.json"]).remove == ()
     assert set(ckpt_cleanup.plan(listing).remove) == {"latest.g2.json", "step-000000010.g2",
                                                       ".chainrun-copied.step-000000010.g2.json"}
-    (tmp_path / "dst" / "latest.g2.json").write_text("{}")  # a trainer there rewrote the marker: not ours now
+    marker = tmp_path / "dst" / "latest.g2.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "job": "7"}))  # rewritten there, same folder
     (tmp_path / "dst" / ".chainrun-incoming.step-000000099.g2").mkdir()
     listing = LocalRunner().run(["sh", "-c", ckpt_cleanup.LISTING, "sh", there.ckpt_dir]).stdout
     p = ckpt_cleanup.plan(listing, partial_age_s=3600)
     assert p.remove == (".chainrun-copied.step-000000010.g2.json",) and p.forgotten == ("step-000000010.g2",)
     assert p.kept == (".chainrun-incoming.step-000000099.g2",)  # fresh: a copy may still be writing it
     assert ".chainrun-incoming.step-000000099.g2" in ckpt_cleanup.plan(listing, partial_age_s=0).remove
+
+    # a newer checkpoint of the same generation copied over the first: the first is no one's latest now
+    _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "src", 2, MAX_STEPS="20", SAVE_EVERY="5")
+    ckpt_copy.copy_checkpoint(here, there, poll_s=None)
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "job": "8"}))  # and a trainer rewrote it
+    listing = LocalRunner().run(["sh", "-c", ckpt_cleanup.LISTING, "sh", there.ckpt_dir]).stdout
+    p = ckpt_cleanup.plan(listing, partial_age_s=3600)
+    assert set(p.remove) == {".chainrun-copied.step-000000010.g2.json", ".chainrun-copied.step-000000020.g2.json",
+                             "step-000000010.g2"}
+    assert p.forgotten == ("step-000000020.g2",)  # named by the marker a trainer rewrote: its own now
 
 
 def test_copy_routes_from_config(tmp_path, monkeypatch):
