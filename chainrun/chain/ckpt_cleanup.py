@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from chainrun.chain.ckpt_copy import COPIED, INCOMING, CopySite
+from chainrun.chain.ckpt_site import COPIED, INCOMING, CopySite
 from chainrun.errors import CopyError
 
 LISTING = r"""

@@ -9,7 +9,7 @@ verification is resumed by the next call (a file that failed verification is rem
 since rsync's size-and-time check would keep it).
 
 Two routes. **direct**: the source's login node runs rsync to the destination, with the ssh
-that site's own configuration provides (``[copy.A] direct``): only where keys between sites
+that site's own configuration provides (``[copy.A.direct]``, chain/ckpt_routes.py): only where keys between sites
 are allowed. **driver**: rsync runs here, pulling into a local staging folder and pushing on,
 over the OpenSSH transport's own connections (its ControlMaster: a site with MFA needs no second
 login). Progress (bytes, throughput) goes to a callback and, optionally, a JSON file for `status`.
@@ -24,60 +24,20 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import ckpt_rsync as cr
-from chainrun.errors import CopyError, NotFoundError, UsageError, VerifyMismatch
+from chainrun.chain.ckpt_land import land, landed
+from chainrun.chain.ckpt_site import INCOMING, CopySite, DirectRoute, site_for
+from chainrun.errors import CopyError, NotFoundError, UsageError
 from chainrun.runner.base import Runner, RunResult
 from chainrun.runner.local import LocalRunner
 
-INCOMING = ".chainrun-incoming."  # a copy on its way: never read by a trainer (no marker names it)
-COPIED = ".chainrun-copied."  # the record of a landed copy: what cleanup_unused may remove
 DIRECT, DRIVER = "direct", "driver"
-
-
-@dataclass(frozen=True)
-class DirectRoute:
-    """How a source site's login node reaches a destination with its own ssh (its keys, its config)."""
-
-    dest: str  # the ssh destination there: an alias of that site's ~/.ssh/config, or user@host
-    ssh_options: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CopySite:
-    """One end of a copy: a site's runner and the chain's checkpoint folder there."""
-
-    name: str
-    runner: Runner
-    ckpt_dir: str
-    ssh: tuple[str, ...] | None = None  # the driver's ssh to reach the site, without the destination; None: here
-    host: str | None = None  # ...and the destination it names
-    direct: Mapping[str, DirectRoute] = field(default_factory=dict)  # site name -> route from this site's host
-    rsync: str = "rsync"  # rsync on this site
-
-    @property
-    def here(self) -> bool:
-        return self.ssh is None
-
-    def path(self, p: str) -> str:
-        """``p`` as an rsync run on the driver names it."""
-        return p if self.here else f"{self.host}:{p}"
-
-
-def site_for(name: str, runner: Runner, ckpt_dir: str, *, direct: Mapping[str, DirectRoute] | None = None,
-             rsync: str = "rsync") -> CopySite:
-    """A copy end for a configured cluster's runner: this machine, or the OpenSSH transport."""
-    if isinstance(runner, LocalRunner):
-        return CopySite(name, runner, ckpt_dir, direct=dict(direct or {}), rsync=rsync)
-    from chainrun.runner.openssh import OpenSSHRunner, base_argv
-
-    if not isinstance(runner, OpenSSHRunner):
-        raise UsageError(f"checkpoint copies to or from {name} need the OpenSSH transport",
-                         hint=f"re-add the cluster with `chainrun cluster add {name} --ssh ALIAS`")
-    return CopySite(name, runner, ckpt_dir, ssh=tuple(base_argv(runner.alias)[:-1]), host=runner.alias,
-                    direct=dict(direct or {}), rsync=rsync)
+# the whole API from one import: the ends (ckpt_site) and the arrival (ckpt_land) included
+__all__ = ["CopyProgress", "CopyResult", "CopySite", "DirectRoute", "INCOMING", "choose_route", "copy_checkpoint",
+           "land", "landed", "send", "site_for"]
 
 
 @dataclass
@@ -181,7 +141,7 @@ def copy_checkpoint(src: CopySite, dst: CopySite, *, route: str = "auto", manife
         if man is None:
             raise NotFoundError(f"no complete checkpoint in {src.ckpt_dir} on {src.name} yet")
         report(generation=man.generation, step=man.step, checkpoint_bytes=man.total_bytes, bytes_total=man.total_bytes)
-        if man.kind == cm.FOLDER and _landed(dst, man):
+        if man.kind == cm.FOLDER and landed(dst, man):
             report(state="done", bytes_done=man.total_bytes)
             return CopyResult(src.name, dst.name, route, man, (), time.monotonic() - t0, None, already=True)
         partial, legs = send(src, dst, man, route=route, staging_dir=staging_dir, bwlimit_kbps=bwlimit_kbps,
@@ -309,50 +269,3 @@ def _mkdir(site: CopySite, folder: str) -> None:
     res = site.runner.run(["mkdir", "-p", "-m", "700", "--", folder], 60)
     if not res.ok:
         raise cr.failure(res, what=f"cannot create {folder} on {site.name}", runs_on=site.name, far=site.name)
-
-
-def _landed(dst: CopySite, man: cm.Manifest) -> bool:
-    """Whether the destination holds this checkpoint in place already (then only its marker is rewritten)."""
-    try:
-        found = cm.hashes(dst.runner, f"{dst.ckpt_dir}/{man.name}")
-    except NotFoundError:
-        return False
-    if cm.differences(man.files, found):
-        return False
-    dst.runner.write_file(f"{dst.ckpt_dir}/{man.marker}", man.marker_text or "", 0o600)
-    return True
-
-
-def land(dst: CopySite, man: cm.Manifest, partial: str, *, source: str = "") -> None:
-    """Verify what arrived in ``partial`` against the manifest and put it in place: the folder (or file)
-    is renamed, then the marker written; a mismatch raises VerifyMismatch and changes nothing in place."""
-    try:
-        found = cm.hashes(dst.runner, partial)
-    except NotFoundError:
-        found = ()
-    diff = cm.differences(man.files, found)
-    if diff:
-        have = {f.path for f in found}
-        expected = {f.path for f in man.files}
-        bad = [f"{partial}/{p}" for p in sorted(have)
-               if p not in expected or any(d.startswith(p + " ") for d in diff)]
-        if bad:  # sent again next time, not kept by rsync's size-and-time check
-            dst.runner.run(["rm", "-f", "--", *bad], 60)
-        raise VerifyMismatch(f"the copy of {man.name} on {dst.name} does not match the source's manifest "
-                             f"({len(diff)} file(s): {'; '.join(diff[:3])}); it was not made latest",
-                             hint="a re-run sends the differing files again")
-    if man.kind == cm.FOLDER:
-        place = 'cd -- "$1" && rm -rf -- "$3" && mv -T -- "$2" "$3"'
-        argv = ["sh", "-c", place, "sh", dst.ckpt_dir, f"{INCOMING}{man.name}", man.name]
-    else:
-        place = 'cd -- "$1" && mv -f -T -- "$2/$3" "$3" && rmdir -- "$2"'
-        argv = ["sh", "-c", place, "sh", dst.ckpt_dir, f"{INCOMING}{man.name}", man.name]
-    res = dst.runner.run(argv, 120)
-    if not res.ok:
-        raise cr.failure(res, what=f"cannot put {man.name} in place on {dst.name}", runs_on=dst.name, far=dst.name)
-    if man.marker:  # last: from here on the copy is the destination's latest of its generation
-        dst.runner.write_file(f"{dst.ckpt_dir}/{man.marker}", man.marker_text or "", 0o600)
-    record = {"source": source, "kind": man.kind, "name": man.name, "marker": man.marker,
-              "generation": man.generation, "step": man.step, "bytes": man.total_bytes, "time": time.time(),
-              "sha256": cm.content_sha256(man)}
-    dst.runner.write_file(f"{dst.ckpt_dir}/{COPIED}{man.name}.json", json.dumps(record), 0o600)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 
-from chainrun.chain.ckpt_copy import CopySite, DirectRoute, site_for
+from chainrun.chain.ckpt_site import CopySite, DirectRoute, site_for
 from chainrun.errors import UsageError
 from chainrun.runner.base import Runner
 

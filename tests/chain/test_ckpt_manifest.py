@@ -219,3 +219,19 @@ vista = { dest = "me@vista", ssh_options = ["-i", "~/.ssh/id_xfer"] }
     assert ckpt_copy.choose_route(here, site) == "driver"
     with pytest.raises(UsageError):
         ckpt_copy.choose_route(here, site, "direct")
+
+
+def test_single_file_checkpoints_travel_in_the_manifest_or_by_rsync(tmp_path):
+    import dataclasses
+
+    _run_template(TEMPLATES / "toy_trainer.py", tmp_path / "toy", 2, TOY_TOTAL_STEPS="4", TOY_STEP_SECONDS="0.01",
+                  TOY_SAVE_EVERY="2")
+    src = ckpt_copy.site_for("a", LocalRunner(), str(tmp_path / "toy"))
+    want = (tmp_path / "toy" / "ckpt.g2.json").read_bytes()
+    for n, man in enumerate([None, dataclasses.replace(ckpt_manifest.manifest(src.runner, src.ckpt_dir), content=None)]):
+        dst = ckpt_copy.site_for("b", LocalRunner(), str(tmp_path / f"dst{n}"))
+        r = ckpt_copy.copy_checkpoint(src, dst, manifest=man, poll_s=None)
+        assert (tmp_path / f"dst{n}" / "ckpt.g2.json").read_bytes() == want
+        assert len(r.legs) == n  # embedded: no rsync; over EMBED_MAX: one rsync leg
+        assert sorted(p.name for p in (tmp_path / f"dst{n}").iterdir()) == [".chainrun-copied.ckpt.g2.json.json",
+                                                                            "ckpt.g2.json"]
