@@ -9,7 +9,41 @@ import time
 from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import ckpt_rsync as cr
 from chainrun.chain.ckpt_site import COPIED, INCOMING, CopySite
-from chainrun.errors import NotFoundError, VerifyMismatch
+from chainrun.errors import CopyError, NotFoundError, VerifyMismatch
+
+# $1: the checkpoint folder, $2: the name a copy replaces (its marker, or its single file). Prints that
+# file's sha256 now, and the sha256 of every copy chainrun landed there (its records).
+_THEIRS = r"""
+cd -- "$1" 2>/dev/null || exit 0
+[ -f "$2" ] || exit 0
+echo "current $(sha256sum < "$2" | cut -d' ' -f1)"
+for r in .chainrun-copied.*.json; do
+  [ -f "$r" ] && sed -n 's/.*"sha256": *"\([0-9a-f]*\)".*/ours \1/p' "$r"
+done
+exit 0
+"""
+
+
+def replaceable(answer: str, mine: str) -> bool:
+    """Whether the file a copy would replace is absent, the same, or one chainrun copied there before
+    (pure, from the _THEIRS answer). Anything else is a trainer's own save on that site."""
+    lines = [ln.split() for ln in answer.splitlines() if ln.strip()]
+    current = [w[1] for w in lines if len(w) == 2 and w[0] == "current"]
+    ours = {w[1] for w in lines if len(w) == 2 and w[0] == "ours"}
+    return not current or current[0] == mine or current[0] in ours
+
+
+def _guard(dst: CopySite, man: cm.Manifest) -> None:
+    """Refuse to replace a checkpoint a trainer saved on the destination under the same name: the two
+    sites' generations collide (the successor there did not claim a generation above the copy's)."""
+    name = man.marker or man.name
+    res = dst.runner.run(["sh", "-c", _THEIRS, "sh", dst.ckpt_dir, name], 120)
+    if not res.ok:
+        raise CopyError(f"cannot read {name} on {dst.name}: {res.first_error_line()}")
+    if not replaceable(res.stdout, cm.content_sha256(man)):
+        raise CopyError(f"{dst.name} has its own {name} (generation {man.generation}) from a segment that trained "
+                        f"there: the copy from the other site would replace it, so it was not made latest",
+                        hint="a segment resuming from a copied checkpoint must claim a higher generation")
 
 
 def landed(dst: CopySite, man: cm.Manifest) -> bool:
@@ -20,6 +54,7 @@ def landed(dst: CopySite, man: cm.Manifest) -> bool:
         return False
     if cm.differences(man.files, found):
         return False
+    _guard(dst, man)
     dst.runner.write_file(f"{dst.ckpt_dir}/{man.marker}", man.marker_text or "", 0o600)
     return True
 
@@ -42,7 +77,8 @@ def land(dst: CopySite, man: cm.Manifest, partial: str, *, source: str = "") -> 
         raise VerifyMismatch(f"the copy of {man.name} on {dst.name} does not match the source's manifest "
                              f"({len(diff)} file(s): {'; '.join(diff[:3])}); it was not made latest",
                              hint="a re-run sends the differing files again")
-    if man.kind == cm.FOLDER:
+    _guard(dst, man)
+    if man.kind == cm.FOLDER:  # a folder of that name no marker there names is a leftover of an earlier landing
         place = 'cd -- "$1" && rm -rf -- "$3" && mv -T -- "$2" "$3"'
         argv = ["sh", "-c", place, "sh", dst.ckpt_dir, f"{INCOMING}{man.name}", man.name]
     else:

@@ -168,23 +168,20 @@ def test_land_and_cleanup_plan_on_a_real_folder(tmp_path):
     assert ckpt_cleanup.plan(listing, keep=["latest.g2.json"]).remove == ()
     assert set(ckpt_cleanup.plan(listing).remove) == {"latest.g2.json", "step-000000010.g2",
                                                       ".chainrun-copied.step-000000010.g2.json"}
-    marker = tmp_path / "dst" / "latest.g2.json"
-    marker.write_text(json.dumps({**json.loads(marker.read_text()), "job": "7"}))  # rewritten there, same folder
     (tmp_path / "dst" / ".chainrun-incoming.step-000000099.g2").mkdir()
     listing = LocalRunner().run(["sh", "-c", ckpt_cleanup.LISTING, "sh", there.ckpt_dir]).stdout
-    p = ckpt_cleanup.plan(listing, partial_age_s=3600)
-    assert p.remove == (".chainrun-copied.step-000000010.g2.json",) and p.forgotten == ("step-000000010.g2",)
-    assert p.kept == (".chainrun-incoming.step-000000099.g2",)  # fresh: a copy may still be writing it
+    assert ckpt_cleanup.plan(listing, partial_age_s=3600).kept == (".chainrun-incoming.step-000000099.g2",)  # fresh
     assert ".chainrun-incoming.step-000000099.g2" in ckpt_cleanup.plan(listing, partial_age_s=0).remove
 
-    # a newer checkpoint of the same generation copied over the first: the first is no one's latest now
+    # a newer checkpoint of the same generation copied over the first (its marker was ours: replaced)...
     _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "src", 2, MAX_STEPS="20", SAVE_EVERY="5")
     ckpt_copy.copy_checkpoint(here, there, poll_s=None)
-    marker.write_text(json.dumps({**json.loads(marker.read_text()), "job": "8"}))  # and a trainer rewrote it
+    marker = tmp_path / "dst" / "latest.g2.json"
+    marker.write_text(json.dumps({**json.loads(marker.read_text()), "job": "8"}))  # ...then a trainer rewrote it
     listing = LocalRunner().run(["sh", "-c", ckpt_cleanup.LISTING, "sh", there.ckpt_dir]).stdout
     p = ckpt_cleanup.plan(listing, partial_age_s=3600)
     assert set(p.remove) == {".chainrun-copied.step-000000010.g2.json", ".chainrun-copied.step-000000020.g2.json",
-                             "step-000000010.g2"}
+                             "step-000000010.g2"}  # the first copy is no one's latest now
     assert p.forgotten == ("step-000000020.g2",)  # named by the marker a trainer rewrote: its own now
 
 
@@ -235,3 +232,22 @@ def test_single_file_checkpoints_travel_in_the_manifest_or_by_rsync(tmp_path):
         assert len(r.legs) == n  # embedded: no rsync; over EMBED_MAX: one rsync leg
         assert sorted(p.name for p in (tmp_path / f"dst{n}").iterdir()) == [".chainrun-copied.ckpt.g2.json.json",
                                                                             "ckpt.g2.json"]
+
+
+def test_a_copy_never_replaces_a_checkpoint_a_trainer_saved_there_under_the_same_generation(tmp_path):
+    _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "src", 2, MAX_STEPS="10", SAVE_EVERY="5")
+    _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "dst", 2, MAX_STEPS="10", SAVE_EVERY="5",
+                  GLOBAL_BATCH="32")  # the destination's own generation 2: same names, other weights
+    theirs = {p.relative_to(tmp_path / "dst"): p.read_bytes() for p in (tmp_path / "dst").rglob("*") if p.is_file()}
+    src = ckpt_copy.site_for("a", LocalRunner(), str(tmp_path / "src"))
+    dst = ckpt_copy.site_for("b", LocalRunner(), str(tmp_path / "dst"))
+    with pytest.raises(CopyError) as e:
+        ckpt_copy.copy_checkpoint(src, dst, poll_s=None)
+    assert "b has its own latest.g2.json" in str(e.value) and "\n" not in str(e.value)
+    assert {p.relative_to(tmp_path / "dst"): p.read_bytes() for p in (tmp_path / "dst").rglob("*")
+            if p.is_file() and not p.relative_to(tmp_path / "dst").parts[0].startswith(".chainrun-incoming")} == theirs
+    from chainrun.chain.ckpt_land import replaceable
+
+    assert replaceable("", "a" * 64) and replaceable(f"current {'a' * 64}\n", "a" * 64)
+    assert replaceable(f"current {'b' * 64}\nours {'b' * 64}\n", "a" * 64)  # an earlier copy of ours
+    assert not replaceable(f"current {'b' * 64}\nours {'c' * 64}\n", "a" * 64)
