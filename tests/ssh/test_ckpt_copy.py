@@ -209,6 +209,8 @@ def test_a_byte_corrupted_on_arrival_fails_verification_and_nothing_is_latest(si
     assert not bad.exists() and (Path(partial) / "rng.pt").exists()  # the bad file goes; the good one stays
     r = ckpt_copy.copy_checkpoint(sites["a"], sites["b"], staging_dir=sites["staging"], poll_s=None)
     assert same_tree(src, b / src.name) and (b / "latest.g2.json").exists() and not r.already
+    # the re-run resumed both legs: the staged files were complete, and only the removed file went again
+    assert [(leg.name, leg.bytes_moved) for leg in r.legs] == [("pull", 0), ("push", 1 << 20)]
 
 
 def test_one_line_errors_rsync_missing_permission_denied_disk_full(sites, tmp_path):
