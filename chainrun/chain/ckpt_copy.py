@@ -28,16 +28,18 @@ from typing import Callable
 
 from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import ckpt_rsync as cr
+from chainrun.chain.ckpt_cleanup import cleanup_unused
 from chainrun.chain.ckpt_land import land, landed
+from chainrun.chain.ckpt_manifest import manifest
 from chainrun.chain.ckpt_site import INCOMING, CopySite, DirectRoute, site_for
 from chainrun.errors import CopyError, NotFoundError, UsageError
 from chainrun.runner.base import Runner, RunResult
 from chainrun.runner.local import LocalRunner
 
 DIRECT, DRIVER = "direct", "driver"
-# the whole API from one import: the ends (ckpt_site) and the arrival (ckpt_land) included
-__all__ = ["CopyProgress", "CopyResult", "CopySite", "DirectRoute", "INCOMING", "choose_route", "copy_checkpoint",
-           "land", "landed", "send", "site_for"]
+# the whole API from one import: the ends (ckpt_site), the manifest, the arrival (ckpt_land), the cleanup
+__all__ = ["CopyProgress", "CopyResult", "CopySite", "DirectRoute", "INCOMING", "choose_route", "cleanup_unused",
+           "copy_checkpoint", "land", "landed", "manifest", "send", "site_for"]
 
 
 @dataclass
