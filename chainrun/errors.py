@@ -70,3 +70,24 @@ class RemoteError(ChainrunError):
 
 class HomeError(StateError):
     """The chainrun home (``CHAINRUN_HOME`` or the default data folder) cannot be created or written."""
+
+
+class CopyError(ChainrunError):
+    """A checkpoint copy between sites failed (chainrun/chain/ckpt_copy.py); the destination's latest
+    checkpoint is unchanged and a later copy resumes what arrived."""
+
+
+class RsyncMissing(CopyError):
+    """``rsync`` is not installed (or not on the PATH) on one side of a copy."""
+
+
+class CopyPermissionDenied(CopyError):
+    """A side refused: no login without a prompt (the direct route's key), or a folder not writable."""
+
+
+class DiskFull(CopyError):
+    """The destination (or the driver's staging folder) ran out of space or quota."""
+
+
+class VerifyMismatch(CopyError):
+    """What arrived differs from the source's manifest (sizes or sha256): it is not made latest."""
