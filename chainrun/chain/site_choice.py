@@ -6,10 +6,13 @@ chainrun/sim/site_chain.py) calls it, and so will the driver: what ships is what
 For every site (a cluster the chain may use) the rule estimates, in seconds from now, when the
 chain's remaining work would be done if its next segment ran there and the chain stayed there::
 
-    finish = E[max(wait, ready_in)] + transfer + restart + remaining / pace + (segments - 1) * boundary
+    finish = max(median wait, ready_in) + transfer + restart + remaining / pace + (segments - 1) * boundary
 
 - ``wait``: the site's queue-wait distribution for the successor's request submitted now (its
-  model's quantiles, or a quantile function); its expectation is read on ``LEVELS``.
+  model's quantiles, or a quantile function), read at its median, as the shape rule reads it
+  (chain/shapes.py). Not its mean: the model's upper quantiles can read thousands of hours where
+  its median reads one (LS6 in the holiday weeks, docs/multi-cluster.md), and a mean over them
+  made a queue that started chains within hours look hopeless.
 - ``ready_in``: when the chain can continue at all (the live segment's hand-over point; 0 when
   nothing runs): a successor that starts before it gains nothing, so the wait counts beyond it only.
 - ``transfer``: the checkpoint's copy to that site (0 on the site the chain is on). It is charged in
@@ -32,8 +35,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Union
 
-# the quantile levels at which a wait distribution is read (the midpoints of ten equal slices)
-LEVELS = tuple(round(0.05 + 0.1 * i, 2) for i in range(10))
+# the quantile level at which a wait distribution is read
+LEVEL = 0.5
 
 Wait = Union[Mapping[float, float], Callable[[float], float], object]  # {q: s}, q -> s, or .quantile(q)
 
@@ -52,7 +55,7 @@ class SiteOption:
 @dataclass(frozen=True)
 class SiteEstimate:
     name: str
-    wait_s: float  # E[max(wait, ready_in)]
+    wait_s: float  # max(median wait, ready_in)
     transfer_s: float
     restart_s: float
     pace: float
@@ -110,10 +113,10 @@ def quantile_fn(wait: Wait) -> Callable[[float], float]:
     return q_of
 
 
-def expected_start(wait: Wait, ready_in_s: float = 0.0) -> float:
-    """E[max(wait, ready_in_s)], read on ``LEVELS``."""
-    q = quantile_fn(wait)
-    return sum(max(max(0.0, float(q(lv))), ready_in_s) for lv in LEVELS) / len(LEVELS)
+def start_estimate(wait: Wait, ready_in_s: float = 0.0) -> float:
+    """When the successor can continue the chain: max(median wait, ready_in_s) (= the median of
+    max(wait, ready_in_s))."""
+    return max(max(0.0, float(quantile_fn(wait)(LEVEL))), ready_in_s)
 
 
 def estimate(o: SiteOption, *, remaining_s: float, ready_in_s: float = 0.0, segment_s: float | None = None,
@@ -122,7 +125,7 @@ def estimate(o: SiteOption, *, remaining_s: float, ready_in_s: float = 0.0, segm
         raise ValueError(f"site {o.name}: pace must be positive, not {o.pace!r}")
     wall = max(remaining_s, 0.0) / o.pace
     segments = max(1, math.ceil(wall / segment_s)) if segment_s else 1
-    wait = expected_start(o.wait, max(0.0, ready_in_s))
+    wait = start_estimate(o.wait, max(0.0, ready_in_s))
     finish = wait + o.transfer_s + o.restart_s + wall + (segments - 1) * boundary_s
     return SiteEstimate(o.name, wait, o.transfer_s, o.restart_s, o.pace, segments, finish)
 

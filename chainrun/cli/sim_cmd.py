@@ -38,6 +38,7 @@ def sim(
     pace: Annotated[Optional[list[str]], typer.Option("--pace", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
     align: Annotated[str, typer.Option("--align", help="several --trace: end (shift every other trace by whole weeks so the last weeks coincide) or Nw (shift by N weeks).")] = "end",
     site_margin: Annotated[Optional[str], typer.Option("--site-margin", help="several --trace: the margin a move must gain (default: chosen on the older half of the window, scored on the newer).")] = None,
+    race: Annotated[bool, typer.Option("--race", help="several --trace: also predicted_multi_race (a segment planned while nothing runs goes to every cluster; the first to start is kept).")] = False,
 ) -> None:
     if len(trace) > 1:
         if rolling or tune or shapes or efficiency:
@@ -47,7 +48,7 @@ def sim(
         _sites(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
                json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until,
-               transfer=transfer, pace=pace, align=align, site_margin=site_margin)
+               transfer=transfer, pace=pace, align=align, site_margin=site_margin, race=race)
         return
     trace = trace[0]
     # the per-transition replay (its own copies of the rules) was retired: `sim` is the whole-chain replay,
@@ -146,7 +147,7 @@ def _chains_config(*, nodes, chains_every, handoff, priority, workers, work, seg
                      successor_limit=successor_limit, **w)
 
 
-def _sites(traces, *, transfer, pace, align, site_margin, json_out, **kw) -> None:
+def _sites(traces, *, transfer, pace, align, site_margin, race, json_out, **kw) -> None:
     """Several --trace: the multi-cluster replay (chainrun/sim/two_sites.py)."""
     from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
@@ -158,7 +159,7 @@ def _sites(traces, *, transfer, pace, align, site_margin, json_out, **kw) -> Non
         raise UsageError("--transfer must not be negative")
     m = None if site_margin is None else float(parse_duration(site_margin, what="--site-margin"))
     parse_align(align)  # a bad value fails before the traces are read
-    data = run_sites(list(traces), cfg, SitesConfig(transfer_s=t, align=align, margin_s=m), pace_args=pace or [])
+    data = run_sites(list(traces), cfg, SitesConfig(transfer_s=t, align=align, margin_s=m, race=race), pace_args=pace or [])
     if json_out:
         from chainrun.cli.render import envelope
         from chainrun.sim.jsonsafe import finite as _finite

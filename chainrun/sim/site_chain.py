@@ -4,7 +4,9 @@ The chain is chains.py's, run on one replayed partition per site (each site its 
 and watcher, chainrun/sim/two_sites.py), all on one clock:
 
 - **When** a successor is submitted is the shipped ``predicted`` class's decision, asked as the
-  watcher asks it (adapter.py), with the wait estimate of the site the rule currently picks;
+  watcher asks it (adapter.py) for every site with that site's wait estimate: it is submitted when
+  the decision for the site the rule currently picks says so (the next ask is the soonest any
+  site's decision may change);
   **where** is ``chainrun.chain.site_choice.choose_site`` at that moment, on every site's estimate
   (the model's p10/p50/p90 and its target quantile for the successor's request on that site's
   queue), the checkpoint transfer (0 on the current site), the restart, the site's pace and the
@@ -21,6 +23,11 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
   the transfer and a checkpoint interval more, so the lost minutes do not need an extra segment.
 - GPU-hours held twice: both sites' jobs of the chain holding nodes at once (the predecessor saving
   after its successor started), as on one site.
+- **Race** (``MoveRules.race``, the row ``predicted_multi_race``): whenever nothing of the chain is
+  live (its first segment, a successor submitted after its predecessor ended) the segment is submitted
+  on every site; the first to start is kept and the others are cancelled when the driver notices
+  (``reactive_latency_s`` later): one that started meanwhile held its nodes until then, counted as
+  GPU-hours held twice. Successors asked for while a segment runs are placed by the rule as above.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class MoveRules:
     margin_s: float
     transfer_s: float = TRANSFER_S
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
+    race: bool = False  # submit a segment planned while nothing is live on every site; keep the first to start
 
 
 @dataclass
@@ -60,6 +68,7 @@ class SiteRun(ChainRun):
     move_cost_s: float = 0.0  # delay before a moved successor trains, plus the work it redid
     sites: list = field(default_factory=list)  # the site of every segment that started
     lost_work_moves: int = 0  # moves that resumed from an older copied checkpoint
+    race_duplicates: int = 0  # raced segments that started before they were cancelled
 
 
 def run_site_chain(sites: list[Site], t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
@@ -146,8 +155,11 @@ class _SiteChain:
                 if name == here:
                     options.append(SiteOption(name, {0.5: 0.0}, 0.0, self.work.restart_s, self.sites[name].pace))
                 continue
-            dist = {q: v for q, v in ((0.1, est.p10), (0.5, est.p50), (0.9, est.p90), (est.target, est.seconds))
-                    if q is not None and v is not None}
+            # the model's own levels (its target quantile may be an extrapolated tail: at q0.98 it can read
+            # months, which would make a queue look hopeless that the model thinks is a day)
+            dist = {q: v for q, v in ((0.1, est.p10), (0.5, est.p50), (0.9, est.p90)) if v is not None}
+            if not dist:
+                dist = {0.5: est.seconds}
             move = here is not None and name != here
             options.append(SiteOption(name, dist, self.rules.transfer_s if move else 0.0, self.work.restart_s,
                                       self.sites[name].pace))
@@ -161,24 +173,30 @@ class _SiteChain:
         self.choices.append((self.now, choice))
         return choice
 
-    def ask(self, cur: Seg, h: float, left_after: float):
+    def ask(self, cur: Seg, h: float, left_after: float) -> tuple[dict, SiteChoice]:
+        """The policy's decision for a successor on every site (each with that site's estimate), and
+        the site the rule picks now."""
         w = self.work
         choice = self.where(cur, left_after, max(0.0, h - self.now))
-        site = choice.site
         allowance = sizing.slack_allowance(left_after, segment_s=w.segment_s, overhead_s=w.signal_lead_s,
                                            handoff_s=w.handoff_s, restart_s=w.restart_s)
-        mine = [s for s in self.segs if self.site_of[s.jid] == site]
-        d = self.sites[site].watcher.ask(self.policy, self.sim(site), self.now, cur, mine, running=True,
-                                         lead_s=self.lead_s, nodes=self.nodes, work=w, target=self.spec.target,
-                                         cut_allowance_s=allowance)
-        return d, choice
+        out = {}
+        for site in self.order:
+            mine = [s for s in self.segs if self.site_of[s.jid] == site]
+            out[site] = self.sites[site].watcher.ask(self.policy, self.sim(site), self.now, cur, mine, running=True,
+                                                     lead_s=self.lead_s, nodes=self.nodes, work=w,
+                                                     target=self.spec.target, cut_allowance_s=allowance)
+        return out, choice
 
     def submit(self, left_s: float, site: str, cur: Seg | None = None, done_s: float = 0.0,
-               dep: Seg | None = None) -> Seg:
+               dep: Seg | None = None, prev: Seg | None = None) -> Seg:
+        """``cur``: the live segment a successor takes over from (sized as if it stopped now); ``prev``:
+        the chain's newest segment (``cur`` when given): on another site, room for the transfer."""
         rate = self.sites[site].pace
+        prev = cur if cur is not None else prev
         if cur is not None and self.work.successor_limit != "handover":
             left_s = self.left_if_cut(cur, done_s, rate)
-        if cur is not None and self.site_of[cur.jid] != site:  # room for the transfer and a checkpoint interval
+        if prev is not None and self.site_of[prev.jid] != site:  # room for the transfer and a checkpoint interval
             left_s += (self.rules.transfer_s + self.rules.checkpoint_every_s) * rate
         s = Seg(self.next_jid, len(self.segs), self.now, self.limit_for(left_s, rate), nodes=self.nodes, rate=rate)
         self.next_jid += 1
@@ -192,7 +210,48 @@ class _SiteChain:
         self.segs.append(s)
         return s
 
-    def poll(self, cur: Seg, h: float, left_after: float, done_s: float) -> Seg:
+    def place(self, left_s: float, prev: Seg | None) -> list[Seg]:
+        """A segment planned while nothing is live: on the rule's site, or raced on every site."""
+        if self.rules.race and len(self.order) > 1:
+            return [self.submit(left_s, site, prev=prev) for site in self.order]
+        return [self.submit(left_s, self.where(prev, left_s, 0.0).site, prev=prev)]
+
+    def first_to_start(self, cands: list[Seg], horizon: float) -> tuple[Seg | None, float]:
+        """The candidate that starts first (ties: the preferred site) and its start; the others are
+        cancelled when the driver notices, one that started meanwhile counted as held twice."""
+        if len(cands) == 1:
+            return cands[0], self._until_started(cands[0], horizon)
+        sims = {c.jid: self.sim(self.site_of[c.jid]) for c in cands}
+        while True:
+            started = [(sims[c.jid].watched[c.jid], self.order.index(self.site_of[c.jid]), c) for c in cands
+                       if sims[c.jid].watched[c.jid] == sims[c.jid].watched[c.jid]]
+            if started:
+                break
+            t = min(x.next_event() for x in sims.values())
+            if t > horizon or t == float("inf"):
+                return None, float("nan")
+            for x in sims.values():
+                x.run_until(t)
+            self.now = max(self.now, t)
+        b, _, win = min(started, key=lambda s: (s[0], s[1]))
+        notice = b + self.work.reactive_latency_s
+        for c in cands:
+            if c is win:
+                continue
+            x = sims[c.jid]
+            x.run_until(notice)
+            st = x.watched[c.jid]
+            if st == st:  # it started too: it held its nodes until cancelled
+                x.cut(c.jid, notice)
+                self.out.twice_node_s += max(0.0, notice - st) * c.nodes
+                self.out.race_duplicates += 1
+            else:
+                _cancel(x, c.jid)
+            self.segs.remove(c)
+        self.now = b
+        return win, b
+
+    def poll(self, cur: Seg, h: float, left_after: float, done_s: float) -> list[Seg]:
         """As chains._Chain.poll, with the site chosen at every ask."""
         from chainrun.sim.adapter import SimWatcher
 
@@ -203,13 +262,15 @@ class _SiteChain:
                 t = max(t, first)
         while t < h:
             self.now = max(self.now, t)
-            d, choice = self.ask(cur, h, left_after)
+            ds, choice = self.ask(cur, h, left_after)
+            d = ds[choice.site]
             if d.submit and sizing.may_submit(left_if_cut_s=self.left_if_cut(cur, done_s, 0.0),
                                               tolerance_s=self.tolerance):
-                return self.submit(left_after, choice.site, cur, done_s, cur if d.dependency else None)
-            t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
+                return [self.submit(left_after, choice.site, cur, done_s, cur if d.dependency else None)]
+            # the next ask: the soonest any site's decision may change (the pick may change to it)
+            t = min(_next_ask(t, h, x, self.policy, self.work, self.lead_s) for x in ds.values())
         self.now = max(self.now, h + self.work.reactive_latency_s)  # ended: nothing to take over
-        return self.submit(left_after, self.where(cur, left_after, 0.0).site)
+        return self.place(left_after, cur)
 
     # ---- the chain ---------------------------------------------------------------------------
     def run(self) -> SiteRun:
@@ -218,8 +279,7 @@ class _SiteChain:
         w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
         cap_full = w.segment_s - w.signal_lead_s - w.restart_s
         done_s = 0.0
-        cur = self.submit(w.work_s, self.where(None, w.work_s, 0.0).site)
-        b = self._until_started(cur, horizon)
+        cur, b = self.first_to_start(self.place(w.work_s, None), horizon)
         if b != b:
             return run
         cur.start = cur.train_start = b
@@ -240,8 +300,7 @@ class _SiteChain:
                 run.stuck = True
                 run.segments = len(self.segs)
                 return run
-            nxt = self.poll(cur, h, left_after, done_s)
-            bn = self._until_started(nxt, horizon)
+            nxt, bn = self.first_to_start(self.poll(cur, h, left_after, done_s), horizon)
             if bn != bn:
                 return run
             nxt.start = bn
@@ -322,3 +381,10 @@ class _SiteChain:
         run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
         run.slow_s += (1.0 - cur.rate) * trained
         return resume
+
+
+def _cancel(sim, jid: int) -> None:
+    """``scancel`` of a pending job in the replayed partition."""
+    sim.pending = [p for p in sim.pending if p[2] != jid]
+    for dep, jobs in list(sim.held.items()):
+        sim.held[dep] = [j for j in jobs if j[1] != jid]

@@ -32,10 +32,28 @@ TIE_H = 0.05  # 3 minutes of mean overhead per chain
 MOVES_BUDGET = 1.0
 GPU_TWICE_BUDGET = 0.01
 MULTI = "predicted_multi"
+RACE = "predicted_multi_race"
+HINDSIGHT = "best_single_hindsight"
 
 
 def multi_name(margin_s: float) -> str:
     return f"{MULTI}@{margin_s / 3600:g}h"
+
+
+def race_name(margin_s: float) -> str:
+    return f"{RACE}@{margin_s / 3600:g}h"
+
+
+def hindsight(runs: list, names: list[str]) -> list:
+    """Per chain, the better of the single-cluster ``predicted`` runs, known afterwards: not a policy,
+    the most that picking one cluster per chain could give (a bound to read the others against)."""
+    best: dict = {}
+    for r in runs:
+        if r.policy in {f"predicted:{n}" for n in names} and r.done:
+            k = (r.t0, r.nodes)
+            if k not in best or r.overhead_s < best[k].overhead_s:
+                best[k] = r
+    return [replace(r, policy=HINDSIGHT) for r in best.values()]
 
 
 def policy_rows(runs: list, loads: dict, cfg, names: list[str]) -> dict:
@@ -55,6 +73,8 @@ def policy_rows(runs: list, loads: dict, cfg, names: list[str]) -> dict:
                 for s in r.sites:
                     segs[s] = segs.get(s, 0) + 1
             row["segments_by_site"] = segs
+            if any(getattr(r, "race_duplicates", 0) for r in mine):
+                row["race_duplicates"] = sum(r.race_duplicates for r in mine) / len(mine)
         for lv in LOAD_LEVELS:  # the level's mean moves, where it has chains
             at = [r for r in mine if loads.get((r.t0, r.nodes)) == lv and hasattr(r, "moves")]
             if at:
@@ -108,21 +128,23 @@ def _keep(runs: list, keys: set) -> list:
     return [r for r in runs if (r.t0, r.nodes) in keys]
 
 
-def _with_pick(runs: list, margin_s: float) -> list:
-    """The single-site rows as they are, and the picked margin's multi-site runs as ``predicted_multi``."""
-    chosen = multi_name(margin_s)
-    return [replace(r, policy=MULTI) if r.policy == chosen else r for r in runs if not r.policy.startswith(MULTI + "@")
-            or r.policy == chosen]
+def _with_pick(runs: list, margin_s: float, names: list[str]) -> list:
+    """The single-site rows as they are, the picked margin's multi-site runs as ``predicted_multi`` (and
+    ``predicted_multi_race``), and the hindsight row."""
+    chosen = {multi_name(margin_s): MULTI, race_name(margin_s): RACE}
+    out = [replace(r, policy=chosen[r.policy]) if r.policy in chosen else r for r in runs
+           if "@" not in r.policy or r.policy in chosen]
+    return out + hindsight(runs, names)
 
 
 def choose_and_score(runs: list, loads: dict, cfg, names: list[str], pts: list, margins: tuple[float, ...], *,
-                     fixed: bool) -> dict:
+                     fixed: bool, race: bool = False) -> dict:
     """``chains`` of the JSON: policies (scored chains), targets, whole_window, site_margin."""
     singles = [f"reactive:{names[0]}", *(f"predicted:{n}" for n in names)]
-    rows = [*singles, MULTI]
+    rows = [*singles, MULTI, *([RACE] if race else []), HINDSIGHT]
     all_keys = {(t, k) for t, k in pts}
     if fixed:
-        final = _with_pick(runs, margins[0])
+        final = _with_pick(runs, margins[0], names)
         pols = policy_rows(final, loads, cfg, rows)
         return {"policies": pols, "targets": targets(pols, names),
                 "site_margin": {"margin_s": margins[0], "chosen": False, "note": "fixed by --site-margin"}}
@@ -133,13 +155,14 @@ def choose_and_score(runs: list, loads: dict, cfg, names: list[str], pts: list, 
         ended[(r.t0, r.nodes)] = max(ended.get((r.t0, r.nodes), float("-inf")), r.ended)
     choice = {k for k, e in ended.items() if e < split}
     scored = {k for k in all_keys if k[0] >= split}
-    grid = policy_rows(_keep(runs, choice), loads, cfg, [*singles, *(multi_name(m) for m in margins)])
+    grid = policy_rows(_keep(runs, choice), loads, cfg, [*singles, *(multi_name(m) for m in margins),
+                                                         *(race_name(m) for m in (margins if race else ()))])
     n_choice = len([r for r in _keep(runs, choice) if r.policy == multi_name(margins[0]) and r.done])
     if n_choice >= MIN_CHOICE:
         picked, note = pick({m: grid[multi_name(m)] for m in margins}), "chosen on the choice chains"
     else:
         picked, note = DEFAULT_MARGIN_S, f"fewer than {MIN_CHOICE} choice chains: the default margin"
-    final = _with_pick(runs, picked)
+    final = _with_pick(runs, picked, names)
     pols = policy_rows(_keep(final, scored), loads, cfg, rows)
     whole = policy_rows(final, loads, cfg, rows)
     return {
@@ -153,8 +176,7 @@ def choose_and_score(runs: list, loads: dict, cfg, names: list[str], pts: list, 
                           "ties": "the largest margin", "moves_budget": MOVES_BUDGET,
                           "gpu_h_twice_budget": GPU_TWICE_BUDGET, "min_choice": MIN_CHOICE,
                           "default_margin_s": DEFAULT_MARGIN_S, "module": "chainrun.sim.site_tune"},
-            "choice": {multi_name(m): _brief(grid[multi_name(m)]) for m in margins}
-            | {n: _brief(grid[n]) for n in singles},
+            "choice": {n: _brief(grid[n]) for n in grid},
         },
     }
 

@@ -29,7 +29,7 @@ from chainrun.errors import UsageError
 from chainrun.sim.chain_replay import ChainsConfig, _split, fidelity_dict, load_levels
 from chainrun.sim.chains import PolicySpec, default_specs, run_chain
 from chainrun.sim.site_chain import CHECKPOINT_EVERY_S, TRANSFER_S, MoveRules, Site, run_site_chain
-from chainrun.sim.site_tune import multi_name
+from chainrun.sim.site_tune import multi_name, race_name
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +46,7 @@ class SitesConfig:
     paces: tuple = ()  # ((site name, pace), ...) from --pace; the rest 1.0
     align: str = "end"  # "end" or "<N>w"
     margin_s: float | None = None  # None: chosen on the older chains (site_tune.py)
+    race: bool = False  # also the race variant, predicted_multi_race (site_chain.py)
 
 
 def trace_key(spec: str) -> str:
@@ -182,19 +183,20 @@ def setup(frames: list["pd.DataFrame"], names: list[str], weeks: list[int], cfg:
     return _SITES
 
 
-def specs_for(names: list[str], margins: tuple[float, ...]) -> list[tuple[str | None, PolicySpec, float | None]]:
-    """(site, spec, margin) in the order they run at a point: a site's own chain, or (None, spec,
-    margin) a multi-site one."""
+def specs_for(names: list[str], margins: tuple[float, ...], race: bool = False) -> list[tuple]:
+    """(site, spec, margin, race) in the order they run at a point: a site's own chain, or (None, spec,
+    margin, race) a multi-site one."""
     pred = next(s for s in default_specs() if s.name == "predicted")  # what `--policy predicted` does
-    rows: list = [(names[0], PolicySpec(f"reactive:{names[0]}", "reactive"), None)]
-    rows += [(n, replace(pred, name=f"predicted:{n}"), None) for n in names]
-    rows += [(None, replace(pred, name=multi_name(m)), m) for m in margins]
+    rows: list = [(names[0], PolicySpec(f"reactive:{names[0]}", "reactive"), None, False)]
+    rows += [(n, replace(pred, name=f"predicted:{n}"), None, False) for n in names]
+    rows += [(None, replace(pred, name=multi_name(m)), m, False) for m in margins]
+    rows += [(None, replace(pred, name=race_name(m)), m, True) for m in (margins if race else ())]
     return rows
 
 
-def run_points(pts: list, margins: tuple[float, ...], workers: int) -> tuple[list, dict]:
+def run_points(pts: list, margins: tuple[float, ...], workers: int, race: bool = False) -> tuple[list, dict]:
     workers = max(1, workers)
-    chunks = _split([(*p, margins) for p in pts], 3 * workers if workers > 1 else 1)
+    chunks = _split([(*p, margins, race) for p in pts], 3 * workers if workers > 1 else 1)
     if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
 
@@ -228,16 +230,16 @@ def _run_chunk(chunk):
     names = [s["name"] for s in _SITES["sites"]]
     n_ids = max(len(s["w"].jobs) for s in _SITES["sites"])
     out: list = []
-    for i, (t0, nodes, margins) in enumerate(chunk):
+    for i, (t0, nodes, margins, race) in enumerate(chunk):
         for _, _, base, _ in live.values():
             base.run_until(t0)
         jid0 = n_ids + 10_000 * (i + 1)
         trunks = {n: (Trunk() if cfg.share else None) for n in names}
         sites = [Site(n, live[n][2], live[n][1], live[n][3]) for n in names]
-        for site, spec, margin in specs_for(names, margins):
+        for site, spec, margin, raced in specs_for(names, margins, race):
             if site is None:
                 out.append(run_site_chain(sites, t0, nodes, jid0, spec, cfg.work,
-                                          MoveRules(margin, scfg.transfer_s, scfg.checkpoint_every_s)))
+                                          MoveRules(margin, scfg.transfer_s, scfg.checkpoint_every_s, raced)))
                 continue
             _, watcher, base, pace = live[site]
             out.append(run_chain(base, t0, nodes, jid0, spec, replace(cfg.work, pace=pace), watcher, trunks[site]))
@@ -284,9 +286,10 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
                          f"(window {_iso(win[0])} .. {_iso(win[1])} after the shifts {weeks} weeks)",
                          hint="shorter --work, --align, or traces that overlap in time")
     margins = (scfg.margin_s,) if scfg.margin_s is not None else site_tune.MARGINS_S
-    runs, cost = run_points(pts, margins, cfg.workers)
+    runs, cost = run_points(pts, margins, cfg.workers, scfg.race)
     loads = levels(runs, names[0])
-    chains = site_tune.choose_and_score(runs, loads, cfg, names, pts, margins, fixed=scfg.margin_s is not None)
+    chains = site_tune.choose_and_score(runs, loads, cfg, names, pts, margins, fixed=scfg.margin_s is not None,
+                                        race=scfg.race)
     w = cfg.work
     chains.update(work_h=w.work_s / 3600, segment_h=w.segment_s / 3600, restart_cost_min=w.restart_s / 60,
                   handoff_min=w.handoff_s / 60, transfer_min=scfg.transfer_s / 60,

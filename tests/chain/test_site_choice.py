@@ -3,7 +3,7 @@ driver share."""
 
 import pytest
 
-from chainrun.chain.site_choice import LEVELS, SiteOption, choose_site, expected_start, quantile_fn
+from chainrun.chain.site_choice import SiteOption, choose_site, quantile_fn, start_estimate
 
 H = 3600.0
 
@@ -61,13 +61,15 @@ def test_a_current_site_that_is_not_an_option_is_left_for_the_earliest_finish():
 def test_wait_distributions_mapping_function_or_prediction():
     q = quantile_fn({0.9: 300.0, 0.1: 100.0, 0.5: 50.0})  # unordered, not monotone: made monotone
     assert q(0.05) == 100.0 and q(0.5) == 100.0 and q(0.99) == 300.0 and q(0.7) == pytest.approx(200.0)
-    assert expected_start(lambda lv: lv * 1000) == pytest.approx(sum(LEVELS) / len(LEVELS) * 1000)
+    assert start_estimate(lambda lv: lv * 1000) == 500.0 and start_estimate(lambda lv: lv * 1000, 900.0) == 900.0
+    # the median, not a mean over a tail the model may blow up (thousands of hours at p90)
+    assert start_estimate({0.1: 60.0, 0.5: 3600.0, 0.9: 1e7}) == 3600.0
 
     class Pred:
         def quantile(self, lv):
             return 7.0
 
-    assert expected_start(Pred(), ready_in_s=5.0) == 7.0 and expected_start(Pred(), ready_in_s=9.0) == 9.0
+    assert start_estimate(Pred(), ready_in_s=5.0) == 7.0 and start_estimate(Pred(), ready_in_s=9.0) == 9.0
     assert choose_site("a", [SiteOption("a", Pred())], remaining_s=H, margin_s=0).as_dict()["site"] == "a"
 
 

@@ -132,6 +132,11 @@ def test_a_chain_whose_cluster_fills_up_moves_once_and_pays_the_transfer(tmp_pat
     assert multi["mean_overhead_h"] < on_a["mean_overhead_h"] - 5  # a stays flooded for days
     assert multi["gpu_h_twice_share"] <= 0.01
     assert any("equal pace" in w for w in data["meta"]["warnings"])
+    # the race: the first segment goes to both quiet clusters, both start, the second is cancelled a tick later
+    raced = two_sites.run_sites([str(a), str(b)], cfg, two_sites.SitesConfig(margin_s=H, race=True), pace_args=[])
+    r = raced["chains"]["policies"]["predicted_multi_race"]
+    assert r["race_duplicates"] == 1.0 and r["segments_by_site"]["a"] == 1 and r["gpu_h_twice_share"] > 0
+    assert r["gpu_h_twice"] <= (multi["gpu_h_twice"] + 60 / H * 3 + 1e-9)  # one node for a minute more
     # with a longer copy, the same move costs more
     slow = two_sites.run_sites([str(a), str(b)], cfg, two_sites.SitesConfig(margin_s=H, transfer_s=2 * H),
                                pace_args=[])

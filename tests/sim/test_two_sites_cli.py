@@ -29,8 +29,9 @@ def _data(p) -> dict:
     return env["data"]
 
 
-def _check_rows(pols: dict, names: list[str]) -> None:
-    assert list(pols) == [f"reactive:{names[0]}", *(f"predicted:{n}" for n in names), "predicted_multi"]
+def _check_rows(pols: dict, names: list[str], race: bool = False) -> None:
+    assert list(pols) == [f"reactive:{names[0]}", *(f"predicted:{n}" for n in names), "predicted_multi",
+                          *(["predicted_multi_race"] if race else []), "best_single_hindsight"]
     for row in pols.values():
         assert {"n", "stuck", "mean_overhead_h", "gpu_h_twice_share", "by_load"} <= set(row)
         assert row["n"] > 0 and all({"n", "mean_overhead_h"} <= set(row["by_load"][lv]) for lv in LEVELS)
@@ -41,9 +42,10 @@ def _check_rows(pols: dict, names: list[str]) -> None:
 def test_two_traces_json(dumps, chainrun_home):
     a, b = dumps
     data = _data(run_cli("sim", "--chains", "--trace", str(a), "--trace", str(b), *ARGS, "--transfer", "15m",
-                         "--pace", "b=0.8", "--site-margin", "1h", "--json", home=chainrun_home))
+                         "--pace", "b=0.8", "--site-margin", "1h", "--race", "--json", home=chainrun_home))
     c, m = data["chains"], data["meta"]
-    _check_rows(c["policies"], ["a", "b"])
+    _check_rows(c["policies"], ["a", "b"], race=True)
+    assert c["policies"]["predicted_multi_race"]["moves"] >= 0
     assert c["transfer_min"] == 15 and c["site_margin"]["margin_s"] == 3600 and not c["site_margin"]["chosen"]
     assert [s["name"] for s in m["sites"]] == ["a", "b"] and [s["pace"] for s in m["sites"]] == [1.0, 0.8]
     assert [s["shift_weeks"] for s in m["sites"]] == [0, 0] and set(m["window"]) == {"from", "until"}
