@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def sim(
-    trace: Annotated[str, typer.Option("--trace", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev.")],
+    trace: Annotated[list[str], typer.Option("--trace", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev. Repeat it for several clusters at once (order = preference): predicted on each alone and predicted_multi (docs/multi-cluster.md).")],
     nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes in the replayed partition (default: the trace's peak concurrent nodes).")] = None,
     chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 6h (default 12h).")] = None,
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
@@ -34,7 +34,23 @@ def sim(
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
     rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
+    transfer: Annotated[str, typer.Option("--transfer", help="several --trace: a checkpoint's copy between clusters.")] = "15m",
+    pace: Annotated[Optional[list[str]], typer.Option("--pace", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
+    align: Annotated[str, typer.Option("--align", help="several --trace: end (shift every other trace by whole weeks so the last weeks coincide) or Nw (shift by N weeks).")] = "end",
+    site_margin: Annotated[Optional[str], typer.Option("--site-margin", help="several --trace: the margin a move must gain (default: chosen on the older half of the window, scored on the newer).")] = None,
+    race: Annotated[bool, typer.Option("--race", help="several --trace: also predicted_multi_race (a segment planned while nothing runs goes to every cluster; the first to start is kept).")] = False,
 ) -> None:
+    if len(trace) > 1:
+        if rolling or tune or shapes or efficiency:
+            from chainrun.errors import UsageError
+
+            raise UsageError("several --trace: not with --rolling, --tune-score-from or --shapes")
+        _sites(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
+               json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
+               successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until,
+               transfer=transfer, pace=pace, align=align, site_margin=site_margin, race=race)
+        return
+    trace = trace[0]
     # the per-transition replay (its own copies of the rules) was retired: `sim` is the whole-chain replay,
     # which runs the shipped policy classes and reports every boundary's gap too ("transitions")
     _chains(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
@@ -68,29 +84,16 @@ def _date(value: str | None, what: str) -> float | None:
 
 def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out, work, segment, restart_cost,
             successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None, rolling=False) -> None:
-    from chainrun.durations import parse_duration
     from chainrun.errors import UsageError
-    from chainrun.sim.chain_replay import ChainsConfig, chains_fidelity, run_chains, with_work
+    from chainrun.sim.chain_replay import chains_fidelity, run_chains
     from chainrun.traces import read_trace as load_trace
 
-    if successor_limit not in ("shipped", "takeover", "handover"):
-        raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or handover")
-    every = float(parse_duration(chains_every or "12h", what="--chains-every"))
-    if every <= 0:
-        raise UsageError("--chains-every must be positive")
-    w = {k: float(parse_duration(v, what=o)) for k, v, o in (("work_s", work, "--work"), ("segment_s", segment, "--segment"),
-                                                           ("restart_s", restart_cost, "--restart-cost"),
-                                                           ("handoff_s", handoff, "--handoff"))}
-    if w["work_s"] <= 0 or w["segment_s"] <= 0:
-        raise UsageError("--work and --segment must be positive")
-    if w["segment_s"] <= w["restart_s"] + 300 + 60:
-        raise UsageError("--segment must be longer than the restart cost plus the signal lead")
+    cfg = _chains_config(nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
+                         work=work, segment=segment, restart_cost=restart_cost, successor_limit=successor_limit,
+                         inject_from=inject_from, inject_until=inject_until)
     shp, effs = _shapes(shapes, efficiency, nodes)
     if rolling and (tune or shp):
         raise UsageError("--rolling chooses week by week itself: not with --tune-score-from or --shapes")
-    cfg = with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
-                                 inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
-                    successor_limit=successor_limit, **w)
     tr = load_trace(trace)
     if rolling:
         from chainrun.sim.rolling import rolling as run_rolling
@@ -118,6 +121,83 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         typer.echo(envelope("sim", _finite(data)))
         return
     render_chains(data)
+
+
+def _chains_config(*, nodes, chains_every, handoff, priority, workers, work, segment, restart_cost, successor_limit,
+                   inject_from, inject_until):
+    """The replay's config from the shared options, checked (one-line errors)."""
+    from chainrun.durations import parse_duration
+    from chainrun.errors import UsageError
+    from chainrun.sim.chain_replay import ChainsConfig, with_work
+
+    if successor_limit not in ("shipped", "takeover", "handover"):
+        raise UsageError(f"unknown --successor-limit {successor_limit!r}", hint="use shipped or handover")
+    every = float(parse_duration(chains_every or "12h", what="--chains-every"))
+    if every <= 0:
+        raise UsageError("--chains-every must be positive")
+    w = {k: float(parse_duration(v, what=o)) for k, v, o in (("work_s", work, "--work"), ("segment_s", segment, "--segment"),
+                                                           ("restart_s", restart_cost, "--restart-cost"),
+                                                           ("handoff_s", handoff, "--handoff"))}
+    if w["work_s"] <= 0 or w["segment_s"] <= 0:
+        raise UsageError("--work and --segment must be positive")
+    if w["segment_s"] <= w["restart_s"] + 300 + 60:
+        raise UsageError("--segment must be longer than the restart cost plus the signal lead")
+    return with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
+                                  inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
+                     successor_limit=successor_limit, **w)
+
+
+def _sites(traces, *, transfer, pace, align, site_margin, race, json_out, **kw) -> None:
+    """Several --trace: the multi-cluster replay (chainrun/sim/two_sites.py)."""
+    from chainrun.durations import parse_duration
+    from chainrun.errors import UsageError
+    from chainrun.sim.two_sites import SitesConfig, parse_align, run_sites
+
+    cfg = _chains_config(**kw)
+    t = float(parse_duration(transfer, what="--transfer"))
+    if t < 0:
+        raise UsageError("--transfer must not be negative")
+    m = None if site_margin is None else float(parse_duration(site_margin, what="--site-margin"))
+    parse_align(align)  # a bad value fails before the traces are read
+    data = run_sites(list(traces), cfg, SitesConfig(transfer_s=t, align=align, margin_s=m, race=race), pace_args=pace or [])
+    if json_out:
+        from chainrun.cli.render import envelope
+        from chainrun.sim.jsonsafe import finite as _finite
+
+        typer.echo(envelope("sim", _finite(data)))
+        return
+    render_sites(data)
+
+
+def render_sites(data: dict) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    c, m = data["chains"], data["meta"]
+    for s in m["sites"]:
+        con.print(f"[bold]{s['name']}[/bold]: {s['nodes']} nodes, shifted {s['shift_weeks']} weeks, pace {s['pace']:g}; "
+                  f"fidelity Spearman {_num(data['fidelity'][s['name']].get('spearman'))}")
+    sm = c.get("site_margin", {})
+    blocks = [("scored chains" if sm.get("chosen") is not None and "split" in sm else "chains", c["policies"])]
+    if "whole_window" in c:
+        blocks.append(("whole window (the choice chains included)", c["whole_window"]["policies"]))
+    for title, pols in blocks:
+        t = Table(title=f"{title}: {c['work_h']:g} h work in {c['segment_h']:g} h segments, transfer "
+                        f"{c['transfer_min']:g} min; window {m['window']['from'][:10]} .. {m['window']['until'][:10]}")
+        for col in ("policy", "n", "overhead", "low", "medium", "heavy", "moves", "GPU-h twice", "stuck"):
+            t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=col == "policy")
+        for name, p in pols.items():
+            bl = p["by_load"]
+            t.add_row(name, str(p["n"]), _h(p["mean_overhead_h"]),
+                      *(f"{_h(bl[lv]['mean_overhead_h'])} ({bl[lv]['n']})" for lv in ("low", "medium", "heavy")),
+                      _num(p.get("moves")), _pct(p.get("gpu_h_twice_share"), 2), str(p.get("stuck", 0)))
+        con.print(t)
+    con.print(f"site margin {sm.get('margin_s', 0) / 3600:g} h ({sm.get('note', '')})")
+    for w in m.get("warnings", []):
+        con.print(f"[yellow]warning:[/yellow] {w}")
 
 
 def _shapes(shapes, efficiency, nodes):

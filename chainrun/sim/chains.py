@@ -82,6 +82,7 @@ class ChainWork:
     #   hand-over point (a successor that starts early and cuts it is then too short: a spiral).
     successor_limit: str = "shipped"
     max_segments: int = 60  # a chain that needs more is reported as stuck (a hand-off spiral)
+    pace: float = 1.0  # work per wall second of training on this cluster (two_sites.py: --pace)
 
 
 SUCCESSOR_LIMITS = ("shipped", "handover", "takeover")  # "takeover": the shipped rule's old name
@@ -262,7 +263,7 @@ class _Chain:
             left_s = self.work.work_s - done_s - max(0.0, self.sim.now - cur.train_start - self.work.restart_s) \
                 + self.work.handoff_s
         take_over = cur is not None and not oracle_sized and self.work.successor_limit != "handover"
-        nodes, rate, filler = self.nodes, 1.0, False
+        nodes, rate, filler = self.nodes, self.work.pace, False  # pace: the site's (two_sites.py)
         if self.shapes and not reference:  # elastic: the shape rule on the work left (as if cur stopped now)
             choice = self.choose(self.left_if_cut(cur, done_s, 0.0) if take_over else left_s, cur)
             self.choices.append((self.sim.now, choice))

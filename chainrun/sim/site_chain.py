@@ -1,0 +1,390 @@
+"""One chain over several clusters in the replay: the policy ``predicted_multi`` (issue #26).
+
+The chain is chains.py's, run on one replayed partition per site (each site its own trace, model
+and watcher, chainrun/sim/two_sites.py), all on one clock:
+
+- **When** a successor is submitted is the shipped ``predicted`` class's decision, asked as the
+  watcher asks it (adapter.py) for every site with that site's wait estimate: it is submitted when
+  the decision for the site the rule currently picks says so (the next ask is the soonest any
+  site's decision may change);
+  **where** is ``chainrun.chain.site_choice.choose_site`` at that moment, on every site's estimate
+  (the model's p10/p50/p90 and its target quantile for the successor's request on that site's
+  queue), the checkpoint transfer (0 on the current site), the restart, the site's pace and the
+  margin. The first segment's site is chosen the same way at injection (not a move). A successor
+  submitted after its predecessor ended (the reactive fallback) is placed by the same rule.
+- A successor on the **same site** is replayed exactly as in chains.py (hand-off or the adaptive wait).
+- A **move** (a successor on another site) is charged in full. The predecessor is asked to stop when
+  the successor starts (or stops at its own hand-over point), saves and exits ``handoff_s`` later;
+  its checkpoints (every ``checkpoint_every_s`` of training, and the final one at its exit) reach
+  the new site ``transfer_s`` after they are written. The successor then either waits for the final
+  checkpoint (delay: it holds its nodes without training) or resumes at once from the newest
+  checkpoint that has arrived and redoes the work since (lost work), whichever costs less time to
+  the same work: what the driver decides with the same numbers. A move's successor is sized for
+  the transfer and a checkpoint interval more, so the lost minutes do not need an extra segment.
+- GPU-hours held twice: both sites' jobs of the chain holding nodes at once (the predecessor saving
+  after its successor started), as on one site.
+- **Race** (``MoveRules.race``, the row ``predicted_multi_race``): whenever nothing of the chain is
+  live (its first segment, a successor submitted after its predecessor ended) the segment is submitted
+  on every site; the first to start is kept and the others are cancelled when the driver notices
+  (``reactive_latency_s`` later): one that started meanwhile held its nodes until then, counted as
+  GPU-hours held twice. Successors asked for while a segment runs are placed by the rule as above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chainrun.chain import sizing
+from chainrun.chain.pace import total_tolerance, trained_so_far
+from chainrun.chain.policies import default_lead_s
+from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site
+from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, Seg, _next_ask
+
+TRANSFER_S = 900.0  # the issue's 15 min checkpoint copy between the sites
+CHECKPOINT_EVERY_S = 1800.0  # the payload saves a checkpoint every 30 min of training (and when it stops)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One cluster of the replay: its partition advanced to the chain's injection, its watcher, its pace."""
+
+    name: str
+    base: object  # chainrun.sim.scheduler.Scheduler
+    watcher: object  # chainrun.sim.adapter.SimWatcher
+    pace: float = 1.0
+
+
+@dataclass(frozen=True)
+class MoveRules:
+    margin_s: float
+    transfer_s: float = TRANSFER_S
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
+    race: bool = False  # submit a segment planned while nothing is live on every site; keep the first to start
+
+
+@dataclass
+class SiteRun(ChainRun):
+    moves: int = 0
+    move_cost_s: float = 0.0  # delay before a moved successor trains, plus the work it redid
+    sites: list = field(default_factory=list)  # the site of every segment that started
+    lost_work_moves: int = 0  # moves that resumed from an older copied checkpoint
+    race_duplicates: int = 0  # raced segments that started before they were cancelled
+
+
+def run_site_chain(sites: list[Site], t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
+                   rules: MoveRules) -> SiteRun:
+    c = _SiteChain(sites, t0, nodes, jid0, spec, work, rules)
+    r = c.run()
+    r.ended = max(r.finish, c.now) if r.done else c.now
+    return r
+
+
+class _SiteChain:
+    def __init__(self, sites, t0, nodes, jid0, spec, work, rules) -> None:
+        from chainrun.sim.adapter import engine_chain
+
+        if spec.policy != "predicted":
+            raise ValueError(f"{spec.name}: the multi-site replay runs the predicted policy only")
+        self.sites = {s.name: s for s in sites}
+        self.order = [s.name for s in sites]
+        self.sims = {}
+        for s in sites:
+            self.sims[s.name] = s.base.fork()
+            self.sims[s.name].run_until(t0)
+        self.now = t0
+        self.t0, self.nodes, self.spec, self.work, self.rules = t0, nodes, spec, work, rules
+        self.lead_s = spec.lead_s if spec.lead_s is not None else \
+            (default_lead_s(spec.policy) if work.lead_s is None else work.lead_s)
+        self.next_jid = jid0
+        self.segs: list[Seg] = []
+        self.site_of: dict[int, str] = {}
+        self.policy = sites[0].watcher.policy(spec)
+        self.chain = engine_chain(work, self.lead_s, spec.policy)
+        self.tolerance = total_tolerance(self.chain)
+        self.out = SiteRun(spec.name, t0, nodes, work.work_s)
+        self.choices: list[tuple[float, SiteChoice]] = []
+
+    # ---- the clock: every site's partition at ``now`` -------------------------------------
+    def sim(self, site: str):
+        s = self.sims[site]
+        if s.now < self.now:
+            s.run_until(self.now)
+        return s
+
+    def _until_started(self, seg: Seg, horizon: float) -> float:
+        s = self.sim(self.site_of[seg.jid])
+        b = s.run_until_started(seg.jid, horizon)
+        self.now = max(self.now, s.now)
+        return b
+
+    # ---- sizes, as chains._Chain ----------------------------------------------------------
+    def limit_for(self, left_s: float, rate: float) -> float:
+        w = self.work
+        return sizing.segment_limit(left_s, segment_s=w.segment_s, signal_lead_s=w.signal_lead_s, rate=rate,
+                                    restart_s=w.restart_s)
+
+    def left_if_cut(self, cur: Seg, done_s: float, next_rate: float) -> float:
+        from chainrun.sim.adapter import engine_segment
+
+        running = cur.start == cur.start and cur.start <= self.now
+        trained = trained_so_far(engine_segment(cur, running), self.now)
+        handoff = self.work.handoff_s if running else 0.0
+        return sizing.left_if_cut(self.work.work_s, done_s, trained, rate=cur.rate, restart_s=self.work.restart_s,
+                                  handoff_s=handoff, next_rate=next_rate)
+
+    # ---- the two decisions -----------------------------------------------------------------
+    def estimate(self, site: str, cur: Seg):
+        """The watcher's estimate on ``site`` for a successor of ``cur``'s request, with the chain's own
+        segments on that site in its history (what that cluster's sacct shows)."""
+        from chainrun.sim.adapter import engine_chain, engine_segment
+
+        running = cur.start == cur.start and cur.start <= self.now
+        mine = [s for s in self.segs if self.site_of[s.jid] == site]
+        return self.sites[site].watcher.estimate(self.sim(site), self.now, engine_chain(self.work, self.lead_s,
+                                                 "predicted"), engine_segment(cur, running), cur, mine, self.nodes,
+                                                 self.spec.target)
+
+    def where(self, cur: Seg | None, left_s: float, ready_in_s: float) -> SiteChoice:
+        """``choose_site`` on every site's estimate now (``cur`` None: the first placement)."""
+        probe = cur if cur is not None else Seg(-3, 0, self.now, self.work.segment_s, start=self.now, nodes=self.nodes)
+        here = self.site_of[cur.jid] if cur is not None else None
+        options = []
+        for name in self.order:
+            est = self.estimate(name, probe)
+            if est is None:  # no model answer there: only the current site stays a candidate (waits unknown)
+                if name == here:
+                    options.append(SiteOption(name, {0.5: 0.0}, 0.0, self.work.restart_s, self.sites[name].pace))
+                continue
+            # the model's own levels (its target quantile may be an extrapolated tail: at q0.98 it can read
+            # months, which would make a queue look hopeless that the model thinks is a day)
+            dist = {q: v for q, v in ((0.1, est.p10), (0.5, est.p50), (0.9, est.p90)) if v is not None}
+            if not dist:
+                dist = {0.5: est.seconds}
+            move = here is not None and name != here
+            options.append(SiteOption(name, dist, self.rules.transfer_s if move else 0.0, self.work.restart_s,
+                                      self.sites[name].pace))
+        if not options:
+            options = [SiteOption(here or self.order[0], {0.5: 0.0}, 0.0, self.work.restart_s,
+                                  self.sites[here or self.order[0]].pace)]
+        w = self.work
+        choice = choose_site(here, options, remaining_s=left_s, margin_s=self.rules.margin_s, ready_in_s=ready_in_s,
+                             segment_s=w.segment_s - w.signal_lead_s - w.restart_s,
+                             boundary_s=w.restart_s + w.handoff_s)
+        self.choices.append((self.now, choice))
+        return choice
+
+    def ask(self, cur: Seg, h: float, left_after: float) -> tuple[dict, SiteChoice]:
+        """The policy's decision for a successor on every site (each with that site's estimate), and
+        the site the rule picks now."""
+        w = self.work
+        choice = self.where(cur, left_after, max(0.0, h - self.now))
+        allowance = sizing.slack_allowance(left_after, segment_s=w.segment_s, overhead_s=w.signal_lead_s,
+                                           handoff_s=w.handoff_s, restart_s=w.restart_s)
+        out = {}
+        for site in self.order:
+            mine = [s for s in self.segs if self.site_of[s.jid] == site]
+            out[site] = self.sites[site].watcher.ask(self.policy, self.sim(site), self.now, cur, mine, running=True,
+                                                     lead_s=self.lead_s, nodes=self.nodes, work=w,
+                                                     target=self.spec.target, cut_allowance_s=allowance)
+        return out, choice
+
+    def submit(self, left_s: float, site: str, cur: Seg | None = None, done_s: float = 0.0,
+               dep: Seg | None = None, prev: Seg | None = None) -> Seg:
+        """``cur``: the live segment a successor takes over from (sized as if it stopped now); ``prev``:
+        the chain's newest segment (``cur`` when given): on another site, room for the transfer."""
+        rate = self.sites[site].pace
+        prev = cur if cur is not None else prev
+        if cur is not None and self.work.successor_limit != "handover":
+            left_s = self.left_if_cut(cur, done_s, rate)
+        if prev is not None and self.site_of[prev.jid] != site:  # room for the transfer and a checkpoint interval
+            left_s += (self.rules.transfer_s + self.rules.checkpoint_every_s) * rate
+        s = Seg(self.next_jid, len(self.segs), self.now, self.limit_for(left_s, rate), nodes=self.nodes, rate=rate)
+        self.next_jid += 1
+        self.site_of[s.jid] = site
+        sim = self.sim(site)
+        runtime = s.limit - self.work.signal_lead_s
+        if dep is not None and self.site_of[dep.jid] == site:
+            sim.submit_after(s.jid, dep.jid, self.nodes, s.limit, runtime)
+        else:
+            sim.submit(s.jid, self.nodes, s.limit, runtime)
+        self.segs.append(s)
+        return s
+
+    def place(self, left_s: float, prev: Seg | None) -> list[Seg]:
+        """A segment planned while nothing is live: on the rule's site, or raced on every site."""
+        if self.rules.race and len(self.order) > 1:
+            return [self.submit(left_s, site, prev=prev) for site in self.order]
+        return [self.submit(left_s, self.where(prev, left_s, 0.0).site, prev=prev)]
+
+    def first_to_start(self, cands: list[Seg], horizon: float) -> tuple[Seg | None, float]:
+        """The candidate that starts first (ties: the preferred site) and its start; the others are
+        cancelled when the driver notices, one that started meanwhile counted as held twice."""
+        if len(cands) == 1:
+            return cands[0], self._until_started(cands[0], horizon)
+        sims = {c.jid: self.sim(self.site_of[c.jid]) for c in cands}
+        while True:
+            started = [(sims[c.jid].watched[c.jid], self.order.index(self.site_of[c.jid]), c) for c in cands
+                       if sims[c.jid].watched[c.jid] == sims[c.jid].watched[c.jid]]
+            if started:
+                break
+            t = min(x.next_event() for x in sims.values())
+            if t > horizon or t == float("inf"):
+                return None, float("nan")
+            for x in sims.values():
+                x.run_until(t)
+            self.now = max(self.now, t)
+        b, _, win = min(started, key=lambda s: (s[0], s[1]))
+        notice = b + self.work.reactive_latency_s
+        for c in cands:
+            if c is win:
+                continue
+            x = sims[c.jid]
+            x.run_until(notice)
+            st = x.watched[c.jid]
+            if st == st:  # it started too: it held its nodes until cancelled
+                x.cut(c.jid, notice)
+                self.out.twice_node_s += max(0.0, notice - st) * c.nodes
+                self.out.race_duplicates += 1
+            else:
+                _cancel(x, c.jid)
+            self.segs.remove(c)
+        self.now = b
+        return win, b
+
+    def poll(self, cur: Seg, h: float, left_after: float, done_s: float) -> list[Seg]:
+        """As chains._Chain.poll, with the site chosen at every ask."""
+        from chainrun.sim.adapter import SimWatcher
+
+        t = max(self.now, cur.start)
+        if hasattr(self.policy, "earliest"):
+            first = self.policy.earliest(SimWatcher.view(cur, h, self.lead_s, self.work))
+            if first is not None:
+                t = max(t, first)
+        while t < h:
+            self.now = max(self.now, t)
+            ds, choice = self.ask(cur, h, left_after)
+            d = ds[choice.site]
+            if d.submit and sizing.may_submit(left_if_cut_s=self.left_if_cut(cur, done_s, 0.0),
+                                              tolerance_s=self.tolerance):
+                return [self.submit(left_after, choice.site, cur, done_s, cur if d.dependency else None)]
+            # the next ask: the soonest any site's decision may change (the pick may change to it)
+            t = min(_next_ask(t, h, x, self.policy, self.work, self.lead_s) for x in ds.values())
+        self.now = max(self.now, h + self.work.reactive_latency_s)  # ended: nothing to take over
+        return self.place(left_after, cur)
+
+    # ---- the chain ---------------------------------------------------------------------------
+    def run(self) -> SiteRun:
+        from chainrun.chain.handoff_plan import should_wait, windows_for
+
+        w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
+        cap_full = w.segment_s - w.signal_lead_s - w.restart_s
+        done_s = 0.0
+        cur, b = self.first_to_start(self.place(w.work_s, None), horizon)
+        if b != b:
+            return run
+        cur.start = cur.train_start = b
+        run.sites.append(self.site_of[cur.jid])
+        run.shapes.append(cur.nodes)
+        run.first_start = b
+        run.first_wait_s = run.queue_s = b - self.t0
+        while True:
+            run.restart_s += w.restart_s
+            h = cur.start + cur.limit - w.signal_lead_s
+            left_after = sizing.work_after(w.work_s, done_s, sizing.expected_work(
+                h - cur.train_start, rate=cur.rate, restart_s=w.restart_s))
+            if sizing.plan_gate(live=1, work_after_s=left_after, tolerance_s=self.tolerance) != sizing.ASK:
+                run.finish = cur.train_start + w.restart_s + (w.work_s - done_s) / cur.rate
+                run.segments = len([s for s in self.segs if s.start == s.start])
+                return run
+            if len(self.segs) >= w.max_segments:
+                run.stuck = True
+                run.segments = len(self.segs)
+                return run
+            nxt, bn = self.first_to_start(self.poll(cur, h, left_after, done_s), horizon)
+            if bn != bn:
+                return run
+            nxt.start = bn
+            run.shapes.append(nxt.nodes)
+            run.sites.append(self.site_of[nxt.jid])
+            moved = self.site_of[nxt.jid] != self.site_of[cur.jid]
+            if moved:
+                done_s = self.move(cur, nxt, h, bn, done_s)
+                cur = nxt
+                continue
+            if bn < h:  # the same site: chains._Chain.run's boundary, unchanged
+                wait = h - bn
+                cap = nxt.limit - w.signal_lead_s - w.restart_s
+                if self.spec.adaptive and should_wait(wait, windows_for(
+                        remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=cap_full,
+                        handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
+                    cur.stop = cur.exit = h
+                    nxt.train_start = h
+                    run.twice_node_s += wait * nxt.nodes
+                    run.boundaries.append((bn - h, 0.0))
+                else:
+                    cur.stop = bn
+                    cur.exit = min(h, bn + w.handoff_s)
+                    self.sim(self.site_of[cur.jid]).cut(cur.jid, cur.exit)
+                    nxt.train_start = cur.exit
+                    run.handoff_s += cur.exit - bn
+                    run.twice_node_s += (cur.exit - bn) * nxt.nodes
+                    run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
+            else:
+                cur.stop = cur.exit = h
+                nxt.train_start = bn
+                run.queue_s += bn - h
+                run.boundaries.append((bn - h, 0.0))
+            trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
+            run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
+            done_s += cur.rate * trained
+            run.slow_s += (1.0 - cur.rate) * trained
+            cur = nxt
+
+    def move(self, cur: Seg, nxt: Seg, h: float, bn: float, done_s: float) -> float:
+        """The boundary of a move (see the module doc); returns the work the successor resumes from."""
+        w, r, run = self.work, self.rules, self.out
+        if bn < h:  # the predecessor is asked to stop: it saves and exits
+            cur.stop, cur.exit = bn, min(h, bn + w.handoff_s)
+            self.sim(self.site_of[cur.jid]).cut(cur.jid, cur.exit)
+            run.handoff_s += cur.exit - bn
+        else:
+            cur.stop = cur.exit = h
+            run.queue_s += bn - h
+        run.twice_node_s += max(0.0, cur.exit - bn) * nxt.nodes
+
+        def work_at(t: float) -> float:  # the chain's work in a checkpoint the predecessor wrote at t
+            return done_s + cur.rate * max(0.0, min(t, cur.stop) - cur.train_start - w.restart_s)
+
+        final_work, final_at = work_at(cur.stop), cur.exit + r.transfer_s
+        wait_start = max(bn, final_at)  # (b) wait for the final checkpoint
+        # (a) the newest copy that has arrived: periodic checkpoints, or the one the predecessor resumed from
+        first_ckpt = cur.train_start + w.restart_s
+        best_work = done_s if cur.train_start + r.transfer_s <= bn else None
+        k = int(max(0.0, (min(cur.stop, bn - r.transfer_s) - first_ckpt)) // r.checkpoint_every_s) \
+            if bn - r.transfer_s >= first_ckpt else 0
+        if k >= 1:
+            best_work = work_at(first_ckpt + k * r.checkpoint_every_s)
+        if final_at <= bn:
+            best_work = final_work
+        cost_wait = wait_start - bn
+        cost_lost = (final_work - best_work) / nxt.rate if best_work is not None else float("inf")
+        if cost_lost < cost_wait:
+            nxt.train_start, resume = bn, best_work
+            run.lost_work_moves += 1
+            run.move_cost_s += cost_lost
+        else:
+            nxt.train_start, resume = wait_start, final_work
+            run.move_cost_s += cost_wait
+        run.moves += 1
+        run.boundaries.append((bn - h, max(0.0, h - cur.stop)))
+        trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
+        run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
+        run.slow_s += (1.0 - cur.rate) * trained
+        return resume
+
+
+def _cancel(sim, jid: int) -> None:
+    """``scancel`` of a pending job in the replayed partition."""
+    sim.pending = [p for p in sim.pending if p[2] != jid]
+    for dep, jobs in list(sim.held.items()):
+        sim.held[dep] = [j for j in jobs if j[1] != jid]
