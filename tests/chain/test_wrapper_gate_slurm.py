@@ -11,8 +11,9 @@ watcher does it (tests/chain/test_wrapper_field_slurm.py's ``FieldChain``: ``--s
 sites (job id, Slurm's restart count, generation, time): no two runs trained at once, and each resumed from
 the last checkpoint saved before it, whichever site saved it.
 
-The two scenarios run side by side, about 2 minutes together on an idle test cluster (the gated segment
-left without a go-ahead lives until its 1-minute limit's signal).
+The three scenarios run side by side: about 30 s together on an idle test cluster, at most about 90 s
+(the gated segment left without a go-ahead lives until its 1-minute limit's signal, which Slurm sends
+20-50 s before the limit).
 """
 
 from __future__ import annotations
@@ -92,15 +93,9 @@ def _move(base: Path) -> dict:
     _write(a.ctl, "handoff.0", handoff_text(time.time(), by="driver", seg=1))
     a.wait_for(lambda: (a.ctl / "released.0").exists(), 180, "the owner to release")
     owners_at_release = _owners(a)
-    # 3: the checkpoint follows (part 2 copies it over SSH): staged under a partial name, renamed, its manifest
-    ckpt = (a.ckpt / "ckpt").read_text()
-    _write(b.ckpt, "ckpt", ckpt)
-    manifest = f"ckpt {hashlib.sha256(ckpt.encode()).hexdigest()} {len(ckpt)}\n"
-    _write(b.ckpt, "MANIFEST", manifest)
     trained_before_go = b.steps_of(j1)
-    # 4: the go-ahead on the new site
-    _write(b.ctl, "go.1", go_text("move", 1, ckpt_gen=0, step=int(ckpt), manifest="MANIFEST",
-                                  manifest_sha256=hashlib.sha256(manifest.encode()).hexdigest(), at=time.time()))
+    # 3: the checkpoint follows (part 2 copies it over SSH), 4: the go-ahead on the new site
+    ckpt = _copy_and_go(s, "move")
     _trains(b, j1, 3)
     # the old owner requeued after the move, and a late segment of the old site
     a.wait_for(lambda: a.ended(j0), 120, f"job {j0} to end after its hand-off")
@@ -113,9 +108,44 @@ def _move(base: Path) -> dict:
     j1_state = b.state(j1)
     _stop(b, j1)
     return {"s": s, "j0": j0, "j1": j1, "j2": j2, "waited": waited, "before": before,
-            "owners_after_moved": owners_after_moved, "owners_at_release": owners_at_release, "ckpt": int(ckpt),
+            "owners_after_moved": owners_after_moved, "owners_at_release": owners_at_release, "ckpt": ckpt,
             "trained_before_go": trained_before_go, "j1_state": j1_state, "acct2": _sacct(j2, "State,ExitCode"),
             "out0": (a.base / "seg-0.out").read_text()}
+
+
+def _copy_and_go(s: TwoSites, name: str) -> int:
+    """The driver's last steps once the old site's owner released: the checkpoint copied (staged under a
+    partial name, renamed) with its manifest, and the go-ahead for generation 1 on the new site."""
+    ckpt = (s.a.ckpt / "ckpt").read_text()
+    _write(s.b.ckpt, "ckpt", ckpt)
+    manifest = f"ckpt {hashlib.sha256(ckpt.encode()).hexdigest()} {len(ckpt)}\n"
+    _write(s.b.ckpt, "MANIFEST", manifest)
+    _write(s.b.ctl, "go.1", go_text(name, 1, ckpt_gen=0, step=int(ckpt), manifest="MANIFEST",
+                                    manifest_sha256=hashlib.sha256(manifest.encode()).hexdigest(), at=time.time()))
+    return int(ckpt)
+
+
+def _requeued_mid_move(base: Path) -> dict:
+    """The owner is requeued (as by a node failure or preemption) after moved.1, before the driver asked it
+    to hand off: its run saves on TERM and releases, its rerun claims nothing; the driver goes on from that
+    release and the gated segment resumes from the checkpoint saved on TERM."""
+    s = TwoSites(base, "midmove")
+    a, b = s.a, s.b
+    j0 = s.submit(a, 0)
+    _trains(a, j0, 6)
+    j1 = s.submit(b, 1, env=GATED)
+    b.wait_for(lambda: _polls(b, 1) >= 1, 180, "the gated segment to wait for its go-ahead")
+    _write(a.ctl, "moved.1", moved_text("midmove", 1, to="b", at=time.time()))
+    _trains(a, j0, len(a.steps_of(j0)) + 2)
+    subprocess.run(["scontrol", "requeue", j0], check=True, capture_output=True, timeout=60)
+    a.wait_for(lambda: (a.ctl / "released.0").exists(), 180, "the requeued owner's run to release")
+    ckpt = _copy_and_go(s, "midmove")
+    a.release_requeued(j0)
+    _trains(b, j1, 3)
+    a.wait_for(lambda: a.file("seg-0.rerun-1").get("restart") == "1" and a.ended(j0), 240, f"the rerun of {j0} to end")
+    j1_state = b.state(j1)
+    _stop(b, j1)
+    return {"s": s, "j0": j0, "j1": j1, "ckpt": ckpt, "j1_state": j1_state}
 
 
 def _no_go(base: Path) -> dict:
@@ -128,7 +158,7 @@ def _no_go(base: Path) -> dict:
     return {"fc": fc, "j": j, "acct": _sacct(j, "State,ExitCode,ElapsedRaw"), "out": (base / "seg-1.out").read_text()}
 
 
-SCENARIOS = {"move": _move, "nogo": _no_go}
+SCENARIOS = {"move": _move, "midmove": _requeued_mid_move, "nogo": _no_go}
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +213,22 @@ def test_requeued_and_late_segments_of_the_old_site_train_nothing(runs):
     assert _owners(a) == ["owner.0"]  # neither claimed anything on the old site
     assert not [r for r in a.records() if (r[2], r[3]) in ((j0, 1), (j2, 0))]
     assert "handed off" in res["out0"] and "moved to another site" in res["out0"], res["out0"]  # one log, both runs
+
+
+def test_owner_requeued_during_the_move_saves_and_its_rerun_trains_nothing(runs):
+    res = _ok(runs["midmove"])
+    s, j0, j1 = res["s"], res["j0"], res["j1"]
+    a, b = s.a, s.b
+    out0 = a.file("seg-0.outcome")
+    assert out0["outcome"] == "continue" and out0["signaled"] == "1" and out0["restart"] == "0", out0  # saved on TERM
+    rerun = a.file("seg-0.rerun-1")
+    assert rerun["outcome"] == "unstarted" and rerun["moved"] == "1", rerun
+    assert _owners(a) == ["owner.0"] and not a.steps_of(j0, restart=1)
+    saved = [r for r in a.records() if r[0] == "saved" and r[2] == j0]
+    resume = next(r for r in b.records() if r[0] == "resume" and r[2] == j1)
+    assert saved[-1][1] == res["ckpt"] == resume[1], (saved[-1], resume)
+    assert res["j1_state"] == "RUNNING"
+    s.assert_alone_and_continuous()
 
 
 def test_gated_segment_without_its_go_ahead_ends_unstarted_at_its_limit(runs):
