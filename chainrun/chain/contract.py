@@ -129,13 +129,14 @@ def moved_text(chain_id: str, gen: int, *, to: str = "", at: float | None = None
     return _kv(chain=chain_id, gen=gen, to=to or None, at=None if at is None else int(at))
 
 
-def go_text(chain_id: str, gen: int, *, ckpt_gen: int | None = None, step: int | None = None,
+def go_text(chain_id: str, gen: int, *, seg: int | None = None, ckpt_gen: int | None = None, step: int | None = None,
             manifest: str | None = None, manifest_sha256: str | None = None, at: float | None = None) -> str:
     """``control/go.<gen>``, written by the driver into the control folder of the site a chain moves to,
     once the old site's owner released and the copied checkpoint was verified: a segment there submitted
-    with ``CHAINRUN_GATED=1`` then claims ``gen``. ``manifest`` (a path, relative to the checkpoint folder
-    unless absolute) and its ``manifest_sha256`` are checked by the wrapper before it claims."""
-    return _kv(chain=chain_id, gen=gen, ckpt_gen=ckpt_gen, step=step, manifest=manifest,
+    with ``CHAINRUN_GATED=1`` (segment ``seg`` only, when given) then claims ``gen``. ``manifest`` (a path,
+    relative to the checkpoint folder unless absolute) and its ``manifest_sha256`` are checked by the
+    wrapper before it claims."""
+    return _kv(chain=chain_id, gen=gen, seg=seg, ckpt_gen=ckpt_gen, step=step, manifest=manifest,
                manifest_sha256=manifest_sha256, at=None if at is None else int(at))
 
 

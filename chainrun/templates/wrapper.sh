@@ -46,7 +46,7 @@ CHAINRUN_MONITOR_PERIOD=${CHAINRUN_MONITOR_PERIOD:-2}
 CHAINRUN_SLURM_UNKNOWN_LIMIT=${CHAINRUN_SLURM_UNKNOWN_LIMIT:-600}  # Slurm cannot tell this long: give up
 # 1: the first segment on a site the chain moves to: trains only after the driver's control/go.<G>
 [[ ${CHAINRUN_GATED:-0} == 1 ]] && CHAINRUN_GATED=1 || CHAINRUN_GATED=0
-CHAINRUN_GATE_POLL=${CHAINRUN_GATE_POLL:-10}  # seconds between looks for the go-ahead (a stat of a few names)
+CHAINRUN_GATE_POLL=${CHAINRUN_GATE_POLL:-10}  # seconds between looks for the go-ahead (a listing of control/)
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 # the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
@@ -329,15 +329,18 @@ gate_floor() {  # sets moved_gen, go_gen and floor: the lowest generation this s
   elif ((moved_gen < 0 && !CHAINRUN_GATED)); then floor=0
   else floor=""; fi
 }
-moved_why() { echo "moved: the chain moved to another site at generation $moved_gen (control/moved.$moved_gen): no generation below it trains here"; }
-# the go-ahead for generation $1 names this chain and that generation, and the manifest it names (if
-# any: a path, relative to the checkpoint folder unless absolute) still has the checksum the driver
-# verified: a go written for another chain, or a checkpoint changed since, is no go-ahead
+moved_why() { echo "moved: the chain moved to another site at generation $moved_gen (control/moved.$moved_gen): nothing more trains here"; }
+# the go-ahead for generation $1 names this chain and that generation (and this segment, if it names
+# one), and the manifest it names (if any: a path, relative to the checkpoint folder unless absolute)
+# still has the checksum the driver verified: a go written for another chain or segment, or a
+# checkpoint changed since, is no go-ahead for this one
 go_ok() {
-  local f=$CTL/go.$1 m sum have
+  local f=$CTL/go.$1 m sum have seg
   if [[ $(field "$f" chain) != "$CHAINRUN_CHAIN_ID" || $(field "$f" gen) != "$1" ]]; then
     go_note="control/go.$1 does not name chain $CHAINRUN_CHAIN_ID and generation $1"; return 1
   fi
+  seg=$(field "$f" seg)
+  if [[ -n $seg && $seg != "$CHAINRUN_SEGMENT" ]]; then go_note="control/go.$1 is for segment $seg"; return 1; fi
   m=$(field "$f" manifest) sum=$(field "$f" manifest_sha256)
   [[ -z $m ]] && return 0
   [[ $m == /* ]] || m=$CHAINRUN_CHECKPOINT_DIR/$m

@@ -59,7 +59,7 @@ def test_classify(state, info, outcome, credit):
 @pytest.mark.parametrize("state,info,words", [
     # moving between clusters (docs/remote-clusters.md): the wrapper's own reason, or what it waited for
     ("COMPLETED", {"outcome": "unstarted", "reason": "moved: the chain moved to another site at generation 4 "
-                   "(control/moved.4): no generation below it trains here", "moved": "4"}, "moved to another site"),
+                   "(control/moved.4): nothing more trains here", "moved": "4"}, "moved to another site"),
     ("COMPLETED", {"outcome": "unstarted", "stopped_by": "USR2", "handoff_mode": "gated"}, "got USR2 while waiting for the go-ahead"),
     ("TIMEOUT", {"phase": "waiting", "mode": "gated"}, "ended TIMEOUT while waiting for the go-ahead"),
     ("COMPLETED", {"outcome": "unstarted", "stopped_by": "USR2", "handoff_mode": "cut"}, "got USR2 while waiting for its predecessor's hand-off"),

@@ -61,7 +61,8 @@ def _wait_polls(site: Chain, seg: int, more: int = 2) -> None:
     """Until the gated segment has looked for its go-ahead ``more`` more times (each look is a decision:
     a check made after it that it does not train tests the protocol, not the machine's speed)."""
     start = _polls(site, seg)
-    site.wait_for(lambda: _polls(site, seg) >= start + more, timeout=60, what=f"segment {seg} to look {more} more times")
+    site.wait_for(lambda: _polls(site, seg) >= start + more, timeout=60,
+                  what=f"segment {seg} to look {more} more times")
 
 
 def _write(site: Chain, name: str, text: str) -> None:
@@ -75,9 +76,9 @@ def _manifest(site: Chain, text: str = "ckpt 1234 abcd\n") -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _go(site: Chain, gen: int, sha: str | None = None, chain: str = "c1") -> None:
-    _write(site, f"go.{gen}", go_text(chain, gen, ckpt_gen=gen - 1, step=42, manifest="MANIFEST" if sha else None,
-                                      manifest_sha256=sha, at=time.time()))
+def _go(site: Chain, gen: int, sha: str | None = None, chain: str = "c1", seg: int | None = None) -> None:
+    _write(site, f"go.{gen}", go_text(chain, gen, seg=seg, ckpt_gen=gen - 1, step=42,
+                                      manifest="MANIFEST" if sha else None, manifest_sha256=sha, at=time.time()))
 
 
 def _train(site: Chain, seg: int, job: str, **env: str) -> None:
@@ -110,7 +111,8 @@ def test_gated_segment_waits_for_its_go_ahead_then_claims_that_generation(sites)
     assert not b.training("201") and not _owners(b) and b.state(1)["phase"] == "waiting"
     _write(a, "moved.1", moved_text("c1", 1, to="b", at=time.time()))
     moved = time.time()
-    a.wait_for(lambda: len([t for t in _steps_of(a, "100") if t > moved]) >= 5, what="the owner to train on after moved")
+    a.wait_for(lambda: len([t for t in _steps_of(a, "100") if t > moved]) >= 5,
+               what="the owner to train on after moved")
     assert _owners(a) == ["owner.0"] and a.jobs["100"].poll() is None
     _write(a, "handoff.0", handoff_text(time.time(), by="driver", seg=1))  # on the successor's behalf
     assert a.finish("100") == 0
@@ -143,7 +145,7 @@ def test_gated_segment_without_a_go_ahead_ends_unstarted_on_its_signal(sites):
     assert "while waiting for the go-ahead" in (b.tmp / "job-301.out").read_text()
 
 
-def test_a_go_ahead_for_another_chain_or_a_changed_checkpoint_is_no_go_ahead(sites):
+def test_a_go_ahead_for_another_chain_segment_or_a_changed_checkpoint_is_no_go_ahead(sites):
     _, b = sites
     b.start(1, "401", **GATED)
     _wait_polls(b, 1)
@@ -155,8 +157,11 @@ def test_a_go_ahead_for_another_chain_or_a_changed_checkpoint_is_no_go_ahead(sit
     _go(b, 1, sha)
     b.wait_for(lambda: "the go-ahead says " + sha in b.state(1).get("note", ""), what="the checksum to be refused")
     _wait_polls(b, 1, 2)
+    _go(b, 1, _manifest(b), seg=2)  # verified again, but for another segment
+    b.wait_for(lambda: "is for segment 2" in b.state(1).get("note", ""), what="the other segment's go to be noted")
+    _wait_polls(b, 1, 2)
     assert not b.training("401") and not _owners(b)
-    _go(b, 1, _manifest(b))  # verified again
+    _go(b, 1, _manifest(b), seg=1)  # this segment's
     b.wait_for(lambda: b.training("401"), what="the segment to train after a valid go-ahead")
     _stop(b, "401")
 
