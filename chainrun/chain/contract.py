@@ -119,6 +119,34 @@ def token_text(chain_id: str) -> str:
     return f"chain={chain_id}\n"
 
 
+def _kv(**fields: object) -> str:
+    return "".join(f"{k}={v}\n" for k, v in fields.items() if v is not None)
+
+
+def moved_text(chain_id: str, gen: int, *, to: str = "", at: float | None = None) -> str:
+    """``control/moved.<gen>``, written by the driver into the control folder of the site a chain leaves,
+    before anything else of the move: from then on no segment there claims a generation (a running owner
+    trains on until asked to hand off). docs/remote-clusters.md, "Moving between clusters"."""
+    return _kv(chain=chain_id, gen=gen, to=to or None, at=None if at is None else int(at))
+
+
+def go_text(chain_id: str, gen: int, *, seg: int | None = None, ckpt_gen: int | None = None, step: int | None = None,
+            manifest: str | None = None, manifest_sha256: str | None = None, at: float | None = None) -> str:
+    """``control/go.<gen>``, written by the driver into the control folder of the site a chain moves to,
+    once the old site's owner released and the copied checkpoint was verified: a segment there submitted
+    with ``CHAINRUN_GATED=1`` (segment ``seg`` only, when given) then claims ``gen``. ``manifest`` (a path,
+    relative to the checkpoint folder unless absolute) and its ``manifest_sha256`` are checked by the
+    wrapper before it claims."""
+    return _kv(chain=chain_id, gen=gen, seg=seg, ckpt_gen=ckpt_gen, step=step, manifest=manifest,
+               manifest_sha256=manifest_sha256, at=None if at is None else int(at))
+
+
+def handoff_text(requested: float, *, by: str, seg: int | str = "") -> str:
+    """``control/handoff.<gen>``: a request to the owner of ``gen`` to save and release (its monitor sends it
+    the signal). Successors write it; the driver writes it for a successor on another site."""
+    return _kv(requested=int(requested), by=by, seg=seg)
+
+
 def control_path(run_dir: str, idx: int, kind: str) -> str:
     return f"{run_dir}/control/seg-{idx}.{kind}"
 

@@ -197,7 +197,11 @@ def _classify(chain: Chain, seg: Segment, row: AcctRow, info: dict[str, str],
         return Result(SKIPPED, 0.0, "chain already finished", f"{what} had nothing to do")
     if never_trained:
         how = f"got {info['stopped_by']}" if info.get("stopped_by") else f"ended {row.state}"
-        reason = f"{how} while waiting for its predecessor's hand-off; never trained"
+        gated = "gated" in (info.get("handoff_mode"), info.get("mode"))  # moving between clusters
+        waited = "the go-ahead to train on this site" if gated else "its predecessor's hand-off"
+        # the wrapper's own words when it chose to end (superseded, the chain moved to another site, ...)
+        said = info.get("reason") or f"{how} while waiting for {waited}"
+        reason = f"{said}; never trained"
         return Result(UNSTARTED, 0.0, reason, f"{what} {reason}")
     if outcome == HANDOFF:
         return Result(HANDOFF, trained, "handed off", f"{what} handed off to its successor after {_fmt(trained)} of training")

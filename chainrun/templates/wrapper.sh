@@ -23,6 +23,10 @@
 # the owner's run ended. Whoever fails to establish that does not start the payload. An
 # owner stops its payload as soon as generation G+1 exists (fencing: a node Slurm gave up on).
 # A rerun of this job (Slurm requeue: SLURM_RESTART_COUNT >= 1) takes part like any segment.
+# Across sites (no shared filesystem): the driver writes control/moved.<G> here when the chain moves
+# away at generation G (from then on this site claims nothing), and control/go.<G> on the site it moves
+# to once the old owner released and the checkpoint is verified; a segment submitted there with
+# CHAINRUN_GATED=1 waits for that go-ahead and claims G (docs/remote-clusters.md, "Moving between clusters").
 set -u
 umask 077  # control and checkpoint files are private (users' weights are)
 
@@ -40,6 +44,9 @@ CHAINRUN_HANDOFF_GRACE=${CHAINRUN_HANDOFF_GRACE:-60}  # an owner waited for may 
 CHAINRUN_RELEASE_GRACE=${CHAINRUN_RELEASE_GRACE:-60}  # payload processes outliving its leader: then killed
 CHAINRUN_MONITOR_PERIOD=${CHAINRUN_MONITOR_PERIOD:-2}
 CHAINRUN_SLURM_UNKNOWN_LIMIT=${CHAINRUN_SLURM_UNKNOWN_LIMIT:-600}  # Slurm cannot tell this long: give up
+# 1: the first segment on a site the chain moves to: trains only after the driver's control/go.<G>
+[[ ${CHAINRUN_GATED:-0} == 1 ]] && CHAINRUN_GATED=1 || CHAINRUN_GATED=0
+CHAINRUN_GATE_POLL=${CHAINRUN_GATE_POLL:-10}  # seconds between looks for the go-ahead (a listing of control/)
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 # the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
@@ -235,14 +242,15 @@ export CHAINRUN_END_TIME
 put "$ME.start" "job=$JOB" "restart=$RESTART" "start=$(now)" "end_time=$CHAINRUN_END_TIME" "host=$HOST" "pid=$$"
 
 # ---- who owns the chain now
-current_gen() {  # the highest claimed generation, -1 when nobody has trained yet
+highest() {  # the highest N of the files control/$1.<N>, -1 when there is none
   local g=-1 f n
-  for f in "$CTL"/owner.*; do
-    n=${f##*/owner.}
+  for f in "$CTL/$1".*; do
+    n=${f##*/"$1".}
     [[ $n =~ ^[0-9]+$ ]] && ((10#$n > g)) && g=$((10#$n))
   done
   echo "$g"
 }
+current_gen() { highest owner; }  # the highest claimed generation, -1 when nobody has trained yet
 owner_job() {  # the job id in owner.<G> (the claimer writes it right after the exclusive create)
   local j="" i
   for i in $(seq 1 20); do
@@ -298,10 +306,10 @@ outcome_untrained() {
     outcome "$@"
   fi
 }
-# end without training (the watcher's `unstarted`): nothing was claimed
+# end without training (the watcher's `unstarted`): $1 the reason, then more KEY=VALUE for the outcome
 end_unstarted() {
   say "$1: ending without training"
-  outcome_untrained outcome=unstarted "reason=$1" "handoff_wait=$(($(now) - t0))" "handoff_mode=$handoff_mode"
+  outcome_untrained outcome=unstarted "reason=$1" "${@:2}" "handoff_wait=$(($(now) - t0))" "handoff_mode=$handoff_mode"
   exit 0
 }
 # a rerun never takes the chain from a later segment: the chain moved on while it was requeued
@@ -310,6 +318,51 @@ superseded() {  # $1: generation
   ((RESTART >= 1)) && [[ $s =~ ^[0-9]+$ ]] && ((10#$s > 10#$CHAINRUN_SEGMENT)) &&
     [[ $(field "$CTL/owner.$1" job) != "$JOB" ]]
 }
+# ---- moving between sites. The driver writes control/moved.<M> into this site's control folder when
+# the chain moves away (its generation M trains elsewhere) and control/go.<G> when generation G may
+# train here. The newest of the two decides what this site may claim: after a go, generations from G
+# on; after a move away, none; with neither, any (the chain's first site) but for a gated segment,
+# which waits for its go-ahead. One listing of the control folder per look (file names only)
+moved_gen=-1 go_gen=-1 floor="" go_note="" go_claimed=""
+gate_floor() {  # sets moved_gen, go_gen and floor: the lowest generation this site may claim, "" for none
+  moved_gen=$(highest moved) go_gen=$(highest go)
+  if ((go_gen > moved_gen)); then floor=$go_gen
+  elif ((moved_gen < 0 && !CHAINRUN_GATED)); then floor=0
+  else floor=""; fi
+}
+moved_why() { echo "moved: the chain moved to another site at generation $moved_gen (control/moved.$moved_gen): nothing more trains here"; }
+# the go-ahead for generation $1 names this chain and that generation (and this segment, if it names
+# one), and the manifest it names (if any: a path, relative to the checkpoint folder unless absolute)
+# still has the checksum the driver verified: a go written for another chain or segment, or a
+# checkpoint changed since, is no go-ahead for this one
+go_ok() {
+  local f=$CTL/go.$1 m sum have seg
+  if [[ $(field "$f" chain) != "$CHAINRUN_CHAIN_ID" || $(field "$f" gen) != "$1" ]]; then
+    go_note="control/go.$1 does not name chain $CHAINRUN_CHAIN_ID and generation $1"; return 1
+  fi
+  seg=$(field "$f" seg)
+  if [[ -n $seg && $seg != "$CHAINRUN_SEGMENT" ]]; then go_note="control/go.$1 is for segment $seg"; return 1; fi
+  m=$(field "$f" manifest) sum=$(field "$f" manifest_sha256)
+  [[ -z $m ]] && return 0
+  [[ $m == /* ]] || m=$CHAINRUN_CHECKPOINT_DIR/$m
+  have=$(sha256sum < "$m" 2>/dev/null); have=${have%% *}
+  [[ -n $sum && $have == "$sum" ]] && return 0
+  go_note="control/go.$1: the manifest $m has sha256 ${have:-(unreadable)}, the go-ahead says ${sum:-(none)}"
+  return 1
+}
+gate_polls=0 gate_said=""
+gate_wait() {  # one look of a gated segment waiting for its go-ahead, then a sleep a signal cuts short
+  local s
+  handoff_mode=gated gate_polls=$((gate_polls + 1))
+  put "$ME.state" "phase=waiting" "mode=gated" "since=$t0" "polls=$gate_polls" "moved_gen=$moved_gen" \
+    "go_gen=$go_gen" "note=$go_note"
+  if [[ $gate_said != "$go_note" || $gate_polls == 1 ]]; then
+    say "waiting for the go-ahead to train on this site (control/go.<G>)${go_note:+: $go_note}"; gate_said=$go_note
+  fi
+  sleep "$CHAINRUN_GATE_POLL" & s=$!
+  wait "$s"; kill "$s" 2>/dev/null
+}
+
 # wait for the owner of generation $g (job $oj, run $orestart) to release it or end
 wait_for_owner() {
   local deadline requested="" at owner_end_t cancelled=0 hard_at=0 term_at="" checked=0 unknown_since="" st e why
@@ -339,6 +392,10 @@ wait_for_owner() {
   while [[ -z $stop_wait && ! -e $CTL/released.$g ]]; do
     if (($(now) - checked >= 10)); then
       checked=$(now)
+      # the chain moved to another site meanwhile: stop waiting, never cut the owner (the driver asks it to
+      # hand off when it needs it); a hand-off request already made stays: the owner is to release anyway
+      gate_floor
+      [[ -z $floor ]] && end_unstarted "$(moved_why)" "moved=$moved_gen"
       run_state "$oj" "${orestart:-0}"; st=$ost
       if [[ $st == ended ]]; then say "Slurm reports that job $oj's run ended"; took_over=1; return; fi
       if [[ $st == unknown ]]; then
@@ -379,6 +436,24 @@ while [[ -z $stop_wait ]]; do
   if ((g >= 0)) && superseded "$g"; then
     end_unstarted "superseded: segment $(field "$CTL/owner.$g" seg) already owns the chain (generation $g) since this job was requeued"
   fi
+  # which generation this segment may claim here (moving between sites): g + 1, or the go-ahead's
+  go_note=""; gate_floor
+  if [[ -z $floor ]]; then
+    ((CHAINRUN_GATED)) || end_unstarted "$(moved_why)" "moved=$moved_gen"
+    s=$(field "$CTL/owner.$g" seg)
+    if ((g >= 0 && moved_gen >= 0)) && [[ $s =~ ^[0-9]+$ ]] && ((10#$s >= 10#$CHAINRUN_SEGMENT)); then
+      # the chain trained here with this segment or a later one, then moved away: this one is stale
+      end_unstarted "superseded: segment $s held the chain here (generation $g) before it moved away at generation $moved_gen" "moved=$moved_gen"
+    fi
+    gate_wait; continue
+  fi
+  want=$((g + 1))
+  if ((go_gen > moved_gen && g < go_gen)); then
+    # generation go_gen moves here from another site and is not claimed yet: only a gated segment takes it
+    ((CHAINRUN_GATED)) || end_unstarted "stale: generation $go_gen moves here from another site (control/go.$go_gen); this segment would claim $want" "go=$go_gen"
+    if ! go_ok "$go_gen"; then gate_wait; continue; fi
+    want=$go_gen
+  fi
   took_over=0  # 1: generation g is taken without its owner's release (a run Slurm lost may still train)
   if ((g >= 0)) && [[ ! -e $CTL/released.$g ]]; then
     oj=$(owner_job "$g") orestart=$(field "$CTL/owner.$g" restart) took_over=1
@@ -395,14 +470,24 @@ while [[ -z $stop_wait ]]; do
       [[ -n $stop_wait ]] && break
     fi
   fi
-  if claim $((g + 1)); then my_gen=$((g + 1)); break; fi
+  if claim "$want"; then
+    my_gen=$want
+    # the driver may have written moved.<M> between our look and the claim. It writes moved first, then
+    # reads this site's owners; we claim first, then look at moved: one of the two sees the other. This
+    # claim trained nothing: the exit releases it
+    gate_floor
+    [[ -z $floor ]] && end_unstarted "$(moved_why)" "moved=$moved_gen"
+    ((my_gen < floor)) && end_unstarted "stale: generation $go_gen moved here from another site (control/go.$go_gen)" "go=$go_gen"
+    ((CHAINRUN_GATED && want == go_gen)) && go_claimed=$want
+    break
+  fi
   # another segment claimed it first (it owns the chain now: wait for it in turn), or the folder
   # refuses the claim (or lists stale names): never spin
   sleep 1
-  if [[ -e $CTL/owner.$((g + 1)) ]]; then claim_failures=0; continue; fi
+  if [[ -e $CTL/owner.$want ]]; then claim_failures=0; continue; fi
   if ((++claim_failures >= 30)); then
-    echo "chainrun: cannot create $CTL/owner.$((g + 1)) on $HOST (30 tries): training nothing" >&2
-    outcome outcome=no-run-folder "reason=cannot create control/owner.$((g + 1))" 2>/dev/null
+    echo "chainrun: cannot create $CTL/owner.$want on $HOST (30 tries): training nothing" >&2
+    outcome outcome=no-run-folder "reason=cannot create control/owner.$want" 2>/dev/null
     exit 86
   fi
 done
@@ -415,7 +500,7 @@ fi
 handoff_wait=$(($(now) - t0))
 
 if [[ -n $stop_wait ]]; then
-  say "got $stop_wait while waiting for the hand-off: ending without training"
+  say "got $stop_wait while waiting for the $([[ $handoff_mode == gated ]] && echo go-ahead || echo hand-off): ending without training"
   [[ -n ${g:-} ]] && [[ $(field "$CTL/handoff.$g" by) == "$JOB" ]] && rm -f "$CTL/handoff.$g"
   outcome_untrained outcome=unstarted "stopped_by=$stop_wait" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
   exit 0
@@ -433,9 +518,13 @@ fi
 # CHAINRUN_GENERATION goes to the payload only: templates write it into their checkpoint marker,
 # and it tells the payload's processes apart from the wrapper's own
 payload_start=$(now)
+moved_in=()  # a segment that moved here: what the driver's go-ahead said it verified
+[[ -n $go_claimed ]] && moved_in=("go=$go_claimed" "go_step=$(field "$CTL/go.$go_claimed" step)"
+                                  "go_ckpt_gen=$(field "$CTL/go.$go_claimed" ckpt_gen)")
+((${#moved_in[@]})) && say "generation $my_gen moved here: resuming from the checkpoint the go-ahead names (${moved_in[*]})"
 # end_time: a successor that starts early reads it to find this segment's hand-over point
-put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME"
-run_record "phase=training" "payload_start=$payload_start"
+put "$ME.state" "phase=training" "gen=$my_gen" "payload_start=$payload_start" "end_time=$CHAINRUN_END_TIME" ${moved_in[@]+"${moved_in[@]}"}
+run_record "phase=training" "payload_start=$payload_start" ${moved_in[@]+"${moved_in[@]}"}
 if [[ -x $CHAINRUN_PAYLOAD ]]; then
   CHAINRUN_GENERATION=$my_gen setsid "$CHAINRUN_PAYLOAD" 5>&- &
 else
@@ -448,11 +537,15 @@ echo "$pid" > "$ME.pid"
 # the monitor beside the payload: passes a hand-off request on as the signal, and fences: once a
 # later generation exists (Slurm gave up on this node and another job claimed the chain), the
 # payload is stopped at once
-fenced() { [[ -e $CTL/owner.$((my_gen + 1)) ]]; }
+# (a later generation: G+1 by its known name, or any higher one: a segment that moved here claims the
+# generation of its go-ahead, which may skip numbers)
+fenced() { [[ -e $CTL/owner.$((my_gen + 1)) ]] || (($(current_gen) > my_gen)); }
 fence() {
+  local n=$((my_gen + 1))
+  [[ -e $CTL/owner.$n ]] || n=$(current_gen)
   run_record "phase=fenced" "payload_start=$payload_start" "payload_end=$(now)"
-  put "$ME.fenced" "gen=$my_gen" "job=$JOB" "restart=$RESTART" "by_job=$(field "$CTL/owner.$((my_gen + 1))" job)" "at=$(now)"
-  say "generation $((my_gen + 1)) has been claimed by job $(field "$CTL/owner.$((my_gen + 1))" job): stopping the payload (fenced)" >&2
+  put "$ME.fenced" "gen=$my_gen" "job=$JOB" "restart=$RESTART" "by_job=$(field "$CTL/owner.$n" job)" "by_gen=$n" "at=$(now)"
+  say "generation $n has been claimed by job $(field "$CTL/owner.$n" job): stopping the payload (fenced)" >&2
   kill_payload
 }
 (
@@ -501,13 +594,14 @@ kill -KILL "$monitor" 2>/dev/null; wait "$monitor" 2>/dev/null  # KILL: a stoppe
 if fenced; then  # another job owns the chain: its outcome is not ours to write
   [[ -e $ME.fenced ]] || fence
   echo "chainrun: segment $CHAINRUN_SEGMENT (job $JOB run $RESTART on $HOST) was fenced: generation" \
-       "$((my_gen + 1)) exists; its payload was stopped" >&2
+       "$(current_gen) exists; its payload was stopped" >&2
   exit 0
 fi
 
 common=("exit=$rc" "signaled=$signaled" "signal_at=$signal_at" "payload_start=$payload_start"
         "payload_end=$payload_end" "handoff_wait=$handoff_wait" "handoff_mode=$handoff_mode"
-        "writer_killed=$writer_killed" "cut=$([[ $(field "$CTL/cancel.$my_gen" job) == "$JOB" ]] && echo 1 || echo 0)")
+        "writer_killed=$writer_killed" "cut=$([[ $(field "$CTL/cancel.$my_gen" job) == "$JOB" ]] && echo 1 || echo 0)"
+        ${moved_in[@]+"${moved_in[@]}"})
 # exits that mean "stopped by the signal": 0 after it, or killed by it (or by TERM/KILL at the limit)
 stopped_by_signal() {
   local n; n=$(kill -l "$CHAINRUN_SIGNAL" 2>/dev/null)

@@ -56,6 +56,20 @@ def test_classify(state, info, outcome, credit):
     assert (r.outcome, r.credit_s) == (outcome, credit)
 
 
+@pytest.mark.parametrize("state,info,words", [
+    # moving between clusters (docs/remote-clusters.md): the wrapper's own reason, or what it waited for
+    ("COMPLETED", {"outcome": "unstarted", "reason": "moved: the chain moved to another site at generation 4 "
+                   "(control/moved.4): nothing more trains here", "moved": "4"}, "moved to another site"),
+    ("COMPLETED", {"outcome": "unstarted", "stopped_by": "USR2", "handoff_mode": "gated"}, "got USR2 while waiting for the go-ahead"),
+    ("TIMEOUT", {"phase": "waiting", "mode": "gated"}, "ended TIMEOUT while waiting for the go-ahead"),
+    ("COMPLETED", {"outcome": "unstarted", "stopped_by": "USR2", "handoff_mode": "cut"}, "got USR2 while waiting for its predecessor's hand-off"),
+])
+def test_unstarted_says_what_it_waited_for(state, info, words):
+    r = classify(chain(), Segment(chain_id="c", idx=3, job_id="7", time_limit_s=3600), row(state), info)
+    assert (r.outcome, r.credit_s) == ("unstarted", 0) and words in r.reason and r.reason.endswith("never trained"), r
+    assert r.message.startswith("segment 3 (job 7) ")
+
+
 def test_cancelled_outside_chainrun_is_external():
     seg = Segment(chain_id="c", idx=0, job_id="7")
     r = classify(chain(), seg, row("CANCELLED"), {"outcome": "continue", "signaled": "1"})

@@ -33,16 +33,18 @@ pytestmark = pytest.mark.slurm
 TRAINER = r"""#!/bin/bash
 # one step every STEP_S; a checkpoint every 5 steps and on the signal (or TERM), written to a
 # temporary file and renamed; SAVE_S makes the save on the signal that slow; IGNORE_SIGNAL=1 ignores
-# the signal (TERM still stops it); WRITER_S leaves a setsid'd writer behind that long after exiting
+# the signal (TERM still stops it); WRITER_S leaves a setsid'd writer behind that long after exiting.
+# Times are bash's own $EPOCHREALTIME: a `date` child would die of the TERM Slurm sends the whole job
+# (requeue, limit) and leave a record line without its time
 ck=$CHAINRUN_CHECKPOINT_DIR log=$CHAINRUN_CHECKPOINT_DIR/steps.log
 me="${SLURM_JOB_ID:-?} ${SLURM_RESTART_COUNT:-0} ${CHAINRUN_GENERATION:-?}"
 step=$(cat "$ck/ckpt" 2>/dev/null || echo 0)
-echo "resume $step $me $(date +%s.%N)" >> "$log"
+echo "resume $step $me $EPOCHREALTIME" >> "$log"
 save() {
-  echo "saving $step $me $(date +%s.%N)" >> "$log"
+  echo "saving $step $me $EPOCHREALTIME" >> "$log"
   [[ -n ${1:-} ]] && (trap '' USR2; sleep "$1")  # a slow save; Slurm's own signal may come meanwhile
   echo "$step" > "$ck/ckpt.tmp" && mv -f "$ck/ckpt.tmp" "$ck/ckpt"
-  echo "saved $step $me $(date +%s.%N)" >> "$log"
+  echo "saved $step $me $EPOCHREALTIME" >> "$log"
 }
 stop=0
 [[ ${IGNORE_SIGNAL:-0} == 1 ]] && trap '' USR2 || trap 'stop=1' USR2
@@ -51,9 +53,10 @@ while ((!stop)); do
   sleep "${STEP_S:-0.5}" & wait $!
   ((stop)) && break
   step=$((step + 1))
-  echo "step $step $me $(date +%s.%N)" >> "$log"
+  echo "step $step $me $EPOCHREALTIME" >> "$log"
   ((step % 5 == 0)) && save
 done
+trap '' TERM  # stopping: a second TERM (Slurm's, then the wrapper's) must not kill the save's mv
 save "${SAVE_S:-}"
 [[ -n ${WRITER_S:-} ]] && setsid bash -c 'for ((i = 0; i < $1; i++)); do date +%s.%N >> "$2"; sleep 1; done' \
   _ "$WRITER_S" "$ck/writer.log" < /dev/null > /dev/null 2>&1 &
