@@ -51,6 +51,7 @@ class SubmitRequest:
     time_min_s: int | None = None  # --time-min: the shortest segment worth starting (Slurm may shorten one)
     filler_margin: float | None = None  # --filler: a filler's least gain in boundaries (None: no filler)
     save_timeout_s: int | None = None  # --save-timeout: a hand-off's save may take this long (wrapper)
+    site_margin_s: int | None = None  # --site-margin: a chain spanning clusters moves only to gain more (site_plan)
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
                   if shapes else {}),
                **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {}),
                **({"filler_margin": float(req.filler_margin)} if req.filler_margin is not None else {}),
-               **({"save_timeout_s": int(req.save_timeout_s)} if req.save_timeout_s else {})},
+               **({"save_timeout_s": int(req.save_timeout_s)} if req.save_timeout_s else {}),
+               **({"site_margin_s": int(req.site_margin_s)} if req.site_margin_s is not None else {})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None,

@@ -16,7 +16,9 @@ from typing import Callable
 
 from chainrun.chain import untended
 from chainrun.chain.engine import Engine, TickReport
+from chainrun.chain.mover import Mover
 from chainrun.chain.settle import needs_tick
+from chainrun.chain.site_plan import SiteAccess
 from chainrun.clusters import LOCAL
 from chainrun.errors import ChainrunError
 from chainrun.state.lease import LeaseLost
@@ -60,6 +62,9 @@ class MultiEngine:
         self._open = open_context or default_open
         self.contexts: dict = {}
         self.engines: dict[str, Engine] = {}
+        # chains spanning clusters: planning sees the other sites, the mover carries moves out (chain/span.py)
+        self.sites = SiteAccess(self.engine)
+        self.mover = Mover(self.store, self.engine)
 
     def engine(self, cluster: str) -> Engine:
         if cluster not in self.engines:
@@ -68,10 +73,12 @@ class MultiEngine:
             predictor = self._predictor_for(ctx) if self._predictor_for else None
             self.engines[cluster] = Engine(ClusterStore(self.base_store, cluster), ctx.slurm, ctx.runner,
                                            predictor=predictor, user=ctx.user)
+            self.engines[cluster].sites = self.sites
         return self.engines[cluster]
 
     def tick(self) -> TickReport:
         total = TickReport()
+        self.sites.new_tick()
         names = sorted({c.cluster for c in self.store.chains() if needs_tick(c)})
         failed = 0
         for name in names:
@@ -97,13 +104,17 @@ class MultiEngine:
             for k, v in report.slurm_calls.items():
                 key = k if name == LOCAL else f"{name}:{k}"
                 total.slurm_calls[key] = total.slurm_calls.get(key, 0) + v
+        if self.mover.moving():  # moves between clusters: after every site's tick, with what it recorded
+            total.warnings += self.mover.tick()
         # the loop backs off only when nothing worked; one unreachable cluster must not slow the others
         if names and failed == len(names) and hasattr(total, "failed"):
             total.failed = True
         return total
 
     def close(self) -> None:
-        """Close the runners (their SSH connections); the shared store is the caller's."""
+        """Close the runners (their SSH connections); the shared store is the caller's. A checkpoint
+        copy under way is let finish first (bounded; it would resume anyway)."""
+        self.mover.close()
         for ctx in self.contexts.values():
             ctx.runner.close()
         self.contexts.clear()

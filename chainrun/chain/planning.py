@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chainrun.chain import handoff_plan, reconcile, shape_plan, sizing, span
+from chainrun.chain import handoff_plan, reconcile, shape_plan, site_plan, sizing, span
 from chainrun.chain.maintenance import fit_maintenance
 from chainrun.chain.pace import (
     chain_shape_rate, chain_shapes, expected_training, segment_overhead, segment_rate, total_tolerance, trained_so_far,
@@ -65,6 +65,15 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
     # left once cur trains to its hand-over point, a later full segment trains segment_s - overhead
     allowance = sizing.slack_allowance(remaining, segment_s=c.segment_s, overhead_s=overhead,
                                        handoff_s=handoff_plan.measured_handoff_s(c, segs))
+    move_to = None
+    if span.spans(c) and getattr(t, "sites", None) is not None:  # a chain spanning clusters: where, first
+        got = site_plan.choose(t, c, cur, remaining_s=remaining, handover_at=handover, now=now)
+        if got is not None:
+            choice, waits = got
+            _note_choice(t, c, cur, choice, now)
+            if choice.site != c.cluster:  # the policy times the successor by the wait where it would run
+                move_to = choice
+                predict = lambda: waits[choice.site]  # noqa: E731
     view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict,
                       cut_allowance_s=allowance)
     decision = policy.decide(view)
@@ -73,8 +82,18 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
         t.store.save(c, [cur])
     if decision.submit and (left := left_if_cut(t, c, segs, cur, now)) is not None:
         submit_next(t, c, segs, left, dependency=decision.dependency, note=decision.reason,
-                          estimate=decision.estimate, prob_in_time=decision.prob_in_time)
+                          estimate=decision.estimate, prob_in_time=decision.prob_in_time, move_to=move_to)
         report.submitted += 1
+
+
+def _note_choice(t: TickContext, c: Chain, cur: Segment, choice, now: float) -> None:
+    """Every site decision is kept for `status`; a change of mind is an event."""
+    last = c.extra.get("site_choice") or {}
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": cur.idx + 1}
+    if last.get("site") != choice.site or last.get("for") != cur.idx + 1:
+        t.store.save(c, events=[(cur.idx, "site", f"next segment: {choice.reason}")])
+    else:
+        t.store.save(c)
 
 
 def left_if_cut(t: TickContext, c: Chain, segs: list[Segment], cur: Segment, now: float) -> float | None:
@@ -111,7 +130,9 @@ def submit_after_filler(t: TickContext, c: Chain, segs: list[Segment], cur: Segm
 
 def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
                  estimate: WaitEstimate | None, choice: ShapeChoice | None = None,
-                 prob_in_time: float | None = None) -> None:
+                 prob_in_time: float | None = None, move_to=None) -> None:
+    """``move_to``: a site choice (chain/site_plan.py) naming another site: the successor is submitted
+    there, gated, and chain/mover.py moves the chain."""
     if reconcile.unconfirmed_run(segs) >= MAX_UNCONFIRMED:
         raise SlurmRefused(f"sbatch failed or did not answer {MAX_UNCONFIRMED} times in a row for chain {c.id}")
     idx = (max(s.idx for s in segs) + 1) if segs else 0
@@ -124,6 +145,16 @@ def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float,
     seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                   predicted_wait_s=estimate.seconds if estimate else None,
                   predicted_model=estimate.model if estimate else "")
+    if span.spans(c):  # every segment of a chain spanning clusters names its site
+        seg.cluster = c.cluster
+    if move_to is not None:
+        cur = next(s for s in segs if s.phase in LIVE_PHASES)
+        site = site_plan.prepare_move(t, c, seg, cur, move_to.site, move_to, t.clock())
+        seg.time_limit_s = sizing.segment_limit(remaining, segment_s=site.segment_s, signal_lead_s=c.signal_lead_s)
+        note = f"{note}; moving to {move_to.site}: {move_to.reason}" if note else f"moving to {move_to.site}"
+        submit_segment(t.store, t.sites.engine(move_to.site).slurm, c, seg, note=note, site=site)
+        segs.append(seg)
+        return
     if prob_in_time is not None:  # what the policy acted on, scored by `model status` (predict/service.py)
         seg.extra["prob_in_time"] = round(prob_in_time, 4)
     shape_event = shape_plan.apply_shape(t, c, segs, seg, choice)

@@ -33,7 +33,8 @@ def sbatch_args(chain: Chain, seg: Segment) -> list[str]:
     return segment_args(chain, seg)
 
 
-def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment, *, note: str = "") -> Segment:
+def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment, *, note: str = "",
+                   site: Chain | None = None) -> Segment:
     """Submit ``seg`` (already planned: idx, time limit, dependency). Returns it with its job id.
 
     Raises SlurmRefused when sbatch refuses the job. Any other failure (a timeout, an error we
@@ -43,10 +44,13 @@ def submit_segment(store: Store, slurm: SlurmClient, chain: Chain, seg: Segment,
     """
     seg.phase = SUBMITTING
     seg.intent_at = time.time()
-    seg.extra["request"] = describe(sbatch_args(chain, seg))  # what this segment asked for, shown by status
+    there = site or chain  # ``site``: the chain as another cluster sees it (a move, chain/site_plan.py)
+    seg.extra["request"] = describe(sbatch_args(there, seg))  # what this segment asked for, shown by status
     store.save(chain, [seg])
+    # a successor on another site waits, gated, for the driver's go-ahead (templates/wrapper.sh)
+    script_args = [str(seg.idx)] + (["gated"] if seg.extra.get("move") else [])
     try:
-        job_id, cluster = slurm.submit(wrapper_path(chain), sbatch_args(chain, seg), script_args=[str(seg.idx)])
+        job_id, cluster = slurm.submit(wrapper_path(there), sbatch_args(there, seg), script_args=script_args)
     except TransientSlurmError:
         store.add_event(chain.id, seg.idx, "warning", f"sbatch did not answer for segment {seg.idx}; will check and retry")
         raise

@@ -37,6 +37,9 @@ from typing import Callable, Mapping, Union
 
 # the quantile level at which a wait distribution is read
 LEVEL = 0.5
+# the margin the product uses where none was chosen for the chain: an hour, the replay's default
+# (chainrun/sim/site_tune.py, DEFAULT_MARGIN_S); `submit --site-margin` sets a chain's own
+SHIPPED_MARGIN_S = 3600.0
 
 Wait = Union[Mapping[float, float], Callable[[float], float], object]  # {q: s}, q -> s, or .quantile(q)
 

@@ -8,8 +8,7 @@ its copy of the script and its wrapper (``CHAINRUN_CLUSTER`` says where it runs)
 and the optional preflight job run on every site (chain/preflight.py). Only when all passed is the chain
 recorded with its sites (``chain_sites``), and segment 0 submitted on the first site.
 
-Moves between sites are not made yet: the watcher runs the chain on its first site like any other
-chain (the driver that moves it comes next); the submit result says so.
+The watcher then places each next segment (chain/site_plan.py) and carries out moves (chain/mover.py).
 """
 
 from __future__ import annotations
@@ -33,9 +32,9 @@ from chainrun.slurm.client import SlurmClient
 from chainrun.state.records import Chain, ChainSite
 from chainrun.state.store import Store
 
-MOVES = "not yet"  # what a spanning chain's submit says about moves: the watcher cannot move a chain yet
-MOVES_NOTE = ("moves between sites: not yet: the chain runs on {first} like a single-cluster chain until the "
-              "watcher learns to move it; the other sites are prepared and checked")
+MOVES = "by the rule"  # what a spanning chain's submit says about moves (chain/site_plan.py, chain/mover.py)
+MOVES_NOTE = ("it starts on {first}; each next segment runs where the chain is expected to finish first, moving "
+              "only to gain more than the margin ({margin}); `chainrun status` shows every decision")
 
 
 def parse_sites(text: str) -> list[str]:

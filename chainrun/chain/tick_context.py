@@ -53,6 +53,7 @@ class TickContext:
         self.queue: list[QueueRow] = []
         self._reservations: list | None = None  # read at most once a tick, and only when planning
         self._topology = None  # `scontrol show topology`, read once per watcher (it does not change)
+        self.sites = None  # the other clusters of chains spanning several (chain/site_plan.SiteAccess)
 
 
     def reservations(self) -> list:

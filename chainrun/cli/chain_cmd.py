@@ -55,6 +55,7 @@ def submit(
     save_timeout: Annotated[Optional[str], typer.Option("--save-timeout", help=f"How long a checkpoint may take when the next segment asks for the hand-off, before it cancels this one (default: the signal lead + 1 min; never past the segment's end); {DURATION_HELP}.")] = None,
     gpu_mem: Annotated[Optional[str], typer.Option("--gpu-mem", metavar="SIZE", help="GPU memory the chain needs, e.g. 40G: checked at submit against each cluster's declared [clusters.NAME.gpu] memory.")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="A number format the GPUs must support, e.g. bf16: checked at submit against each cluster's declared [clusters.NAME.gpu] dtypes.")] = None,
+    site_margin: Annotated[Optional[str], typer.Option("--site-margin", help=f"With several clusters: move the chain to another cluster only when it is expected to finish more than this much sooner there (default 1h); {DURATION_HELP}.")] = None,
     filler: Annotated[Optional[float], typer.Option("--filler", metavar="BOUNDARIES", help="With --shapes: while the reference shape only queues, run a segment on fewer nodes when it gains at least this many segment boundaries of work, e.g. 6 (default: no filler, the replay's pick; docs/elastic.md).")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
@@ -68,7 +69,10 @@ def submit(
         return _submit_spanning(ctx, script, names, need, total=total, segment=segment, policy=policy, lead=lead,
                                 signal=signal, name=name, retries=retries, checkpoint_dir=checkpoint_dir,
                                 remote_script=remote_script, json_out=json_out, adapt=not no_adapt,
-                                elastic=_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout))
+                                elastic=_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout),
+                                site_margin=site_margin)
+    if site_margin is not None:
+        raise UsageError("--site-margin is for a chain spanning clusters", hint="e.g. --cluster a,b --site-margin 30m")
     name_of_cluster = names[0]
     if need.any:  # the declared GPUs of this one cluster (config only, no connection)
         from chainrun import clusters
@@ -142,7 +146,8 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
 
 
 def _submit_spanning(ctx, script: Path, names: list[str], need, *, total, segment, policy, lead, signal, name,
-                     retries, checkpoint_dir, remote_script: bool, json_out: bool, adapt: bool, elastic: dict) -> None:
+                     retries, checkpoint_dir, remote_script: bool, json_out: bool, adapt: bool, elastic: dict,
+                     site_margin: str | None = None) -> None:
     """``--cluster a,b``: every site checked and prepared, the chain starts on the first (chain/sites.py)."""
     from chainrun import paths
     from chainrun.chain.create import SubmitRequest
@@ -159,7 +164,8 @@ def _submit_spanning(ctx, script: Path, names: list[str], need, *, total, segmen
         workdir=os.getcwd(), segment_s=parse_duration(segment, what="--segment") if segment else None,
         policy=policy, lead_s=parse_duration(lead, what="--lead") if lead else None, signal=signal, name=name,
         retries=retries, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
-        sbatch_args=list(ctx.args), adapt=adapt, **elastic)
+        sbatch_args=list(ctx.args), adapt=adapt,
+        site_margin_s=parse_duration(site_margin, what="--site-margin", minimum=0) if site_margin is not None else None, **elastic)
     store = Store(paths.state_db())
     try:
         res = submit_spanning(store, names, req, open_runner=open_runner, need=need)
@@ -235,7 +241,10 @@ def _print_submitted(res, json_out: bool) -> None:
             checks = site.extra.get("checks") or {}
             typer.echo(f"site {site.rank + 1} {site.cluster}: {site.run_dir}; "
                        + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "preflight") if checks.get(k)))
-        typer.echo(MOVES_NOTE.format(first=ch.cluster))
+        from chainrun.chain.site_plan import margin_s
+        from chainrun.durations import format_duration
+
+        typer.echo(MOVES_NOTE.format(first=ch.cluster, margin=format_duration(margin_s(ch))))
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")
 
 

@@ -45,7 +45,8 @@ CHAINRUN_RELEASE_GRACE=${CHAINRUN_RELEASE_GRACE:-60}  # payload processes outliv
 CHAINRUN_MONITOR_PERIOD=${CHAINRUN_MONITOR_PERIOD:-2}
 CHAINRUN_SLURM_UNKNOWN_LIMIT=${CHAINRUN_SLURM_UNKNOWN_LIMIT:-600}  # Slurm cannot tell this long: give up
 # 1: the first segment on a site the chain moves to: trains only after the driver's control/go.<G>
-[[ ${CHAINRUN_GATED:-0} == 1 ]] && CHAINRUN_GATED=1 || CHAINRUN_GATED=0
+# (or the word `gated` after the segment index: how the driver submits it, whatever the user's --export)
+[[ ${CHAINRUN_GATED:-0} == 1 || ${2:-} == gated ]] && CHAINRUN_GATED=1 || CHAINRUN_GATED=0
 CHAINRUN_GATE_POLL=${CHAINRUN_GATE_POLL:-10}  # seconds between looks for the go-ahead (a listing of control/)
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE

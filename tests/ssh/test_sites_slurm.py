@@ -157,7 +157,7 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
     submit_s = time.monotonic() - t0
     data = json.loads(p.stdout)["data"]
     chain = data["chain"]
-    assert data["cluster"] == "local" and data["moves"] == "not yet"
+    assert data["cluster"] == "local" and data["moves"] == "by the rule"
     a, b = data["sites"]
     assert (a["cluster"], a["rank"], b["cluster"], b["rank"]) == ("local", 0, "b", 1)
     for site in (a, b):
@@ -192,7 +192,7 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
     print(f"submit with both sites' checks took {submit_s:.1f}s")
 
 
-def test_the_text_result_says_moves_are_not_made_yet(env, tmp_path):
+def test_the_text_result_names_each_site_and_the_move_rule(env, tmp_path):
     configure(env, "")
     script = tmp_path / "train.sh"
     shutil.copy(REPO / "templates" / "toy_train.sh", script)
@@ -200,7 +200,8 @@ def test_the_text_result_says_moves_are_not_made_yet(env, tmp_path):
                 "--cluster", "local,b", "--", N4, "--hold", home=env["home"], cwd=tmp_path, env=env["extra"],
                 timeout=600)
     assert p.returncode == 0, p.stderr
-    assert "moves between sites: not yet: the chain runs on local" in p.stdout
+    assert "it starts on local; each next segment runs where the chain is expected to finish first" in p.stdout
+    assert "margin (1h00m)" in p.stdout
     assert re.search(r"^site 2 b: .*reached without a prompt; accepted by sbatch --test-only", p.stdout, re.M), p.stdout
     chain = re.search(r"^chain (\S+):", p.stdout, re.M).group(1)
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0

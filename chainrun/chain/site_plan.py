@@ -1,0 +1,139 @@
+"""Where the next segment of a chain spanning clusters runs, and submitting it there (issue 26).
+
+Planning asks this module at every tick where a successor may be asked for (the ASK step of
+chain/planning.py). For each site of the chain it estimates the successor's wait if submitted now
+(the site's queue-delay model; without one, Slurm's own ``sbatch --test-only`` start), the checkpoint's
+transfer there (its measured size over the measured copy rate; before a copy, DEFAULT_TRANSFER_S), and
+the pace the chain measured there; chain/site_choice.py then picks the site expected to finish the
+chain first, staying unless another saves more than the margin. The policy times the successor with
+the chosen site's wait; a successor on another site is a move (chain/mover.py takes it from there).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Callable
+
+from chainrun.chain import site_choice, span
+from chainrun.chain.move_steps import AHEAD
+from chainrun.chain.policies import WaitEstimate
+from chainrun.chain.segments import sbatch_args, wrapper_path
+from chainrun.errors import ChainrunError, SlurmError
+from chainrun.state.records import Chain, ChainSite, Segment
+
+if TYPE_CHECKING:
+    from chainrun.chain.tick_context import TickContext
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
+DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
+
+
+class SiteAccess:
+    """The other sites as one engine's planning sees them: ``engine(name)`` is that site's Engine
+    (its Slurm client, runner, predictor and user), made once per watcher by MultiEngine."""
+
+    def __init__(self, engine: Callable[[str], object]) -> None:
+        self._engine = engine
+        self._queues: dict[str, list] = {}
+
+    def engine(self, name: str):
+        return self._engine(name)
+
+    def queue(self, name: str) -> list:
+        """That site's queue, everyone's (the model reads the queue ahead): one squeue per site and tick."""
+        if name not in self._queues:
+            self._queues[name] = self._engine(name).slurm.queue(all_users=True)
+        return self._queues[name]
+
+    def new_tick(self) -> None:
+        self._queues.clear()
+
+
+def margin_s(c: Chain) -> float:
+    m = c.extra.get("site_margin_s")
+    return float(m) if m is not None else site_choice.SHIPPED_MARGIN_S
+
+
+def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float) -> WaitEstimate | None:
+    """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate."""
+    here = site.cluster == c.cluster
+    view = span.site_view(c, site)
+    probe = Segment(chain_id=c.id, idx=cur.idx + 1, time_limit_s=view.segment_s, cluster=site.cluster)
+    try:
+        eng = None if here else t.sites.engine(site.cluster)
+        predictor = t.predictor if here else eng.predictor
+        if predictor is not None:
+            queue = t.queue if here else t.sites.queue(site.cluster)
+            est = predictor(view, probe, queue)
+            if est is not None:
+                return est
+        slurm = t.slurm if here else eng.slurm
+        start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
+    except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
+        log.info("site %s: no wait estimate (%s)", site.cluster, e)
+        return None
+    if start is None:
+        return None
+    w = max(0.0, start - now)
+    return WaitEstimate(seconds=w, model="slurm --test-only", p50=w)
+
+
+def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handover_at: float | None,
+           now: float) -> tuple[site_choice.SiteChoice, dict[str, WaitEstimate]] | None:
+    """The site for the next segment, with every site's wait; None when no site could be estimated."""
+    sites = t.store.sites(c.id)
+    ests: dict[str, WaitEstimate] = {}
+    options = []
+    for s in sites:
+        est = wait_estimate(t, c, s, cur, now)
+        if est is None:
+            continue
+        ests[s.cluster] = est
+        options.append(site_choice.SiteOption(
+            name=s.cluster, wait={0.5: est.p50 if est.p50 is not None else est.seconds},
+            transfer_s=0.0 if s.cluster == c.cluster else transfer_s(c, s.cluster),
+            pace=float((c.extra.get("pace_by_site") or {}).get(s.cluster) or 1.0)))
+    if not options:
+        return None
+    ready_in = max(0.0, handover_at - now) if handover_at else 0.0
+    choice = site_choice.choose_site(c.cluster, options, remaining_s=remaining_s, margin_s=margin_s(c),
+                                     ready_in_s=ready_in, segment_s=c.segment_s)
+    return choice, ests
+
+
+def transfer_s(c: Chain, to: str) -> float:
+    """The checkpoint's copy to ``to``: its last measured size over the last measured rate there."""
+    size = float(c.extra.get("checkpoint_bytes") or 0)
+    rate = float((c.extra.get("copy_Bps") or {}).get(to) or 0)
+    if size <= 0:
+        return DEFAULT_TRANSFER_S
+    return size / (rate if rate > 0 else DEFAULT_COPY_BPS)
+
+
+def next_generation(t: TickContext, c: Chain, to: ChainSite) -> int:
+    """The generation the successor on ``to`` claims: above every generation claimed where the chain
+    trains now, and above the last move away from ``to`` (a site moved away from claims only above it)."""
+    def highest(runner, run_dir: str, kind: str) -> int:
+        res = runner.run(["ls", "-1", "--", f"{run_dir}/control"], 60)
+        if not res.ok:
+            raise ChainrunError(f"cannot list {run_dir}/control: {res.first_error_line()}")
+        gens = [int(n.split(".", 1)[1]) for n in res.stdout.split()
+                if n.startswith(kind + ".") and n.split(".", 1)[1].isdigit()]
+        return max(gens, default=-1)
+
+    here = highest(t.runner, c.run_dir, "owner")
+    there = highest(t.sites.engine(to.cluster).runner, to.run_dir, "moved")
+    return max(here + 1, there + 1)
+
+
+def prepare_move(t: TickContext, c: Chain, seg: Segment, cur: Segment, to: str, choice: site_choice.SiteChoice,
+                 now: float) -> Chain:
+    """Make ``seg`` the successor on site ``to``: its site, its generation, its move record. Returns the
+    chain as that site sees it (what sbatch is given there)."""
+    site = next(s for s in t.store.sites(c.id) if s.cluster == to)
+    seg.cluster = to
+    seg.extra["move"] = {"from": c.cluster, "to": to, "gen": next_generation(t, c, site), "pred": cur.idx,
+                         "phase": AHEAD, "at": now, "decided": choice.as_dict()}
+    return span.site_view(c, site)
