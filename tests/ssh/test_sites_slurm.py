@@ -96,6 +96,9 @@ def env(site_b, tmp_path_factory):
     p = run_cli("cluster", "add", "b", "--ssh", "crb", "--workdir", str(workdir), home=home, env=extra)
     assert p.returncode == 0, p.stderr
     base = (home / "config.toml").read_text()
+    # b's environment file (sourced by its preflight and its copy of the script)
+    got = site_b.ssh(f"mkdir -p {workdir} && printf 'export SITE_B_ENV=yes\\n' > {workdir}/env.sh")
+    assert got.returncode == 0, got.stderr
     yield {"home": home, "extra": extra, "base": base, "workdir": workdir, "server": site_b,
            "cm": cm, "b_cluster": _cluster_name(os.environ.get("CHAINRUN_TEST_SITE_B_CONF")
                                                 or str(B_DIR / "etc" / "slurm.conf"))}
@@ -107,7 +110,7 @@ def env(site_b, tmp_path_factory):
 
 
 def configure(env, sites: str) -> None:
-    (env["home"] / "config.toml").write_text(env["base"] + "\n" + sites)
+    (env["home"] / "config.toml").write_text(env["base"] + "\n" + sites.replace("@WORKDIR@", str(env["workdir"])))
 
 
 def submit(env, work: Path, *args: str):
@@ -144,7 +147,8 @@ memory = "40G"
 dtypes = ["bf16", "fp16"]
 
 [clusters.b.job]
-preflight = "scontrol show config | grep ClusterName > \\"$CHAINRUN_RUN_DIR/preflight-saw\\""
+env_file = "@WORKDIR@/env.sh"
+preflight = "test \\"$SITE_B_ENV\\" = yes && scontrol show config | grep ClusterName > \\"$CHAINRUN_RUN_DIR/preflight-saw\\""
 """
 
 
@@ -173,6 +177,9 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
                             f"grep -h CHAINRUN_CLUSTER= {b['run_dir']}/wrapper.sh && cat {b['run_dir']}/preflight-saw")
     assert got.returncode == 0, got.stderr
     assert "export CHAINRUN_CLUSTER=b" in got.stdout
+    # b runs a copy of the script that sources b's environment file after the #SBATCH header
+    copy = env["server"].ssh(f"cat {b['script']}").stdout
+    assert b["script"].startswith(b["run_dir"] + "/") and f". '{env['workdir']}/env.sh' ||" in copy, copy
     assert re.search(rf"ClusterName\s*=\s*{env['b_cluster']}\b", got.stdout), got.stdout  # it ran on the other cluster
     # recorded: the chain with its sites, segment 0 on the first
     from chainrun.state.store import Store
@@ -240,9 +247,9 @@ def test_declared_gpus_that_do_not_fit(env, tmp_path):
 
 def test_a_failing_preflight(env, tmp_path):
     configure(env, GOOD.replace(
-        'preflight = "scontrol show config',
+        'preflight = "test \\"$SITE_B_ENV',  # b's only: local's passes
         'preflight = "test -d /nonexistent/data || { echo data missing on $CHAINRUN_CLUSTER; exit 4; }; '
-        'scontrol show config'))
+        'test \\"$SITE_B_ENV'))
     p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
     _refused(env, tmp_path, p, "cluster b: preflight `test -d /nonexistent/data", "failed (job ", "exit 4",
              ": data missing on b")
