@@ -169,7 +169,8 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
         assert checks["test_only"].startswith("accepted by sbatch --test-only"), checks
         assert checks["preflight"].startswith("preflight passed (job "), checks
         assert "GPUs support bf16" in checks["gpu"], checks
-    assert "--partition=long" in b["sbatch_args"] and "--partition=long" not in a["sbatch_args"] and b["run_dir"] == f"{env['workdir']}/chainrun-runs/{chain}"
+    assert "--partition=long" in b["sbatch_args"] and "--partition=long" not in a["sbatch_args"]  # b's own options
+    assert b["run_dir"] == f"{env['workdir']}/chainrun-runs/{chain}"
     # each site has its own run and checkpoint folder and wrapper, and the wrapper says where it runs
     assert Path(a["checkpoint_dir"]).is_dir() and (Path(a["run_dir"]) / "control" / "token").is_file()
     assert "export CHAINRUN_CLUSTER=local" in (Path(a["run_dir"]) / "wrapper.sh").read_text()
@@ -240,7 +241,8 @@ def test_declared_gpus_that_do_not_fit(env, tmp_path):
     configure(env, GOOD)
     p = submit(env, tmp_path, "--cluster", "local,b", "--gpu-mem", "64G", "--", N4)
     _refused(env, tmp_path, p, "cluster b: its GPUs have 40G of memory, the chain needs 64G (--gpu-mem)")
-    configure(env, GOOD.replace('dtypes = ["bf16", "fp16"]\n\n[clusters.b.job]', 'dtypes = ["fp16"]\n\n[clusters.b.job]'))
+    configure(env, GOOD.replace('dtypes = ["bf16", "fp16"]\n\n[clusters.b.job]',
+                                'dtypes = ["fp16"]\n\n[clusters.b.job]'))
     p = submit(env, tmp_path, "--cluster", "local,b", "--dtype", "bf16", "--", N4)
     _refused(env, tmp_path, p, "cluster b: its GPUs do not support bf16 (declared: fp16)")
 
