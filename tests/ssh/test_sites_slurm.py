@@ -214,6 +214,22 @@ def test_the_text_result_says_moves_are_not_made_yet(env, tmp_path):
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
+def test_a_clusters_own_script_is_used_in_place(env, tmp_path):
+    own = f"{env['workdir']}/own train.sh"
+    got = env["server"].ssh(f"printf '#!/bin/bash\\n#SBATCH --comment=own\\ntouch \"$CHAINRUN_DONE_FILE\"\\n' "
+                            f"> '{own}' && chmod 700 '{own}'")
+    assert got.returncode == 0, got.stderr
+    configure(env, f'[clusters.b.job]\nscript = "{own}"\n')
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    a, b = data["sites"]
+    assert a["script"] == str(tmp_path / "train.sh") and b["script"] == own  # in place on both, nothing uploaded
+    wrapper = env["server"].ssh(f"cat {b['run_dir']}/wrapper.sh").stdout
+    assert "#SBATCH --comment=own" in wrapper and "CHAINRUN_PAYLOAD='" + own + "'" in wrapper
+    assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0
+
+
 def chain_ids(env) -> set[str]:
     p = run_cli("status", "--json", home=env["home"])
     assert p.returncode == 0, p.stderr
