@@ -81,7 +81,8 @@ def check_site_tables(path: Path, name: str, site: dict) -> None:
     for table, values in site.items():
         where = f"[clusters.{name}.{table}]"
         if not isinstance(values, dict):
-            raise UsageError(f"{path}: {where} must be a table", hint=f"write it as a [clusters.{name}.{table}] section")
+            raise UsageError(f"{path}: {where} must be a table",
+                             hint=f"write it as a [clusters.{name}.{table}] section")
         for key, value in values.items():
             typ = _KEYS[table].get(key)
             if typ is None:

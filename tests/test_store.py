@@ -316,3 +316,21 @@ def test_a_chain_and_its_sites_are_written_together(tmp_path):
         s.add_chain(make_chain(), [ChainSite(chain_id=c.id, cluster="z", rank=5, workdir="/w", run_dir="/z",
                                              checkpoint_dir="/c", script="/s.sh")])
     assert [x.cluster for x in s.sites(c.id)] == ["b", "a"]
+
+
+def test_a_spanning_chains_segments_always_say_their_cluster(tmp_path):
+    """NULL means "the chain's cluster" only for chains on one cluster: a spanning chain's cluster changes
+    with each move, so each of its segments is written with the cluster it was planned on."""
+    from chainrun.state.records import ChainSite
+
+    s = Store(tmp_path / "s.sqlite")
+    one, two = make_chain("one-1a2b"), make_chain("two-1a2b")
+    s.add_chain(one)
+    s.add_chain(two, [ChainSite(chain_id=two.id, cluster=n, rank=i, workdir="/w", run_dir=f"/w/{n}",
+                                checkpoint_dir="/c", script="/s.sh") for i, n in enumerate(["local", "b"])])
+    s.save(one, [Segment(chain_id=one.id, idx=0)])
+    s.save(two, [Segment(chain_id=two.id, idx=0)])
+    two.cluster = "b"  # a move (the driver's): later segments are b's, the first stays local's
+    s.save(two, [Segment(chain_id=two.id, idx=1)])
+    assert [x.cluster for x in s.segments(one.id)] == [None]
+    assert [x.cluster for x in s.segments(two.id)] == ["local", "b"]

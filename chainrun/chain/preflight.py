@@ -40,7 +40,8 @@ def test_only(name: str, slurm: SlurmClient, site_chain: Chain) -> str:
     try:
         start = slurm.test_only(wrapper_path(site_chain), segment_args(site_chain, seg), script_args=["0"])
     except SlurmError as e:
-        raise SiteRefused(f"cluster {name}: sbatch --test-only refused the chain's job: {_one_line(e.message)}") from None
+        raise SiteRefused(f"cluster {name}: sbatch --test-only refused the chain's job: "
+                          f"{_one_line(e.message)}") from None
     if start is None:
         return "accepted by sbatch --test-only"
     return f"accepted by sbatch --test-only (would start in {format_duration(max(0.0, start - time.time()))})"

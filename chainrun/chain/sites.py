@@ -44,7 +44,8 @@ def parse_sites(text: str) -> list[str]:
         raise UsageError(f"--cluster {text!r}: an empty cluster name", hint="e.g. --cluster a,b")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise UsageError(f"--cluster {text!r} names {', '.join(dup)} twice", hint="each cluster once, in order of preference")
+        raise UsageError(f"--cluster {text!r} names {', '.join(dup)} twice",
+                         hint="each cluster once, in order of preference")
     if "all" in names:
         raise UsageError("--cluster all is not a site", hint="name the clusters, e.g. --cluster a,b")
     return names
@@ -70,7 +71,8 @@ def parse_gpu_need(memory: str | None, dtype: str | None) -> GpuNeed:
     if dtype is not None:
         dt = parse_dtype(dtype)
         if dt is None:
-            raise UsageError(f"--dtype {dtype!r} is not a dtype chainrun knows", hint="e.g. bf16, fp16, fp32, tf32, fp8")
+            raise UsageError(f"--dtype {dtype!r} is not a dtype chainrun knows",
+                             hint="e.g. bf16, fp16, fp32, tf32, fp8")
     return GpuNeed(mem, dt)
 
 
@@ -227,7 +229,8 @@ def submit_spanning(store: Store, names: list[str], req: SubmitRequest, *,
     if len(names) < 2:
         raise UsageError("a chain spanning clusters needs two clusters or more", hint="e.g. --cluster a,b")
     if req.shapes:
-        raise UsageError("--shapes with several clusters is not supported yet", hint="give one cluster, or drop --shapes")
+        raise UsageError("--shapes with several clusters is not supported yet",
+                         hint="give one cluster, or drop --shapes")
     if req.checkpoint_dir and not posixpath.isabs(req.checkpoint_dir):
         raise UsageError("--checkpoint-dir must be an absolute path with several clusters (used on each)")
     sites = open_sites(names, open_runner, local_workdir=req.workdir, need=need)
@@ -297,6 +300,8 @@ def _lay_out(s: Site, chain: Chain, req: SubmitRequest, warnings: list[str], *, 
     try:
         warnings += [f"cluster {s.name}: {w}" for w in make_folders(s.runner, run_dir, ckpt, clusters.run_mode())]
     except UsageError as e:
+        if "exists already" not in e.message:  # it did not exist a moment ago: a part made is ours
+            s.runner.run(["rm", "-rf", "--", run_dir], 120)
         raise SiteRefused(f"cluster {s.name}: {e.message}", hint=e.hint) from None
     made[s.name] = view = replace(
         chain, cluster=s.name, workdir=s.workdir, run_dir=run_dir, checkpoint_dir=ckpt,

@@ -232,12 +232,13 @@ def _print_submitted(res, json_out: bool) -> None:
                    f"--total counted at {sh[0]} nodes")
     if res.policy_note:  # no --policy given: which default, and (for lead) how to get the model
         typer.echo(res.policy_note)
-    typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if res.sites else ""))
+    sites = getattr(res, "sites", ())  # a chain spanning clusters (chain/sites.py)
+    typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if sites else ""))
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
-    if res.sites:  # a chain spanning clusters: each site and what its checks found
+    if sites:  # each site and what its checks found
         from chainrun.chain.sites import MOVES_NOTE
 
-        for site in res.sites:
+        for site in sites:
             checks = site.extra.get("checks") or {}
             typer.echo(f"site {site.rank + 1} {site.cluster}: {site.run_dir}; "
                        + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "preflight") if checks.get(k)))
@@ -249,7 +250,7 @@ def _print_submitted(res, json_out: bool) -> None:
 
 
 def _sites_json(res) -> dict:
-    if not res.sites:
+    if not getattr(res, "sites", ()):
         return {}
     from chainrun.chain.sites import MOVES
 

@@ -449,6 +449,12 @@ class Store:
     def _upsert_segment(self, seg: Segment) -> None:
         if seg.phase == SUBMITTING and self.acting is not None:  # which watcher decided this submit (status, tests)
             seg.extra["acting"] = self.acting.label
+        if seg.cluster is None and self.db.execute("SELECT 1 FROM chain_sites WHERE chain_id=? LIMIT 1",
+                                                   (seg.chain_id,)).fetchone():
+            # a chain spanning clusters: its segments always say where they ran (NULL would follow the chain's
+            # cluster, which changes with each move); the chain row is current here (save writes it first)
+            row = self.db.execute("SELECT cluster FROM chains WHERE id=?", (seg.chain_id,)).fetchone()
+            seg.cluster = row["cluster"] if row is not None else None
         row = _seg_row(seg)
         self.db.execute(
             f"INSERT INTO segments({','.join(_q(c) for c in _SEG_COLS)}) VALUES({','.join('?' * len(_SEG_COLS))}) "

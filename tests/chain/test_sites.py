@@ -100,7 +100,8 @@ def test_site_tables_are_read_and_kept_when_the_file_is_rewritten(tmp_path, monk
     # removing a cluster removes its site tables (a table left behind would be a cluster with no host)
     p = run_cli("cluster", "remove", "a", home=path.parent)
     assert p.returncode == 0, p.stderr
-    assert "clusters.a." not in path.read_text() and clusters.load().sites == {"local": {"sbatch": {"args": ["--exclude=n1"]}}}
+    assert "clusters.a." not in path.read_text()
+    assert clusters.load().sites == {"local": {"sbatch": {"args": ["--exclude=n1"]}}}
 
 
 @pytest.mark.parametrize("table, key_line, words", [

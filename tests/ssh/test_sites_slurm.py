@@ -96,6 +96,9 @@ def env(site_b, tmp_path_factory):
     p = run_cli("cluster", "add", "b", "--ssh", "crb", "--workdir", str(workdir), home=home, env=extra)
     assert p.returncode == 0, p.stderr
     base = (home / "config.toml").read_text()
+    # b's environment file (sourced by its preflight and its copy of the script)
+    got = site_b.ssh(f"mkdir -p {workdir} && printf 'export SITE_B_ENV=yes\\n' > {workdir}/env.sh")
+    assert got.returncode == 0, got.stderr
     yield {"home": home, "extra": extra, "base": base, "workdir": workdir, "server": site_b,
            "cm": cm, "b_cluster": _cluster_name(os.environ.get("CHAINRUN_TEST_SITE_B_CONF")
                                                 or str(B_DIR / "etc" / "slurm.conf"))}
@@ -107,7 +110,7 @@ def env(site_b, tmp_path_factory):
 
 
 def configure(env, sites: str) -> None:
-    (env["home"] / "config.toml").write_text(env["base"] + "\n" + sites)
+    (env["home"] / "config.toml").write_text(env["base"] + "\n" + sites.replace("@WORKDIR@", str(env["workdir"])))
 
 
 def submit(env, work: Path, *args: str):
@@ -144,7 +147,8 @@ memory = "40G"
 dtypes = ["bf16", "fp16"]
 
 [clusters.b.job]
-preflight = "scontrol show config | grep ClusterName > \\"$CHAINRUN_RUN_DIR/preflight-saw\\""
+env_file = "@WORKDIR@/env.sh"
+preflight = "test \\"$SITE_B_ENV\\" = yes && scontrol show config | grep ClusterName > \\"$CHAINRUN_RUN_DIR/preflight-saw\\""
 """
 
 
@@ -165,7 +169,8 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
         assert checks["test_only"].startswith("accepted by sbatch --test-only"), checks
         assert checks["preflight"].startswith("preflight passed (job "), checks
         assert "GPUs support bf16" in checks["gpu"], checks
-    assert "--partition=long" in b["sbatch_args"] and "--partition=long" not in a["sbatch_args"] and b["run_dir"] == f"{env['workdir']}/chainrun-runs/{chain}"
+    assert "--partition=long" in b["sbatch_args"] and "--partition=long" not in a["sbatch_args"]  # b's own options
+    assert b["run_dir"] == f"{env['workdir']}/chainrun-runs/{chain}"
     # each site has its own run and checkpoint folder and wrapper, and the wrapper says where it runs
     assert Path(a["checkpoint_dir"]).is_dir() and (Path(a["run_dir"]) / "control" / "token").is_file()
     assert "export CHAINRUN_CLUSTER=local" in (Path(a["run_dir"]) / "wrapper.sh").read_text()
@@ -173,6 +178,9 @@ def test_checks_pass_folders_on_both_and_the_chain_runs_on_its_first_site(env, t
                             f"grep -h CHAINRUN_CLUSTER= {b['run_dir']}/wrapper.sh && cat {b['run_dir']}/preflight-saw")
     assert got.returncode == 0, got.stderr
     assert "export CHAINRUN_CLUSTER=b" in got.stdout
+    # b runs a copy of the script that sources b's environment file after the #SBATCH header
+    copy = env["server"].ssh(f"cat {b['script']}").stdout
+    assert b["script"].startswith(b["run_dir"] + "/") and f". '{env['workdir']}/env.sh' ||" in copy, copy
     assert re.search(rf"ClusterName\s*=\s*{env['b_cluster']}\b", got.stdout), got.stdout  # it ran on the other cluster
     # recorded: the chain with its sites, segment 0 on the first
     from chainrun.state.store import Store
@@ -207,6 +215,22 @@ def test_the_text_result_names_each_site_and_the_move_rule(env, tmp_path):
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
+def test_a_clusters_own_script_is_used_in_place(env, tmp_path):
+    own = f"{env['workdir']}/own train.sh"
+    got = env["server"].ssh(f"printf '#!/bin/bash\\n#SBATCH --comment=own\\ntouch \"$CHAINRUN_DONE_FILE\"\\n' "
+                            f"> '{own}' && chmod 700 '{own}'")
+    assert got.returncode == 0, got.stderr
+    configure(env, f'[clusters.b.job]\nscript = "{own}"\n')
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    a, b = data["sites"]
+    assert a["script"] == str(tmp_path / "train.sh") and b["script"] == own  # in place on both, nothing uploaded
+    wrapper = env["server"].ssh(f"cat {b['run_dir']}/wrapper.sh").stdout
+    assert "#SBATCH --comment=own" in wrapper and "CHAINRUN_PAYLOAD='" + own + "'" in wrapper
+    assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0
+
+
 def chain_ids(env) -> set[str]:
     p = run_cli("status", "--json", home=env["home"])
     assert p.returncode == 0, p.stderr
@@ -234,16 +258,17 @@ def test_declared_gpus_that_do_not_fit(env, tmp_path):
     configure(env, GOOD)
     p = submit(env, tmp_path, "--cluster", "local,b", "--gpu-mem", "64G", "--", N4)
     _refused(env, tmp_path, p, "cluster b: its GPUs have 40G of memory, the chain needs 64G (--gpu-mem)")
-    configure(env, GOOD.replace('dtypes = ["bf16", "fp16"]\n\n[clusters.b.job]', 'dtypes = ["fp16"]\n\n[clusters.b.job]'))
+    configure(env, GOOD.replace('dtypes = ["bf16", "fp16"]\n\n[clusters.b.job]',
+                                'dtypes = ["fp16"]\n\n[clusters.b.job]'))
     p = submit(env, tmp_path, "--cluster", "local,b", "--dtype", "bf16", "--", N4)
     _refused(env, tmp_path, p, "cluster b: its GPUs do not support bf16 (declared: fp16)")
 
 
 def test_a_failing_preflight(env, tmp_path):
     configure(env, GOOD.replace(
-        'preflight = "scontrol show config',
+        'preflight = "test \\"$SITE_B_ENV',  # b's only: local's passes
         'preflight = "test -d /nonexistent/data || { echo data missing on $CHAINRUN_CLUSTER; exit 4; }; '
-        'scontrol show config'))
+        'test \\"$SITE_B_ENV'))
     p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
     _refused(env, tmp_path, p, "cluster b: preflight `test -d /nonexistent/data", "failed (job ", "exit 4",
              ": data missing on b")
