@@ -48,7 +48,8 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
         # the last prediction made while the predecessor ran stays beside the actual wait
         last = segs[-1].extra.get("last_prediction") if segs else None
         est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
-        submit_next(t, c, segs, remaining, dependency="", note="", estimate=est)
+        move_to = _where(t, c, segs[-1], remaining, None, now) if segs else None
+        submit_next(t, c, segs, remaining, dependency="", note="", estimate=est, move_to=move_to)
         report.submitted += 1
         return
     if step != sizing.ASK:
@@ -65,15 +66,9 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
     # left once cur trains to its hand-over point, a later full segment trains segment_s - overhead
     allowance = sizing.slack_allowance(remaining, segment_s=c.segment_s, overhead_s=overhead,
                                        handoff_s=handoff_plan.measured_handoff_s(c, segs))
-    move_to = None
-    if span.spans(c) and getattr(t, "sites", None) is not None:  # a chain spanning clusters: where, first
-        got = site_plan.choose(t, c, cur, remaining_s=remaining, handover_at=handover, now=now)
-        if got is not None:
-            choice, waits = got
-            _note_choice(t, c, cur, choice, now)
-            if choice.site != c.cluster:  # the policy times the successor by the wait where it would run
-                move_to = choice
-                predict = lambda: waits[choice.site]  # noqa: E731
+    move_to = _where(t, c, cur, remaining, handover, now)
+    if move_to is not None:  # the policy times the successor by the wait where it would run
+        predict = lambda: move_to.waits[move_to.site]  # noqa: E731
     view = PolicyView(now=now, chain=c, current=cur, handover_at=handover, predict_wait=predict,
                       cut_allowance_s=allowance)
     decision = policy.decide(view)
@@ -84,6 +79,18 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
         submit_next(t, c, segs, left, dependency=decision.dependency, note=decision.reason,
                           estimate=decision.estimate, prob_in_time=decision.prob_in_time, move_to=move_to)
         report.submitted += 1
+
+
+def _where(t: TickContext, c: Chain, last: Segment, remaining: float, handover: float | None, now: float):
+    """A chain spanning clusters: the site choice when it names another site (a move), else None."""
+    if not span.spans(c) or getattr(t, "sites", None) is None:
+        return None
+    got = site_plan.choose(t, c, last, remaining_s=remaining, handover_at=handover, now=now)
+    if got is None:
+        return None
+    choice, waits = got
+    _note_choice(t, c, last, choice, now)
+    return site_plan.Move(choice, waits, last) if choice.site != c.cluster else None
 
 
 def _note_choice(t: TickContext, c: Chain, cur: Segment, choice, now: float) -> None:
@@ -148,10 +155,9 @@ def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float,
     if span.spans(c):  # every segment of a chain spanning clusters names its site
         seg.cluster = c.cluster
     if move_to is not None:
-        cur = next(s for s in segs if s.phase in LIVE_PHASES)
-        site = site_plan.prepare_move(t, c, seg, cur, move_to.site, move_to, t.clock())
+        site = site_plan.prepare_move(t, c, seg, move_to.pred, move_to.site, move_to.choice, t.clock())
         seg.time_limit_s = sizing.segment_limit(remaining, segment_s=site.segment_s, signal_lead_s=c.signal_lead_s)
-        note = f"{note}; moving to {move_to.site}: {move_to.reason}" if note else f"moving to {move_to.site}"
+        note = f"{note}; {move_to.choice.reason}" if note else move_to.choice.reason
         submit_segment(t.store, t.sites.engine(move_to.site).slurm, c, seg, note=note, site=site)
         segs.append(seg)
         return

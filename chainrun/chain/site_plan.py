@@ -12,6 +12,7 @@ the chosen site's wait; a successor on another site is a move (chain/mover.py ta
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from chainrun.chain import site_choice, span
@@ -28,6 +29,20 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
+
+
+@dataclass(frozen=True)
+class Move:
+    """A decision to run the next segment on another site: the choice, every site's wait, and the
+    segment it follows (the live one, or the last one when none is live)."""
+
+    choice: site_choice.SiteChoice
+    waits: dict
+    pred: Segment
+
+    @property
+    def site(self) -> str:
+        return self.choice.site
 
 
 class SiteAccess:

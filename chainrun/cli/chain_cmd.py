@@ -243,7 +243,6 @@ def _print_submitted(res, json_out: bool) -> None:
             typer.echo(f"site {site.rank + 1} {site.cluster}: {site.run_dir}; "
                        + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "preflight") if checks.get(k)))
         from chainrun.chain.site_plan import margin_s
-        from chainrun.durations import format_duration
 
         typer.echo(MOVES_NOTE.format(first=ch.cluster, margin=format_duration(margin_s(ch))))
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")

@@ -87,7 +87,7 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
     (tmp_path / "toy_trainer.py").write_text((Path(__file__).parents[2] / "templates" / "toy_trainer.py").read_text())
     p = run_cli("submit", str(script), "--cluster", "local,b", "--total", "4m", "--segment", "2m",
-                "--signal", "USR2@40", "--policy", "lead", "--lead", "30s", "--site-margin", "5m", "--json",
+                "--signal", "USR2@40", "--policy", "lead", "--lead", "60s", "--site-margin", "5m", "--json",
                 "--", ONLY_N4, WHOLE, home=env["home"], cwd=tmp_path, env=env["extra"], timeout=600)
     assert p.returncode == 0, p.stderr
     chain = json.loads(p.stdout)["data"]["chain"]
