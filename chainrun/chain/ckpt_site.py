@@ -45,13 +45,17 @@ class CopySite:
 
 def site_for(name: str, runner: Runner, ckpt_dir: str, *, direct: Mapping[str, DirectRoute] | None = None,
              rsync: str = "rsync") -> CopySite:
-    """A copy end for a configured cluster's runner: this machine, or the OpenSSH transport."""
-    if isinstance(runner, LocalRunner):
+    """A copy end for a configured cluster's runner: this machine, or the OpenSSH transport (whatever
+    wraps it: the acting watcher's runner is fenced by its lease)."""
+    from chainrun.runner.base import innermost
+
+    inner = innermost(runner)
+    if isinstance(inner, LocalRunner):
         return CopySite(name, runner, ckpt_dir, direct=dict(direct or {}), rsync=rsync)
     from chainrun.runner.openssh import OpenSSHRunner, base_argv
 
-    if not isinstance(runner, OpenSSHRunner):
+    if not isinstance(inner, OpenSSHRunner):
         raise UsageError(f"checkpoint copies to or from {name} need the OpenSSH transport",
                          hint=f"re-add the cluster with `chainrun cluster add {name} --ssh ALIAS`")
-    return CopySite(name, runner, ckpt_dir, ssh=tuple(base_argv(runner.alias)[:-1]), host=runner.alias,
+    return CopySite(name, runner, ckpt_dir, ssh=tuple(base_argv(inner.alias)[:-1]), host=inner.alias,
                     direct=dict(direct or {}), rsync=rsync)

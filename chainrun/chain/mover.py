@@ -24,6 +24,7 @@ from chainrun.chain import outcomes, span
 from chainrun.chain.contract import go_text, handoff_text, moved_text
 from chainrun.chain.segments import job_name
 from chainrun.errors import ChainrunError
+from chainrun.runner.base import innermost
 from chainrun.state.records import ENDED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, UNSTARTED, Chain, ChainSite, Segment
 from chainrun.state.store import Store
 
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DONE = "done"  # the chain's row names the new site: the move is over
 LOST_AFTER_S = 900  # a submission on the new site neither squeue nor sacct confirms this long: never made
+COPY_RETRY_S, COPY_RETRY_MAX_S = 30.0, 600.0  # a failed copy is tried again after 30 s, doubling to 10 min
 COPY_WAIT_AT_CLOSE_S = 1800.0  # a watcher that stops lets a running copy finish (it resumes anyway)
 # a copy ahead re-reads the old site's newest checkpoint this often (the manifest hashes every file there)
 LOOK_EVERY_S = 600.0
@@ -106,6 +108,8 @@ class Mover:
         pred_live = None if names is None else (pred is not None and pred.phase in LIVE_PHASES)
         stopped = pred_live is False or released is True
         copying = key in self._jobs and not self._jobs[key].done()
+        if self.clock() < float(mv.get("copy_retry_at") or 0):
+            copying = True  # a failed copy waits before the next try: as if one were under way
         if mv["phase"] == ms.FENCED and stopped and not mv.get("final_read") and s.phase != ENDED:
             # the predecessor stopped: its newest checkpoint is the final one; read it before choosing
             if not copying:
@@ -178,8 +182,11 @@ class Mover:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chainrun-copy")
         self._jobs[key] = self._pool.submit(fn, *args)
 
+    # the copy thread uses the runners themselves, not the acting watcher's fenced wrappers: the fence reads the
+    # store (SQLite objects stay in their thread); a copy lands under a partial name and is verified, so a
+    # watcher that lost its lease meanwhile can at worst copy twice, never put a wrong checkpoint in place
     def _read_final(self, ea, a: ChainSite, key) -> dict:
-        man = cm.manifest(ea.runner, a.checkpoint_dir)
+        man = cm.manifest(innermost(ea.runner), a.checkpoint_dir)
         if man is not None:
             self._manifests[key] = man
         return {"final": _summary(man) if man else None}
@@ -190,9 +197,9 @@ class Mover:
 
         man = self._manifests.get(key)
         if man is None or (man.generation or 0, man.step or 0) != (target.generation, target.step):
-            man = cm.manifest(ea.runner, a.checkpoint_dir)
-        src = configured_site(a.cluster, ea.runner, a.checkpoint_dir)
-        dst = configured_site(b.cluster, eb.runner, b.checkpoint_dir)
+            man = cm.manifest(innermost(ea.runner), a.checkpoint_dir)
+        src = configured_site(a.cluster, innermost(ea.runner), a.checkpoint_dir)
+        dst = configured_site(b.cluster, innermost(eb.runner), b.checkpoint_dir)
         res = copy_checkpoint(src, dst, manifest=man,
                               on_progress=lambda p: self._progress.__setitem__(key, p.to_dict()))
         self._manifests[key] = man
@@ -208,10 +215,17 @@ class Mover:
         del self._jobs[key]
         try:
             got = fut.result()
-        except Exception as e:  # noqa: BLE001 - a failed copy is retried next tick (rsync resumes)
-            mv["copy_failures"] = int(mv.get("copy_failures") or 0) + 1
-            self.store.add_event(c.id, s.idx, "warning", f"copy to {mv['to']} failed ({e}); trying again")
+        except Exception as e:  # noqa: BLE001 - a failed copy is tried again later (rsync resumes it)
+            n = mv["copy_failures"] = int(mv.get("copy_failures") or 0) + 1
+            wait = min(COPY_RETRY_MAX_S, COPY_RETRY_S * 2 ** (n - 1))
+            mv["copy_retry_at"] = self.clock() + wait
+            if mv.get("copy_error") != str(e):  # said once per distinct error, not every tick
+                mv["copy_error"] = str(e)
+                self.store.add_event(c.id, s.idx, "warning", f"copy to {mv['to']} failed ({e}); trying again in "
+                                     f"{wait:.0f}s, then less often")
             return
+        mv.pop("copy_error", None)
+        mv.pop("copy_retry_at", None)
         if "final" in got:  # the predecessor's last checkpoint, read once it stopped
             mv["final_read"] = True
             if got["final"]:
@@ -252,7 +266,7 @@ class Mover:
 
     def _copy_newest(self, ea, eb, a: ChainSite, b: ChainSite, key) -> dict:
         """A copy ahead: the newest complete checkpoint, whatever it is (nothing when there is none yet)."""
-        man = cm.manifest(ea.runner, a.checkpoint_dir)
+        man = cm.manifest(innermost(ea.runner), a.checkpoint_dir)
         if man is None:
             return {}
         self._manifests[key] = man

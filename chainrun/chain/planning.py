@@ -29,6 +29,8 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
     live = [s for s in segs if s.phase in LIVE_PHASES]
     if any(span.foreign(c, s) for s in live):  # a move to another site is under way: the driver's (chain/mover.py)
         return
+    if span.spans(c) and getattr(t, "sites", None) is not None and site_plan.reconsider(t, c, segs, now):
+        return  # a pending successor was cancelled to run elsewhere: planned again next tick
     # --total counts training: a live segment is expected to train its limit less the signal lead
     overhead = segment_overhead(c, segs)
     expected = sum(sizing.expected_work(expected_training(c, s, overhead), rate=segment_rate(c, s, segs))
@@ -48,7 +50,7 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
         # the last prediction made while the predecessor ran stays beside the actual wait
         last = segs[-1].extra.get("last_prediction") if segs else None
         est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
-        move_to = _where(t, c, segs[-1], remaining, None, now) if segs else None
+        move_to = _where(t, c, site_plan.last_trained(segs), remaining, None, now) if segs else None
         submit_next(t, c, segs, remaining, dependency="", note="", estimate=est, move_to=move_to)
         report.submitted += 1
         return

@@ -20,7 +20,7 @@ from chainrun.chain.move_steps import AHEAD
 from chainrun.chain.policies import WaitEstimate
 from chainrun.chain.segments import sbatch_args, wrapper_path
 from chainrun.errors import ChainrunError, SlurmError
-from chainrun.state.records import Chain, ChainSite, Segment
+from chainrun.state.records import PENDING, RUNNING, Chain, ChainSite, Segment
 
 if TYPE_CHECKING:
     from chainrun.chain.tick_context import TickContext
@@ -66,6 +66,13 @@ class SiteAccess:
         self._queues.clear()
 
 
+def last_trained(segs: list[Segment]) -> Segment:
+    """The segment a successor follows when none is live: the newest that trained (a cancelled or
+    unstarted one after it holds no checkpoint), else the newest."""
+    trained = [s for s in segs if s.credit_s > 0 or s.outcome in ("continue", "handoff", "checkpoint-crash")]
+    return max(trained, key=lambda s: s.idx) if trained else segs[-1]
+
+
 def margin_s(c: Chain) -> float:
     m = c.extra.get("site_margin_s")
     return float(m) if m is not None else site_choice.SHIPPED_MARGIN_S
@@ -83,7 +90,7 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
             queue = t.queue if here else t.sites.queue(site.cluster)
             est = predictor(view, probe, queue)
             if est is not None:
-                return est
+                return _at_least_planned(c, site.cluster, est, now)
         slurm = t.slurm if here else eng.slurm
         start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
@@ -91,8 +98,18 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
         return None
     if start is None:
         return None
-    w = max(0.0, start - now)
-    return WaitEstimate(seconds=w, model="slurm --test-only", p50=w)
+    return _at_least_planned(c, site.cluster, WaitEstimate(seconds=max(0.0, start - now), model="slurm --test-only",
+                                                          p50=max(0.0, start - now)), now)
+
+
+def _at_least_planned(c: Chain, site: str, est: WaitEstimate, now: float) -> WaitEstimate:
+    """No earlier than Slurm's own plan for the chain's last job pending there (``sbatch --test-only`` sees
+    free resources, not the jobs queued ahead; squeue's expected start does), while that plan lies ahead."""
+    planned, seen_at = ((c.extra.get("planned_start") or {}).get(site) or (0, 0))
+    if planned <= now or now - seen_at > PLAN_MEMORY_S:  # a plan passed, or too old to hold
+        return est
+    w = max(est.seconds, planned - now)
+    return WaitEstimate(seconds=w, model=f"{est.model}, no earlier than Slurm's plan", p50=max(est.p50 or 0, w))
 
 
 def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handover_at: float | None,
@@ -152,3 +169,54 @@ def prepare_move(t: TickContext, c: Chain, seg: Segment, cur: Segment, to: str, 
     seg.extra["move"] = {"from": c.cluster, "to": to, "gen": next_generation(t, c, site), "pred": cur.idx,
                          "phase": AHEAD, "at": now, "decided": choice.as_dict()}
     return span.site_view(c, site)
+
+
+RECONSIDER_EVERY_S = 300.0  # a successor pending on the chain's site is weighed against the others this often
+# Slurm's plan for a job it held back counts this long after it was read (the queue ahead may change)
+PLAN_MEMORY_S = 120.0
+
+
+def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> bool:
+    """A successor already pending on the chain's site, whose queue backed up since it was asked for:
+    Slurm's own expected start for it (squeue) against the other sites' waits, by the same rule. When
+    another site is expected to finish more than the margin sooner, the pending job is cancelled (it
+    never trained) and the next tick plans the successor there. True when it cancelled."""
+    from chainrun.chain.cancel import cancel_live
+
+    pending = [s for s in segs if s.phase == PENDING and not span.foreign(c, s) and s.job_id]
+    if len(pending) != 1 or now - float(c.extra.get("reconsidered_at") or 0) < RECONSIDER_EVERY_S:
+        return False
+    succ = pending[0]
+    row = next((q for q in t.queue if q.job_id == succ.job_id), None)
+    if row is None or row.start is None:  # Slurm has no plan for it: nothing to weigh
+        return False
+    c.extra["reconsidered_at"] = now
+    c.extra.setdefault("planned_start", {})[c.cluster] = [row.start, now]  # Slurm's plan there (wait_estimate)
+    running = [s for s in segs if s.phase == RUNNING and not span.foreign(c, s)]
+    handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
+    sites = t.store.sites(c.id)
+    options = [site_choice.SiteOption(name=c.cluster, wait={0.5: max(0.0, row.start - now)})]
+    for s in sites:
+        if s.cluster == c.cluster:
+            continue
+        est = wait_estimate(t, c, s, succ, now)
+        if est is not None:
+            options.append(site_choice.SiteOption(name=s.cluster, wait={0.5: est.p50 if est.p50 is not None else est.seconds},
+                                                  transfer_s=transfer_s(c, s.cluster)))
+    ready_in = max(0.0, handover - now) if handover else 0.0
+    choice = site_choice.choose_site(c.cluster, options, remaining_s=c.remaining_s, margin_s=margin_s(c),
+                                     ready_in_s=ready_in, segment_s=c.segment_s)
+    if not choice.move:
+        t.store.save(c)
+        return False
+    why = f"cancelled while pending on {c.cluster} (Slurm expects it to start at {_clock(row.start)}): {choice.reason}"
+    events = cancel_live(t.slurm, c, [succ], why)
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx}
+    t.store.save(c, [succ], events + [(succ.idx, "site", f"segment {succ.idx} {why}")])
+    return succ.phase not in (PENDING, RUNNING)
+
+
+def _clock(ts: float) -> str:
+    import time as _time
+
+    return _time.strftime("%H:%M", _time.localtime(ts))

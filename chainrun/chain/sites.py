@@ -26,7 +26,7 @@ from chainrun.chain.create import (SubmitRequest, SubmitResult, _default_output,
 from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import wrapper_path
 from chainrun.errors import ChainrunError, RemoteError, SiteRefused, UsageError
-from chainrun.runner.base import HostKeyError, Runner
+from chainrun.runner.base import HostKeyError, Runner, innermost
 from chainrun.site_config import SiteSettings, parse_dtype, parse_memory_mb
 from chainrun.slurm.client import SlurmClient
 from chainrun.state.records import Chain, ChainSite
@@ -139,7 +139,8 @@ def reach(name: str, runner: Runner) -> str:
         raise SiteRefused(f"cluster {name}: unreachable ({e.message}); {why}", hint=e.hint) from None
     if not res.ok:
         raise SiteRefused(f"cluster {name}: `true` failed there: {res.first_error_line()}")
-    if isinstance(runner, OpenSSHRunner) and master_check(runner.alias) and _login_without_master(runner.alias):
+    inner = innermost(runner)
+    if isinstance(inner, OpenSSHRunner) and master_check(inner.alias) and _login_without_master(inner.alias):
         return ("reached over the open SSH master; without it the site asks for a login: keep it open while the "
                 f"chain runs (`chainrun cluster login {name}`)")
     return "reached without a prompt" if name != clusters.LOCAL else "this machine"

@@ -81,3 +81,12 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def innermost(runner):
+    """The runner under any wrappers (the acting watcher's FencedRunner keeps it as ``_inner``): what
+    decides the transport. Calls still go through the wrapper, so its checks hold."""
+    seen = 0
+    while hasattr(runner, "_inner") and seen < 8:
+        runner, seen = runner._inner, seen + 1
+    return runner
