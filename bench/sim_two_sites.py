@@ -27,7 +27,8 @@ from _results import REPO, git, head_state, sync_doc  # bench/ is on sys.path wh
 LEVELS = ("low", "medium", "heavy")
 DOC = REPO / "docs" / "multi-cluster.md"
 # docs/multi-cluster.md's results blocks: marker name -> results file
-BLOCKS = {"two-sites-ls6x2": "sim-two-sites-ls6x2.json", "two-sites-ls6x2-pace06": "sim-two-sites-ls6x2-pace06.json"}
+BLOCKS = {"two-sites-ls6x2": "sim-two-sites-ls6x2.json", "two-sites-ls6x2-pace06": "sim-two-sites-ls6x2-pace06.json",
+          "two-sites-ls6x2-shift8": "sim-two-sites-ls6x2-shift8.json"}
 
 
 def main() -> int:
