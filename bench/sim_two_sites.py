@@ -7,7 +7,8 @@
 Writes docs/results/sim-two-sites-<name>.json (default name: ls6x2, the shipped trace twice, its copy
 4 weeks later) with the commit, the exact command and the data `chainrun sim --chains --trace A --trace B
 --json` prints. The shipped trace is TACC Lonestar6's A100 partition (Mirage, SC'23; CC BY 4.0, see
-chainrun/data/README.md). ``--table FILE`` prints the table of a file already written.
+chainrun/data/README.md). ``--table FILE`` prints the table of a file already written; ``--render``
+writes the results blocks of docs/multi-cluster.md from the files (``--check``: the doc test's check).
 """
 
 from __future__ import annotations
@@ -21,9 +22,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from _results import REPO, git, head_state  # bench/ is on sys.path when a bench runs
+from _results import REPO, git, head_state, sync_doc  # bench/ is on sys.path when a bench runs
 
 LEVELS = ("low", "medium", "heavy")
+DOC = REPO / "docs" / "multi-cluster.md"
+# docs/multi-cluster.md's results blocks: marker name -> results file
+BLOCKS = {"two-sites-ls6x2": "sim-two-sites-ls6x2.json", "two-sites-ls6x2-pace06": "sim-two-sites-ls6x2-pace06.json",
+          "two-sites-ls6x2-shift8": "sim-two-sites-ls6x2-shift8.json"}
 
 
 def main() -> int:
@@ -31,12 +36,16 @@ def main() -> int:
     ap.add_argument("--trace", action="append", default=None, help="a cluster's trace (twice or more)")
     ap.add_argument("--name", default=None)
     ap.add_argument("--table", default=None, help="print the table of this results file and stop")
+    ap.add_argument("--render", action="store_true", help="write the results blocks of docs/multi-cluster.md")
+    ap.add_argument("--check", action="store_true", help="with --render: exit 1 if the doc is not what it renders to")
     ap.add_argument("--from-head", action="store_true", help="run chainrun from an export of HEAD")
     ap.add_argument("extra", nargs="*", help="more `chainrun sim` options, after --")
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())["data"]))
         return 0
+    if args.render:
+        return sync_doc(DOC, render, args.check)
     traces = args.trace or ["ls6-a100-dev", "ls6-a100-dev"]
     name = args.name or ("ls6x2" if traces == ["ls6-a100-dev", "ls6-a100-dev"] else "custom")
     out = REPO / "docs" / "results" / f"sim-two-sites-{name}.json"
@@ -120,6 +129,20 @@ def table(data: dict) -> str:
         lines += _targets(c["whole_window"].get("targets", {}))
     lines += [f"warning: {w}" for w in m.get("warnings", [])]
     return "\n".join(lines)
+
+
+def render(text: str) -> str:
+    """The doc with every results block rendered from its file (the command, the commit, the table)."""
+    for name, file in BLOCKS.items():
+        begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+        if begin not in text:
+            continue
+        doc = json.loads((REPO / "docs" / "results" / file).read_text())
+        block = (f"{begin}\n`{doc['command']}` (commit {doc['commit'][:7]}, {doc['wall_s']:.0f} s wall on "
+                 f"{doc.get('cpus', '?')} CPUs shared; docs/results/{file}):\n\n```\n{table(doc['data'])}\n```\n{end}")
+        a, b = text.index(begin), text.index(end) + len(end)
+        text = text[:a] + block + text[b:]
+    return text
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 
 
 def sim(
-    trace: Annotated[list[str], typer.Option("--trace", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev. Repeat it for several clusters at once (order = preference): predicted on each alone and predicted_multi (docs/multi-cluster.md).")],
+    trace: Annotated[list[str], typer.Option("--trace", metavar="TRACE", help="sacct text (header line, whitespace-separated), a sacct -P dump (.xz/.gz too), or a built-in trace: ls6-a100-dev. Repeat it for several clusters at once (order = preference): predicted on each alone and predicted_multi (docs/multi-cluster.md).")],
     nodes: Annotated[Optional[int], typer.Option("--nodes", min=1, help="Nodes in the replayed partition (default: the trace's peak concurrent nodes).")] = None,
     chains_every: Annotated[Optional[str], typer.Option("--chains-every", help="Trace time between injected chains, e.g. 6h (default 12h).")] = None,
     handoff: Annotated[str, typer.Option("--handoff", help="Time a predecessor needs to checkpoint and exit once its successor starts.")] = "5m",
@@ -35,7 +35,7 @@ def sim(
     rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
     transfer: Annotated[str, typer.Option("--transfer", help="several --trace: a checkpoint's copy between clusters.")] = "15m",
-    pace: Annotated[Optional[list[str]], typer.Option("--pace", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
+    pace: Annotated[Optional[list[str]], typer.Option("--pace", metavar="CLUSTER=PACE", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
     align: Annotated[str, typer.Option("--align", help="several --trace: end (shift every other trace by whole weeks so the last weeks coincide) or Nw (shift by N weeks).")] = "end",
     site_margin: Annotated[Optional[str], typer.Option("--site-margin", help="several --trace: the margin a move must gain (default: chosen on the older half of the window, scored on the newer).")] = None,
     race: Annotated[bool, typer.Option("--race", help="several --trace: also predicted_multi_race (a segment planned while nothing runs goes to every cluster; the first to start is kept).")] = False,
