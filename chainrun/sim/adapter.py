@@ -360,9 +360,9 @@ class SimWatcher:
         jid = np.array(pj + [j for j, _ in rj], np.int64)
         start = np.array([np.nan] * len(pj) + [s for _, s in rj], float)
         submit = a["submit"][jid]
-        return JobColumns(key=self.k.keys[jid], user=a["user"][jid], part=a["part"][jid], submit=submit, eligible=submit,
-                          start=start, end=np.full(len(jid), np.nan), limit=a["limit"][jid], nodes=a["nodes"][jid],
-                          known=np.ones(len(jid), bool))
+        return JobColumns(key=self.k.keys[jid], user=a["user"][jid], part=a["part"][jid], submit=submit,
+                          eligible=submit, start=start, end=np.full(len(jid), np.nan), limit=a["limit"][jid],
+                          nodes=a["nodes"][jid], known=np.ones(len(jid), bool))
 
     def history_columns(self, now: float, segs, nodes: int):
         """``history`` as columns: the masked past plus the chain's own segments."""
