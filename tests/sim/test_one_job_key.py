@@ -47,7 +47,9 @@ def trace_rows(u, user_col):
 
 
 def test_the_frames_and_the_columns_show_each_queued_job_once():
-    w = build_workload(queued_trace(6, every_s=1.2 * H))
+    tr = queued_trace(6, every_s=1.2 * H)
+    tr.loc[1::3, "job_id"] = [f"{7000 + i}_{i % 4}" for i in range(len(tr.loc[1::3]))]  # array tasks: not numbers
+    w = build_workload(tr)
     starts = np.asarray(replay_alone(w, 2, bf_depth=1000, size_weight_s=0.0), float)
     k = Knowledge(w.table, starts, factory=RecentWaits, retrain_every_s=1e9, first_retrain=T0)
     watcher = SimWatcher(k)
