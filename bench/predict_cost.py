@@ -201,7 +201,7 @@ def tune_bench(a) -> None:
     print(f"{'peak RSS (MiB, largest process)':34s} {r['max_rss_mib']:>12}  < 2048")
     for part, t in r["tuning"].items():
         print(f"{part}: {t['summary']}")
-    out = Path(__file__).resolve().parents[1] / "docs/results/predict_cost_tune.json"
+    out = Path(a.out or Path(__file__).resolve().parents[1] / "docs/results/predict_cost_tune.json")
     out.write_text(json.dumps(r, indent=1))
 
 
@@ -249,6 +249,7 @@ def main() -> None:
     ap.add_argument("--trace", default=TRACE)
     ap.add_argument("--tune", action="store_true", help="the refresh with self-tuning on --tune-days of history")
     ap.add_argument("--tune-days", type=float, default=60.0)
+    ap.add_argument("--out", help="--tune: the results file (default docs/results/predict_cost_tune.json)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--tune-child", help=argparse.SUPPRESS)
     ap.add_argument("--nodes", type=int, default=80, help=argparse.SUPPRESS)

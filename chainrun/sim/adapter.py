@@ -179,6 +179,7 @@ class SimWatcher:
         self._nodes = t["nodes"].astype(int).tolist()
         self._gpus = t["gpus"].fillna(0).astype(int).tolist()
         self._cpus = t["cpus"].fillna(0).astype(int).tolist()
+        self._job_id = knowledge.job_ids  # the key the history names a job by (Knowledge: one key for both)
         self.n = len(t)
         self.fallbacks = 0  # asks where the model failed and the policy fell back to --lead
         self.cost = {"predictions": 0, "predict_s": 0.0}
@@ -346,7 +347,8 @@ class SimWatcher:
 
     def snapshot_columns(self, sim):
         """``queue_rows`` (without the chain's own row) as the snapshot ``_universe`` reads:
-        pending jobs, then running ones, keyed by the job id the rows carry (the row in the trace)."""
+        pending jobs, then running ones, keyed as the history keys them (``Knowledge.keys``: the
+        trace's JobID), so a job the queue shows is not also counted from the history."""
         import numpy as np
 
         from chainrun.predict.columnar import JobColumns
@@ -358,9 +360,9 @@ class SimWatcher:
         jid = np.array(pj + [j for j, _ in rj], np.int64)
         start = np.array([np.nan] * len(pj) + [s for _, s in rj], float)
         submit = a["submit"][jid]
-        return JobColumns(key=jid, user=a["user"][jid], part=a["part"][jid], submit=submit, eligible=submit,
-                          start=start, end=np.full(len(jid), np.nan), limit=a["limit"][jid], nodes=a["nodes"][jid],
-                          known=np.ones(len(jid), bool))
+        return JobColumns(key=self.k.keys[jid], user=a["user"][jid], part=a["part"][jid], submit=submit,
+                          eligible=submit, start=start, end=np.full(len(jid), np.nan), limit=a["limit"][jid],
+                          nodes=a["nodes"][jid], known=np.ones(len(jid), bool))
 
     def history_columns(self, now: float, segs, nodes: int):
         """``history`` as columns: the masked past plus the chain's own segments."""
@@ -416,7 +418,7 @@ class SimWatcher:
     def _row(self, jid: int, state: str, start):
         from chainrun.slurm.parsers import QueueRow
 
-        return QueueRow(job_id=str(jid), user=self._user[jid], state=state,
+        return QueueRow(job_id=self._job_id[jid], user=self._user[jid], state=state,
                         reason="Priority" if state == "PENDING" else "None", submit=self._submit[jid],
                         start=start, end=None, time_limit_s=self._limit[jid], elapsed_s=None,
                         partition=self._part[jid], qos=self._qos[jid], nodes=self._nodes[jid], cpus=self._cpus[jid],

@@ -57,11 +57,24 @@ class Knowledge:
     def __init__(self, table: "pd.DataFrame", sim_start, *, factory: PredictorFactory, retrain_every_s: float,
                  first_retrain: float) -> None:
         import numpy as np
+        import pandas as pd
 
         world = table.copy()
         world["start"] = np.asarray(sim_start, float)
         world["end"] = world["start"] + (table["end"] - table["start"]).clip(upper=table["timelimit_s"])
-        self.world = world.sort_values("submit", kind="stable").reset_index(drop=True)
+        world.index = np.arange(len(world))  # the table's rows (the replay's job ids), kept through the sort
+        world = world.sort_values("submit", kind="stable")
+        rows = world.index.to_numpy()  # world row -> table row
+        self.world = world.reset_index(drop=True)
+        # One key for a trace job wherever the model meets it: the simulated squeue names a job by the
+        # trace's JobID, as sacct's history does, so ``model._universe`` drops the history copy of every
+        # job the live queue shows (as on a cluster). ``job_ids`` by table row for the squeue rows;
+        # ``keys``, one code per distinct JobID (grouped as the string match groups them), by table
+        # row for the columnar snapshot, and ``_world_keys`` by world row for the columnar history.
+        ids = table["job_id"].astype(str)
+        self.job_ids: list[str] = ids.tolist()
+        self.keys = pd.factorize(ids)[0].astype(np.int64)
+        self._world_keys = self.keys[rows]
         self._submit = self.world["submit"].to_numpy(float)
         self._start = self.world["start"].to_numpy(float)
         self._end = self.world["end"].to_numpy(float)
@@ -100,9 +113,8 @@ class Knowledge:
 
     def history_columns(self, now: float, names, *, window_s: float = HISTORY_WINDOW_S):
         """:meth:`history` as ``chainrun.predict.columnar.JobColumns`` (the same rows, order and
-        masks; ``names`` numbers users and partitions). A row's ``key`` is its job id where that id
-        is a whole number (a snapshot row names a job by its id; ``model._universe`` drops a history
-        row whose id a snapshot row has)."""
+        masks; ``names`` numbers users and partitions). A row's ``key`` is its JobID's code
+        (``keys``), the key ``SimWatcher.snapshot_columns`` gives the same job in the live queue."""
         import numpy as np
 
         world = self._world_columns(names)
@@ -116,14 +128,12 @@ class Knowledge:
     def _world_columns(self, names):
         import numpy as np
 
-        from chainrun.predict.columnar import NO_KEY, JobColumns
+        from chainrun.predict.columnar import JobColumns
 
         if self._columns is None or self._columns[0] is not names:
             w = self.world
-            ids = w["job_id"].astype(str).tolist()
-            key = np.fromiter((_id_key(v, NO_KEY) for v in ids), np.int64, len(ids))
             self._columns = (names, JobColumns(
-                key=key, user=names.codes(w["user"].astype(str).tolist(), "user"),
+                key=self._world_keys, user=names.codes(w["user"].astype(str).tolist(), "user"),
                 part=names.codes(w["partition"].astype(str).tolist(), "part"), submit=self._submit,
                 eligible=w["eligible"].to_numpy(float), start=self._start, end=self._end,
                 limit=w["timelimit_s"].to_numpy(float), nodes=w["nodes"].to_numpy(float),
@@ -176,11 +186,3 @@ class Knowledge:
         snap["priority"] = np.nan
         return pd.DataFrame(snap)
 
-
-def _id_key(job_id: str, none: int) -> int:
-    """The job id as an integer key when it is one written plainly (what ``str(int)`` gives back)."""
-    try:
-        k = int(job_id)
-    except ValueError:
-        return none
-    return k if str(k) == job_id and k >= 0 else none

@@ -32,9 +32,10 @@ H = 3600.0
 
 def busy_trace(days: float = 24, seed: int = 3) -> pd.DataFrame:
     """Bursts of 1-3 node jobs of 8 users on two named partitions and the unnamed
-    one, some with a recorded Eligible; job ids are plain numbers, so some equal the replay's row
-    numbers (the snapshot names a job by its row: both paths must drop the same history rows),
-    and some runs look like dependencies (start 10 s after the same user's previous end)."""
+    one, some with a recorded Eligible; job ids are plain numbers, some equal to the replay's row
+    numbers (a job is named by its JobID in both views, never by its row: both paths must drop
+    the same history rows), and some runs look like dependencies (start 10 s after the same user's
+    previous end)."""
     rng = np.random.default_rng(seed)
     n = int(days * 24 * 3)
     submit = T0 + np.sort(rng.uniform(0, days * DAY, n)).round()
