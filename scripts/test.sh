@@ -50,13 +50,16 @@ fi
 # ports); lane A, everything else, on the main cluster, which the SSH tests' remote shell also reaches.
 # Each lane prints its slowest tests (--durations) so the next rebalance starts from numbers.
 # Balanced from the lanes' --durations on a clean run (A 18 min, B 28 min, C 18 min before the
-# trainer templates went to lane A and the busy-cluster doubt test to lane C: each ~21-23 min).
+# trainer templates went to lane A and the busy-cluster doubt test to lane C: each ~21-23 min). Then the
+# multi-cluster tests (checkpoint copies, sites, the two-cluster move: ~7 min, all on the main cluster and
+# the SSH servers) joined lane A, and the UX test and the cross-site gate went to lane C.
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
         tests/chain/test_elastic_slurm.py tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py
         tests/chain/test_requeue_slurm.py tests/install/test_login_node_install.py)
 LANE_C=(tests/chain/test_placement_slurm.py tests/reliability/test_faults_slurm.py tests/chain/test_template_saves.py
         tests/chain/test_elastic_filler_slurm.py tests/chain/test_wrapper_field_slurm.py
-        tests/chain/test_schedule_slurm.py tests/predict/test_slurm_doubt.py)
+        tests/chain/test_schedule_slurm.py tests/predict/test_slurm_doubt.py tests/chain/test_wrapper_gate_slurm.py
+        tests/ux/test_slurm_ux.py)
 lane_b=(); lane_c=(); ignore=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue

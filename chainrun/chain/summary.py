@@ -49,6 +49,8 @@ class SegmentView:
     work_s: float | None = None  # its training times its rate: what it counts toward --total
     granted_s: float | None = None  # the limit Slurm granted when --time-min made it shorter than asked
     settling: bool = False  # cancelled by chainrun, its end and training not yet read from Slurm (chain/settle.py)
+    cluster: str | None = None  # a chain spanning clusters: the site it was submitted on
+    move: dict | None = None  # ...and, when it moved the chain there, the move (chain/mover.py): phase, copy, decision
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class ChainView:
     # without ticks (chain/untended.py): since when its cluster was not ticked and what happens next;
     # None when not asked for (view_chain without ``ticks``) or for a finished chain
     untended: dict | None = None
+    # a chain spanning clusters (issue 26): its sites in order of preference and the last site decision
+    sites: tuple = ()
+    site_choice: dict | None = None
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -130,6 +135,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
         current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
         shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
         untended=_untended(chain, segs, ticks, now),
+        sites=tuple(chain.extra.get("sites") or ()), site_choice=chain.extra.get("site_choice"),
     )
 
 
@@ -156,11 +162,28 @@ def _segment_view(s: Segment, now: float) -> SegmentView:
         shape_nodes=s.extra.get("nodes"), shape_reason=(s.extra.get("shape") or {}).get("reason", ""),
         shape_options=tuple((s.extra.get("shape") or {}).get("options") or ()), rate=s.extra.get("rate"),
         work_s=s.extra.get("work_s"), granted_s=s.extra.get("granted_s"),
-        settling=s.extra.get("settle") is not None,
+        settling=s.extra.get("settle") is not None, cluster=s.cluster, move=s.extra.get("move"),
     )
 
 
 _EXPLAINED = ("crash", "cancelled", "unstarted", "checkpoint-crash")
+_MOVE_PHASE = {"ahead": "copying ahead while the predecessor trains", "fenced": "waiting for the predecessor to stop",
+               "go": "go-ahead written", "done": "done", "abandoned": "abandoned (the successor ended first)"}
+
+
+def move_note(mv: dict) -> str:
+    """A move in one line: where from and to, its phase, the copy (bytes, rate), the checkpoint it resumes from."""
+    out = f"move {mv.get('from')}->{mv.get('to')}: {_MOVE_PHASE.get(mv.get('phase'), mv.get('phase'))}"
+    copy = mv.get("copy") or {}
+    if copy.get("bytes_total") and mv.get("phase") in ("ahead", "fenced"):
+        rate = copy.get("throughput_Bps")
+        out += (f"; copy {copy.get('state')} {copy.get('bytes_done') or 0}/{copy['bytes_total']} bytes"
+                + (f" at {rate / 1e6:.1f} MB/s" if rate else ""))
+    if mv.get("copy_error") and mv.get("phase") in ("ahead", "fenced"):
+        out += f"; last copy failed: {mv['copy_error']}"
+    if mv.get("go"):
+        out += f"; resumed from step {mv['go'].get('step')}"
+    return out
 
 
 def segment_note(s: Segment, now: float) -> str:
@@ -185,6 +208,8 @@ def segment_note(s: Segment, now: float) -> str:
         start = s.extra.get("expected_start")
         if start and start > now:
             parts.append("Slurm expects it to start " + time.strftime("%a %H:%M", time.localtime(start)))
+    if s.extra.get("move"):  # the move that brought the chain to this segment's site (chain/mover.py)
+        parts.append(move_note(s.extra["move"]))
     if s.extra.get("plan_note"):
         parts.append(s.extra["plan_note"])
     if (s.extra.get("shape") or {}).get("reason"):  # elastic segments: which shape, and why

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from chainrun.chain.site_choice import SHIPPED_MARGIN_S
 from chainrun.sim.chain_replay import LOAD_LEVELS, summarize
 from chainrun.sim.chains import PolicySpec
 
 MARGINS_S = (0.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0)
-DEFAULT_MARGIN_S = 3600.0  # without enough past: an hour (the replay's boundary cost, TRANSITION_COST_S)
+# without enough past: the product's own margin (an hour, the replay's boundary cost TRANSITION_COST_S)
+DEFAULT_MARGIN_S = SHIPPED_MARGIN_S
 CHOICE_SHARE = 0.5
 MIN_CHOICE = 10
 TIE_H = 0.05  # 3 minutes of mean overhead per chain

@@ -132,6 +132,10 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     later = [e.message for e in events if e.kind == "site" and e.idx is not None and e.idx >= ran[1].idx]
     assert later and all(m.startswith("next segment: stay on b") for m in later), later
     assert re.search(r"next local ~\d+ min$", later[-1]), later
+    # status shows where each segment ran and the move that brought the chain to b
+    detail = {d["idx"]: d for d in st["segments_detail"]}
+    assert detail[ran[1].idx]["cluster"] == "b" and "move local->b: done; resumed from step" in detail[ran[1].idx]["note"]
+    assert st["sites"] == ["local", "b"] and st["site_choice"]["site"] == "b", st["site_choice"]
     # the trainer's record on both clusters: one run of steps, one job at a time, resumed from the save
     a, b = json.loads(p.stdout)["data"]["sites"]
     here = steps(Path(a["checkpoint_dir"], "steps.log").read_text())
