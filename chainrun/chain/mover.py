@@ -22,6 +22,7 @@ from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import move_steps as ms
 from chainrun.chain import outcomes, span
 from chainrun.chain.contract import go_text, handoff_text, moved_text
+from chainrun.chain.engine import LOST_AFTER_S  # a submission never confirmed this long: never made
 from chainrun.chain.segments import job_name
 from chainrun.errors import ChainrunError
 from chainrun.runner.base import innermost
@@ -31,7 +32,6 @@ from chainrun.state.store import Store
 log = logging.getLogger(__name__)
 
 DONE = "done"  # the chain's row names the new site: the move is over
-LOST_AFTER_S = 900  # a submission on the new site neither squeue nor sacct confirms this long: never made
 COPY_RETRY_S, COPY_RETRY_MAX_S = 30.0, 600.0  # a failed copy is tried again after 30 s, doubling to 10 min
 COPY_WAIT_AT_CLOSE_S = 1800.0  # a watcher that stops lets a running copy finish (it resumes anyway)
 # a copy ahead re-reads the old site's newest checkpoint this often (the manifest hashes every file there)
@@ -102,7 +102,7 @@ class Mover:
         self._follow(c, s, mv, eb)
         self._harvest(c, s, mv, key)
         pred = next((x for x in segs if x.idx == mv["pred"]), None)
-        names = self._listing(ea, a)  # None: the old site did not answer
+        names = span.control_names(ea.runner, a.run_dir)  # None: the old site did not answer
         gen = int(mv["gen"])
         released = None if names is None else f"released.{gen - 1}" in names
         pred_live = None if names is None else (pred is not None and pred.phase in LIVE_PHASES)
@@ -168,13 +168,6 @@ class Mover:
                 s.phase, s.slurm_state, s.end = ENDED, acct[-1].state, acct[-1].end or now
         elif now - s.intent_at > LOST_AFTER_S:
             s.phase, s.reason = ENDED, "sbatch on the new site was never confirmed"
-
-    def _listing(self, ea, a: ChainSite) -> set[str] | None:
-        try:
-            res = ea.runner.run(["ls", "-1", "--", f"{a.run_dir}/control"], 60)
-        except ChainrunError:
-            return None
-        return set(res.stdout.split()) if res.ok else None
 
     # ------------------------------------------------------------------ copies, in the background
     def _start(self, key, fn, *args) -> None:

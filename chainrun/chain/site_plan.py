@@ -123,16 +123,21 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
         if est is None:
             continue
         ests[s.cluster] = est
-        options.append(site_choice.SiteOption(
-            name=s.cluster, wait={0.5: est.p50 if est.p50 is not None else est.seconds},
-            transfer_s=0.0 if s.cluster == c.cluster else transfer_s(c, s.cluster),
-            pace=float((c.extra.get("pace_by_site") or {}).get(s.cluster) or 1.0)))
+        options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds))
     if not options:
         return None
     ready_in = max(0.0, handover_at - now) if handover_at else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=remaining_s, margin_s=margin_s(c),
                                      ready_in_s=ready_in, segment_s=c.segment_s)
     return choice, ests
+
+
+def option(c: Chain, site: str, median_wait_s: float) -> site_choice.SiteOption:
+    """One site as the rule weighs it: its median wait, the checkpoint's transfer there (none where the
+    chain is), the chain's pace there (1.0 until measured)."""
+    return site_choice.SiteOption(name=site, wait={0.5: median_wait_s},
+                                  transfer_s=0.0 if site == c.cluster else transfer_s(c, site),
+                                  pace=float((c.extra.get("pace_by_site") or {}).get(site) or 1.0))
 
 
 def transfer_s(c: Chain, to: str) -> float:
@@ -147,16 +152,14 @@ def transfer_s(c: Chain, to: str) -> float:
 def next_generation(t: TickContext, c: Chain, to: ChainSite) -> int:
     """The generation the successor on ``to`` claims: above every generation claimed where the chain
     trains now, and above the last move away from ``to`` (a site moved away from claims only above it)."""
-    def highest(runner, run_dir: str, kind: str) -> int:
-        res = runner.run(["ls", "-1", "--", f"{run_dir}/control"], 60)
-        if not res.ok:
-            raise ChainrunError(f"cannot list {run_dir}/control: {res.first_error_line()}")
-        gens = [int(n.split(".", 1)[1]) for n in res.stdout.split()
-                if n.startswith(kind + ".") and n.split(".", 1)[1].isdigit()]
-        return max(gens, default=-1)
+    def listed(runner, run_dir: str) -> set[str]:
+        names = span.control_names(runner, run_dir)
+        if names is None:
+            raise ChainrunError(f"cannot list {run_dir}/control")
+        return names
 
-    here = highest(t.runner, c.run_dir, "owner")
-    there = highest(t.sites.engine(to.cluster).runner, to.run_dir, "moved")
+    here = span.highest(listed(t.runner, c.run_dir), "owner")
+    there = span.highest(listed(t.sites.engine(to.cluster).runner, to.run_dir), "moved")
     return max(here + 1, there + 1)
 
 
@@ -195,14 +198,13 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     running = [s for s in segs if s.phase == RUNNING and not span.foreign(c, s)]
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
-    options = [site_choice.SiteOption(name=c.cluster, wait={0.5: max(0.0, row.start - now)})]
+    options = [option(c, c.cluster, max(0.0, row.start - now))]
     for s in sites:
         if s.cluster == c.cluster:
             continue
         est = wait_estimate(t, c, s, succ, now)
         if est is not None:
-            options.append(site_choice.SiteOption(name=s.cluster, wait={0.5: est.p50 if est.p50 is not None else est.seconds},
-                                                  transfer_s=transfer_s(c, s.cluster)))
+            options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds))
     ready_in = max(0.0, handover - now) if handover else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=c.remaining_s, margin_s=margin_s(c),
                                      ready_in_s=ready_in, segment_s=c.segment_s)

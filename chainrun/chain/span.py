@@ -41,3 +41,20 @@ def move_to(c: Chain, site: ChainSite) -> None:
     v = site_view(c, site)
     c.cluster, c.workdir, c.run_dir, c.checkpoint_dir = v.cluster, v.workdir, v.run_dir, v.checkpoint_dir
     c.script, c.sbatch_args, c.partition, c.segment_s = v.script, v.sbatch_args, v.partition, v.segment_s
+
+
+def control_names(runner, run_dir: str) -> set[str] | None:
+    """The file names in a site's control folder (one listing); None when the site did not answer."""
+    from chainrun.errors import ChainrunError
+
+    try:
+        res = runner.run(["ls", "-1", "--", f"{run_dir}/control"], 60)
+    except ChainrunError:
+        return None
+    return set(res.stdout.split()) if res.ok else None
+
+
+def highest(names: set[str], kind: str) -> int:
+    """The highest N of the files ``kind.<N>`` (owner, moved, go, ...), -1 when there is none."""
+    return max((int(n.split(".", 1)[1]) for n in names
+                if n.startswith(kind + ".") and n.split(".", 1)[1].isdigit()), default=-1)
