@@ -88,19 +88,24 @@ def chains(slurm_cluster, tmp_path_factory):
 def train_model(home: Path) -> None:
     """Give the cluster some history (a fresh CI cluster has none) and train the model on it.
 
-    The history jobs queue behind each other on one node, so the model learns waits of seconds to a minute:
-    trained on idle-cluster history alone (or on days of it, on a cluster kept between runs) it said 2 s,
-    the rule rightly waited, and the 10 s floor submitted first. Only this hour's history is read."""
-    ids = [subprocess.run(["sbatch", "--parsable", "-J", "history", "--nodelist=n1", "--exclusive", "--wrap", "sleep 1"],
-                          capture_output=True, text=True, check=True).stdout.strip() for _ in range(25)]
-    deadline = time.time() + 240
+    The history is waits of 30 s to over a minute: a 30 s blocker holds n1 and 20 jobs queue behind it
+    and behind each other. Only this history is read (the lookback covers it and nothing earlier): a
+    model that also read the earlier modules' jobs of this lane (started at once, on an idle cluster) said
+    2 s, the rule rightly waited, and the 10 s floor submitted first (seen in CI, 1 run in 2)."""
+    started = time.time()
+    one = ["sbatch", "--parsable", "-J", "history", "--nodelist=n1", "--exclusive", "--wrap"]
+    ids = [subprocess.run(one + ["sleep 30"], capture_output=True, text=True, check=True).stdout.strip()]
+    ids += [subprocess.run(one + ["sleep 1"], capture_output=True, text=True, check=True).stdout.strip()
+            for _ in range(20)]
+    deadline = time.time() + 300
     while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True,
                                                     text=True).stdout.strip():
         time.sleep(2)
     time.sleep(3)  # sacct fills End a moment after the job leaves squeue
     # --no-tune: the scenarios run the shipped values (a cluster with weeks of history could tune others;
     # the tuning's own real-Slurm test is tests/predict/test_slurm_selftune.py)
-    p = run_cli("model", "refresh", "--no-tune", "--lookback", "1h", "--json", home=home, timeout=300)
+    lookback = f"{int(time.time() - started) + 30}s"
+    p = run_cli("model", "refresh", "--no-tune", "--lookback", lookback, "--json", home=home, timeout=300)
     assert p.returncode == 0, p.stderr
 
 

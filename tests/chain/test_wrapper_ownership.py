@@ -239,10 +239,7 @@ def test_silent_heartbeat_is_not_proof_that_the_owner_stopped(chain):
 def test_owner_killed_without_release_is_taken_over_once_slurm_says_it_ended(chain):
     chain.start(0, "400")
     chain.wait_for(lambda: chain.training("400"), what="job 400 to train")
-    pid = int(parse_outcome((chain.run_dir / "control/seg-0.start").read_text())["pid"])
-    payload = int((chain.run_dir / "control/seg-0.pid").read_text())
-    os.killpg(payload, signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)  # no outcome, no release: as after a node failure
+    _node_dies(chain)  # no outcome, no release
     chain.start(1, "401")
     chain.wait_asked("400")
     assert not chain.training("401")  # squeue still lists job 400
@@ -368,9 +365,7 @@ def test_waiting_successor_takes_over_when_the_owner_ends_before_its_handover(ch
         chain.finish("900")
         assert chain.outcome(0)["outcome"] == "crash"
     elif how == "node-dies":  # no outcome, no release: only Slurm's word counts
-        pid = int(parse_outcome((chain.run_dir / "control/seg-0.start").read_text())["pid"])
-        os.killpg(int((chain.run_dir / "control/seg-0.pid").read_text()), signal.SIGKILL)
-        os.kill(pid, signal.SIGKILL)
+        _node_dies(chain)
         chain.wait_asked("900", after=chain.asked("900", "running"))
         assert not chain.training("901")  # squeue still lists job 900
         chain.finish("900")
@@ -448,6 +443,21 @@ def _stop(chain: Chain, job: str) -> None:
     chain.finish(job)
 
 
+def _node_dies(chain: Chain, seg: int = 0) -> None:
+    """A node failure as Slurm acts on it: every process of the job is killed at once, with no outcome and no
+    release: the payload's group, the wrapper and its monitor (an orphaned monitor that lived on would fence
+    the rerun and write over the killed run's record, which no real node failure does)."""
+    ctl = _ctl(chain)
+    chain.wait_for(lambda: (ctl / f"seg-{seg}.monitor").exists(), what="the monitor to start")
+    wrapper = int(parse_outcome((ctl / f"seg-{seg}.start").read_text())["pid"])
+    os.killpg(int((ctl / f"seg-{seg}.pid").read_text()), signal.SIGKILL)
+    for pid in (wrapper, int((ctl / f"seg-{seg}.monitor").read_text())):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("case", ["missing", "other-chain", "no-folder"])
 def test_run_folder_without_its_token_trains_nothing_and_exits_86(chain, case):
     token = _ctl(chain) / "token"
@@ -484,9 +494,7 @@ def test_rerun_of_the_owner_claims_the_next_generation_at_once(chain):
     """Requeued after a node failure: no release, same job id. Its own earlier run is over: never
     wait for it (formerly 15 min, then it cancelled itself)."""
     _train_alone(chain, "1200")
-    pid = int(parse_outcome((_ctl(chain) / "seg-0.start").read_text())["pid"])
-    os.killpg(int((_ctl(chain) / "seg-0.pid").read_text()), signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)  # no release written
+    _node_dies(chain)  # no release written
     chain.jobs["1200"].wait(10)
     (chain.queue / "1200").write_text("1")  # squeue: job 1200 runs again, restart count 1
     t = time.time()
@@ -572,9 +580,7 @@ def test_slurm_answers_read_by_field_and_cannot_tell_is_settled_by_sacct(chain):
     asked = chain.queue / "sacct-asked"  # it could not tell from squeue and asked the accounting, twice
     chain.wait_for(lambda: asked.exists() and len(asked.read_text().split()) >= 2, timeout=60, what="sacct to be asked")
     assert not chain.training("1501")  # sacct: still running
-    pid = int(parse_outcome((_ctl(chain) / "seg-0.start").read_text())["pid"])
-    os.killpg(int((_ctl(chain) / "seg-0.pid").read_text()), signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)
+    _node_dies(chain)
     chain.finish("1500")
     chain.wait_for(lambda: chain.training("1501"), timeout=30, what="job 1501 to take over")
     _stop(chain, "1501")
