@@ -10,6 +10,8 @@ to the other, which many centres forbid; so a route is direct only where the use
     vista = { dest = "me@vista.tacc.utexas.edu", ssh_options = ["-i", "~/.ssh/id_xfer"] }
 
 Every other pair copies through the driver (the OpenSSH transport's own connections).
+``bwlimit_kbps = N`` in ``[copy.NAME]`` caps every copy out of or into NAME at N KiB/s (rsync's
+``--bwlimit``), as sites ask of transfers from shared login nodes; with both ends capped, the lower cap.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from chainrun.runner.base import Runner
 class CopySettings:
     direct: dict[str, DirectRoute] = field(default_factory=dict)
     rsync: str = "rsync"
+    bwlimit_kbps: int | None = None  # rsync --bwlimit (KiB/s) for copies out of or into the site
 
 
 def settings(data: dict, name: str, where: str = "config.toml") -> CopySettings:
@@ -36,12 +39,15 @@ def settings(data: dict, name: str, where: str = "config.toml") -> CopySettings:
     mine = table.get(name) or {}
     if not isinstance(mine, dict):
         raise UsageError(f"{where}: [copy.{name}] must be a table")
-    unknown = set(mine) - {"direct", "rsync"}
+    unknown = set(mine) - {"direct", "rsync", "bwlimit_kbps"}
     if unknown:
         raise UsageError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} in [copy.{name}]")
     rsync = mine.get("rsync", "rsync")
     if not isinstance(rsync, str) or not rsync.strip():
         raise UsageError(f"{where}: [copy.{name}] rsync must be a path or command name in quotes")
+    bw = mine.get("bwlimit_kbps")
+    if bw is not None and (isinstance(bw, bool) or not isinstance(bw, int) or bw < 1):
+        raise UsageError(f"{where}: [copy.{name}] bwlimit_kbps must be a whole number of KiB/s, 1 or more")
     direct = {}
     for dst, spec in (mine.get("direct") or {}).items():
         if isinstance(spec, str):
@@ -55,7 +61,7 @@ def settings(data: dict, name: str, where: str = "config.toml") -> CopySettings:
         if spec["dest"].startswith("-"):
             raise UsageError(f"{where}: [copy.{name}.direct] {dst}: a destination cannot start with '-'")
         direct[dst] = DirectRoute(spec["dest"], tuple(opts))
-    return CopySettings(direct, rsync)
+    return CopySettings(direct, rsync, bw)
 
 
 def load(name: str) -> CopySettings:
@@ -76,3 +82,9 @@ def configured_site(name: str, runner: Runner, ckpt_dir: str) -> CopySite:
     """A copy end for a configured cluster, its routes and rsync from config.toml."""
     s = load(name)
     return site_for(name, runner, ckpt_dir, direct=s.direct, rsync=s.rsync)
+
+
+def bwlimit_kbps(*names: str) -> int | None:
+    """The rate cap of a copy between these sites: the lowest ``bwlimit_kbps`` any of them sets (None: none)."""
+    caps = [c for c in (load(n).bwlimit_kbps for n in names) if c]
+    return min(caps) if caps else None

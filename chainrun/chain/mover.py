@@ -186,14 +186,14 @@ class Mover:
 
     def _copy(self, ea, eb, a: ChainSite, b: ChainSite, key, target: ms.Checkpoint) -> dict:
         from chainrun.chain.ckpt_copy import copy_checkpoint
-        from chainrun.chain.ckpt_routes import configured_site
+        from chainrun.chain.ckpt_routes import bwlimit_kbps, configured_site
 
         man = self._manifests.get(key)
         if man is None or (man.generation or 0, man.step or 0) != (target.generation, target.step):
             man = cm.manifest(innermost(ea.runner), a.checkpoint_dir)
         src = configured_site(a.cluster, innermost(ea.runner), a.checkpoint_dir)
         dst = configured_site(b.cluster, innermost(eb.runner), b.checkpoint_dir)
-        res = copy_checkpoint(src, dst, manifest=man,
+        res = copy_checkpoint(src, dst, manifest=man, bwlimit_kbps=bwlimit_kbps(a.cluster, b.cluster),
                               on_progress=lambda p: self._progress.__setitem__(key, p.to_dict()))
         self._manifests[key] = man
         return {"copied": _summary(man), "copy_Bps": res.copy_Bps, "seconds": round(res.seconds, 1)}

@@ -9,7 +9,8 @@ Every step is appended to steps.log in the checkpoint folder, so a test can chec
 no step was lost or trained twice and that no two segments trained at once.
 TOY_CRASH_AT_STEP makes it exit 1 at that step (to exercise retries; TOY_CRASH_RANK limits it to one rank); TOY_IGNORE_SIGNAL=1 makes it
 ignore CHAINRUN_SIGNAL (many real trainers do: only TERM at the limit stops it); TOY_CRASH_ON_SAVE=1
-makes it fail with a traceback while saving after a signal. Each line of steps.log ends with the
+makes it fail with a traceback while saving after a signal; TOY_CKPT_PAD_KIB=N makes each checkpoint N KiB
+(a copy between clusters then takes a while). Each line of steps.log ends with the
 Slurm job id and SLURM_RESTART_COUNT, so a test can tell which job (and which run of a requeued job) trained when.
 Progress (the optional contract): every step appends "<time> <step> - <step seconds> [<total>]" to this
 rank's $CHAINRUN_PROGRESS_FILE.<SLURM_PROCID>.<SLURMD_NODENAME>. TOY_SLOW_NODES="n2=2.0" makes steps on
@@ -66,6 +67,8 @@ crash_rank = os.environ.get("TOY_CRASH_RANK")  # only this rank crashes (default
 sig_name = os.environ.get("CHAINRUN_SIGNAL", "USR2")
 ignore_signal = os.environ.get("TOY_IGNORE_SIGNAL") == "1"
 crash_on_save = os.environ.get("TOY_CRASH_ON_SAVE") == "1"
+# a checkpoint of this many KiB (a "pad" field): big enough that copying it between clusters takes a while
+pad_kib = int(os.environ.get("TOY_CKPT_PAD_KIB", "0") or 0)
 job = os.environ.get("SLURM_JOB_ID", "-")
 restart = os.environ.get("SLURM_RESTART_COUNT") or "0"  # a requeued job runs again under its id: which run
 rank = int(os.environ.get("SLURM_PROCID", "0") or 0)
@@ -126,7 +129,7 @@ def save(step: int) -> None:
     tmp = ckpt.with_name(f".{ckpt.name}.{os.getpid()}")
     with open(tmp, "w") as f:
         f.write(json.dumps({"step": step, "segment": segment, "generation": generation, "job": job,
-                            "time": time.time()}))
+                            "time": time.time(), **({"pad": "0" * (pad_kib << 10)} if pad_kib else {})}))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, ckpt)  # atomic: a checkpoint is either the old one or the new one

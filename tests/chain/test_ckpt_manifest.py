@@ -193,16 +193,19 @@ def test_copy_routes_from_config(tmp_path, monkeypatch):
     text = """
 [copy.ls6]
 rsync = "/usr/bin/rsync"
+bwlimit_kbps = 50000
+[copy.frontera]
+bwlimit_kbps = 20000
 [copy.ls6.direct]
 frontera = "frontera"
 vista = { dest = "me@vista", ssh_options = ["-i", "~/.ssh/id_xfer"] }
 """
     s = ckpt_routes.settings(tomllib.loads(text), "ls6")
-    assert s.rsync == "/usr/bin/rsync"
+    assert s.rsync == "/usr/bin/rsync" and s.bwlimit_kbps == 50000
     assert s.direct == {"frontera": ckpt_copy.DirectRoute("frontera"),
                         "vista": ckpt_copy.DirectRoute("me@vista", ("-i", "~/.ssh/id_xfer"))}
     assert ckpt_routes.settings(tomllib.loads(text), "vista") == ckpt_routes.CopySettings()
-    for bad in ('[copy.a]\nspeed = 1', '[copy.a.direct]\nb = 3', '[copy.a.direct]\nb = "-oProxyCommand=x"',
+    for bad in ('[copy.a]\nspeed = 1', '[copy.a]\nbwlimit_kbps = "20M"', '[copy.a]\nbwlimit_kbps = 0', '[copy.a.direct]\nb = 3', '[copy.a.direct]\nb = "-oProxyCommand=x"',
                 '[copy.a.direct]\nb = { dest = "b", ssh_options = "-v" }', '[copy.a]\nrsync = ""'):
         with pytest.raises(UsageError) as e:
             ckpt_routes.settings(tomllib.loads(bad), "a")
@@ -211,6 +214,9 @@ vista = { dest = "me@vista", ssh_options = ["-i", "~/.ssh/id_xfer"] }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "config.toml").write_text(text)
     site = ckpt_routes.configured_site("ls6", LocalRunner(), "/scratch/ckpt")
+    # a copy between two capped sites goes at the lower cap; an uncapped pair has none
+    assert ckpt_routes.bwlimit_kbps("ls6", "frontera") == 20000 and ckpt_routes.bwlimit_kbps("ls6", "vista") == 50000
+    assert ckpt_routes.bwlimit_kbps("vista", "elsewhere") is None
     here = ckpt_copy.site_for("here", LocalRunner(), "/x")
     assert ckpt_copy.choose_route(site, ckpt_copy.site_for("frontera", LocalRunner(), "/y")) == "direct"
     assert ckpt_copy.choose_route(here, site) == "driver"

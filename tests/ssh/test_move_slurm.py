@@ -9,6 +9,9 @@ on ``b`` now. The rule moves the chain: the successor is submitted on ``b``, gat
 writes the go-ahead; the successor resumes there. Then ``local`` frees (the blocking job is cancelled)
 and at the next boundary the rule keeps the chain on ``b`` (moving back would cost a transfer).
 
+The watcher is killed (SIGKILL: no chance to finish anything) while a checkpoint copy runs, and started
+again: the move goes on, nothing is lost and nothing is sent twice (one job per segment, one go-ahead).
+
 Everything is read from the trainer's own record on both clusters: one unbroken run of steps, no two
 jobs training at once, the successor resuming from the step segment 0 saved.
 """
@@ -31,12 +34,18 @@ from tests.ssh.test_sites_slurm import configure, env, second_cluster, site_b  #
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
 
+# local's checkpoints are 40 MiB and copies out of local go at 2 MiB/s: each copy takes ~20 s, long
+# enough for the test to see one under way (the watcher saves its progress every tick) and kill the watcher
+PAD_KIB, BWLIMIT_KIB = 40 << 10, 2 << 10
 SITES = f"""
 [clusters.b.sbatch]
 partition = "long"
 
 [clusters.b.job]
 script = "{TOY_DIR}/toy_train.sh"
+
+[copy.local]
+bwlimit_kbps = {BWLIMIT_KIB}
 """
 ONLY_N4 = "--exclude=n1,n2,n3"  # the chain's jobs: n4 alone (other tests' jobs may use n1-n3)
 # ...and n4 whole: a successor cannot slip in beside its predecessor (backfill would let a 2-minute
@@ -82,10 +91,27 @@ def steps(text: str) -> list[tuple[str, int, float, str]]:
     return out
 
 
+def _watcher(env) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "chainrun.cli.main", "watch", "--plain", "--interval", "3", "--until-done"],
+        env={**os.environ, "CHAINRUN_HOME": str(env["home"]), **env["extra"]},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+
+
+def _copy_running(env, chain: str) -> dict | None:
+    """The copy progress of a move whose copy is sending bytes (as the watcher last saved it), else None."""
+    for s in read(env, chain)[1]:
+        cp = (s.extra.get("move") or {}).get("copy") or {}
+        if cp.get("state") == "copying" and (cp.get("bytes_done") or 0) < (cp.get("bytes_total") or 0):
+            return cp
+    return None
+
+
 def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_the_first_frees(env, tmp_path):
     configure(env, SITES)
     script = tmp_path / "train.sh"
-    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text()
+                      .replace("exec python3", f"export TOY_CKPT_PAD_KIB={PAD_KIB}\nexec python3"))
     (tmp_path / "toy_trainer.py").write_text((Path(__file__).parents[2] / "templates" / "toy_trainer.py").read_text())
     p = run_cli("submit", str(script), "--cluster", "local,b", "--total", "4m", "--segment", "2m",
                 "--signal", "USR2@40", "--policy", "lead", "--lead", "60s", "--site-margin", "5m", "--json",
@@ -93,15 +119,17 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     assert p.returncode == 0, p.stderr
     chain = json.loads(p.stdout)["data"]["chain"]
     blocker = None
-    watch = subprocess.Popen(
-        [sys.executable, "-m", "chainrun.cli.main", "watch", "--plain", "--interval", "3", "--until-done"],
-        env={**os.environ, "CHAINRUN_HOME": str(env["home"]), **env["extra"]},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    watch = _watcher(env)
     try:
         # segment 0 runs on n4 of local; then another job is queued for n4, for an hour after it
         wait_for("segment 0 to run", lambda: read(env, chain)[1][0].phase == "RUNNING", 300, watch)
         blocker = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive", "-t", "60",
                                   "--wrap", "sleep 3600"], capture_output=True, text=True, check=True).stdout.strip()
+        # a copy to b runs: the watcher is killed mid-copy, then started again
+        copying = wait_for("a copy to b to run", lambda: _copy_running(env, chain), 420, watch)
+        watch.kill()
+        watch.wait(30)
+        watch = _watcher(env)
         # the chain moves: the go-ahead written on b, then the row names b
         wait_for("the chain to move to b", lambda: read(env, chain)[0].cluster == "b", 420, watch)
         subprocess.run(["scancel", blocker], capture_output=True, timeout=60)  # local frees
@@ -125,6 +153,14 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
                  f"wrote go.{mv['gen']} on b", "the chain moved from local to b"):
         assert said in text, (said, text)
     assert segs[0].outcome == "handoff", (segs[0], text)
+    # the watcher killed mid-copy lost nothing and sent nothing twice: the copy went on from a new watcher,
+    # each checkpoint was verified on b once, one go-ahead, one job per segment
+    assert copying["bytes_done"] < copying["bytes_total"], copying
+    verified = re.findall(r"checkpoint step (\d+) copied to b and verified", text)
+    assert verified and len(verified) == len(set(verified)), text
+    assert text.count(f"wrote go.{mv['gen']} on b") == 1, text
+    jobs = [(s.cluster, s.job_id) for s in segs if s.job_id]
+    assert len(jobs) == len(set(jobs)), jobs
     # a successor held back on local was weighed against b by Slurm's own plan for it, and cancelled
     assert any(e.kind == "site" and "cancelled while pending on local (Slurm expects it to start at" in e.message
                for e in events), text
