@@ -64,14 +64,14 @@ for g in $(gens ckpt); do
     printf 'file %s %s\n' "$m" "$t"
     printf 'f %s %s %s\n' "$(printf %s "$t" | base64 -d | wc -c)" "$(printf %s "$t" | base64 -d | sha256sum | cut -d' ' -f1)" "$m"
   else
-    printf 'file %s -\n' "$m"
+    printf 'file %s - %s\n' "$m" "$(head -c HEAD_BYTES -- "$m" | base64 | tr -d '\n')"
     printf 'f %s %s %s\n' "$s" "$(sha256sum < "$m" | cut -d' ' -f1)" "$m"
   fi
   echo end; exit 0
 done
 echo none
 echo end
-""".replace("EMBED_MAX", str(EMBED_MAX))
+""".replace("EMBED_MAX", str(EMBED_MAX)).replace("HEAD_BYTES", "4096")
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -146,7 +146,7 @@ def parse(text: str) -> Manifest | None:
         return None
     head, _, b64 = (body[0] if body else "").partition(" ")[2].partition(" ")
     try:
-        raw = base64.b64decode(b64, validate=True) if b64 and b64 != "-" else None
+        raw = base64.b64decode(b64, validate=True) if b64 and b64 != "-" and not b64.startswith("- ") else None
     except (binascii.Error, ValueError):
         raise _fail(f"the marker {head} is not readable") from None
     if body and body[0].startswith("marker ") and len(body) >= 2 and body[1].startswith("folder "):
@@ -169,12 +169,27 @@ def parse(text: str) -> Manifest | None:
                 rec = json.loads(raw)
             except ValueError:
                 rec = {}
+        elif b64.startswith("- "):  # too big to travel here: its first bytes say its step and generation
+            rec = _head_fields(b64[2:])
         gen = rec.get("generation") if isinstance(rec, dict) else None
         step = rec.get("step") if isinstance(rec, dict) else None
         if gen is None and (m := re.fullmatch(r"ckpt\.g(\d+)\.json", head)):
             gen = int(m.group(1))
         return Manifest(FILE, head, _int(gen), _int(step), files, content=raw)
     raise _fail(f"unexpected answer {body[:2]!r}")
+
+
+def _head_fields(b64: str) -> dict:
+    """``step`` and ``generation`` from the first bytes of a JSON checkpoint too big to read whole."""
+    try:
+        head = base64.b64decode(b64, validate=True).decode("utf-8", "replace")
+    except (binascii.Error, ValueError):
+        return {}
+    out = {}
+    for key in ("step", "generation"):
+        if m := re.search(rf'"{key}"\s*:\s*(\d+)', head):
+            out[key] = int(m.group(1))
+    return out
 
 
 def _int(v) -> int | None:

@@ -240,6 +240,16 @@ def test_single_file_checkpoints_travel_in_the_manifest_or_by_rsync(tmp_path):
                                                                             "ckpt.g2.json"]
 
 
+def test_a_single_file_too_big_to_travel_in_the_manifest_still_says_its_step(tmp_path):
+    """Over EMBED_MAX the file goes by rsync; its first bytes still give the step and generation that the
+    move records and the go-ahead names (a 40 MiB toy checkpoint said "step None" in the move test)."""
+    _run_template(TEMPLATES / "toy_trainer.py", tmp_path / "toy", 3, TOY_TOTAL_STEPS="6", TOY_STEP_SECONDS="0.01",
+                  TOY_SAVE_EVERY="3", TOY_CKPT_PAD_KIB=str(2 * ckpt_manifest.EMBED_MAX >> 10))
+    m = ckpt_manifest.manifest(LocalRunner(), str(tmp_path / "toy"))
+    assert m.content is None and m.total_bytes > ckpt_manifest.EMBED_MAX
+    assert (m.kind, m.name, m.generation, m.step) == ("file", "ckpt.g3.json", 3, 6)
+
+
 def test_a_copy_never_replaces_a_checkpoint_a_trainer_saved_there_under_the_same_generation(tmp_path):
     _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "src", 2, MAX_STEPS="10", SAVE_EVERY="5")
     _run_template(TEMPLATES / "pytorch" / "train.py", tmp_path / "dst", 2, MAX_STEPS="10", SAVE_EVERY="5",
