@@ -4,8 +4,10 @@ GPUs differ, and so do file systems and software stacks: a cluster may train the
 another rate, and take longer to start training. The rule (chain/site_choice.py) charges each site
 ``restart + remaining / pace``; this module says what those are, per site, from what is known:
 
-- **measured** (the chain's own segments there): the pace is the median ``steps_per_s`` of that
-  site's segments over the median of the site the chain is on now; the restart is the median, over
+- **measured** (the chain's own segments there): the pace is the median samples per second of that
+  site's segments over the median of the site the chain is on now (steps per second where either site's
+  payload reports no samples: a cluster's own script may train another batch size, so samples are the
+  work when known); the restart is the median, over
   that site's segments, of the time from the payload's start to its first progress line (model load,
   data loader warm-up, the first step);
 - else **declared** in config.toml (``[clusters.NAME.job] pace = 0.6``, ``restart = "3m"``;
@@ -17,7 +19,7 @@ Only a payload that follows the optional progress contract (chain/progress.py,
 docs/checkpoint-contract.md) gives measurements; without it the declared values (or the defaults)
 hold for the chain's whole life. The site the chain is on now always has pace 1.0: the work left
 (``remaining``) is counted in its seconds, as the rest of planning counts it. A chain spanning
-clusters has one shape (``--shapes`` is refused with several clusters), so steps per second compare.
+clusters has one shape (``--shapes`` is refused with several clusters), so rates compare.
 
 Pure: no I/O; the caller reads config.toml (chain/site_plan.py).
 """
@@ -50,6 +52,7 @@ class Measured:
     pace_n: int = 0
     restart_s: float | None = None
     restart_n: int = 0
+    samples_per_s: float | None = None  # of the segments that reported samples (None: none did)
 
 
 @dataclass(frozen=True)
@@ -89,23 +92,28 @@ def restart_of(s: Segment, *, first: bool = False) -> float | None:
 
 
 def measured(c: Chain, segs: Iterable[Segment]) -> dict[str, Measured]:
-    """Per site, the chain's measured pace (median steps per second of the segments that reported
-    one) and restart (median of :func:`restart_of`). A segment without progress is no measurement."""
+    """Per site, the chain's measured pace (median steps, and samples, per second of the segments that
+    reported one) and restart (median of :func:`restart_of`). A segment without progress is no measurement."""
     ordered = sorted(segs, key=lambda s: s.idx)
-    paces: dict[str, list[float]] = {}
+    steps: dict[str, list[float]] = {}
+    samples: dict[str, list[float]] = {}
     restarts: dict[str, list[float]] = {}
     for i, s in enumerate(ordered):
         site = span.site_of(c, s)  # None: the chain's site (the driver names the old one at each move)
-        sps = (s.extra.get("progress") or {}).get("steps_per_s")
-        if sps is not None and float(sps) > 0:
-            paces.setdefault(site, []).append(float(sps))
+        prog = s.extra.get("progress") or {}
+        for key, into in (("steps_per_s", steps), ("samples_per_s", samples)):
+            if prog.get(key) is not None and float(prog[key]) > 0:
+                into.setdefault(site, []).append(float(prog[key]))
         took = restart_of(s, first=i == 0)
         if took is not None:
             restarts.setdefault(site, []).append(took)
-    return {site: Measured(statistics.median(paces[site]) if site in paces else None, len(paces.get(site, ())),
-                           statistics.median(restarts[site]) if site in restarts else None,
-                           len(restarts.get(site, ())))
-            for site in set(paces) | set(restarts)}
+
+    def median(of: dict, site: str) -> float | None:
+        return statistics.median(of[site]) if site in of else None
+
+    return {site: Measured(median(steps, site), len(steps.get(site, ())), median(restarts, site),
+                           len(restarts.get(site, ())), median(samples, site))
+            for site in set(steps) | set(samples) | set(restarts)}
 
 
 def site_paces(current: str, names: Iterable[str], found: Mapping[str, Measured],
@@ -120,6 +128,8 @@ def site_paces(current: str, names: Iterable[str], found: Mapping[str, Measured]
         m, d = found.get(name) or Measured(), declared.get(name) or Declared()
         if name == current:
             pace, pace_from = 1.0, HERE
+        elif m.samples_per_s and here_m.samples_per_s:
+            pace, pace_from = m.samples_per_s / here_m.samples_per_s, MEASURED
         elif m.steps_per_s and here_m.steps_per_s:
             pace, pace_from = m.steps_per_s / here_m.steps_per_s, MEASURED
         elif d.pace is not None or here_d.pace is not None:

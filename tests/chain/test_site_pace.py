@@ -25,14 +25,18 @@ def chain(cluster="a") -> Chain:
                  extra={"sites": ["a", "b"]})
 
 
-def reported(first_t: float, steps_per_s: float, lines: int = 20, every_s: float = 30.0) -> dict:
-    """A segment's progress as the watcher keeps it: rank 0's lines parsed by the contract's own parser."""
-    text = "".join(progress.format_line(1000 + i * every_s * steps_per_s, t=first_t + i * every_s)
-                   for i in range(lines))
+def reported(first_t: float, steps_per_s: float, lines: int = 20, every_s: float = 30.0, batch=None) -> dict:
+    """A segment's progress as the watcher keeps it: rank 0's lines (with samples when ``batch`` is given)
+    parsed by the contract's own parser."""
+    def line(i):
+        step = 1000 + i * every_s * steps_per_s
+        return progress.format_line(step, None if batch is None else step * batch, t=first_t + i * every_s)
+
+    text = "".join(line(i) for i in range(lines))
     return progress.segment_progress({(0, "n1"): progress.parse_lines(text)}, read_at=first_t + lines * every_s)
 
 
-def seg(idx, cluster=None, *, start=T0, sps=None, payload_after=None, restart=120.0, **extra) -> Segment:
+def seg(idx, cluster=None, *, start=T0, sps=None, payload_after=None, restart=120.0, batch=None, **extra) -> Segment:
     """A segment whose payload began ``payload_after`` s after its job (None: not known) and reported
     its first progress line ``restart`` s after the payload began, at ``sps`` steps per second."""
     s = Segment(chain_id="train-1a2b", idx=idx, phase=ENDED, start=start, cluster=cluster, extra=dict(extra))
@@ -40,7 +44,7 @@ def seg(idx, cluster=None, *, start=T0, sps=None, payload_after=None, restart=12
     if payload_after is not None:
         s.extra["payload_start"] = began
     if sps is not None:
-        s.extra["progress"] = reported(began + restart, sps)
+        s.extra["progress"] = reported(began + restart, sps, batch=batch)
     return s
 
 
@@ -102,6 +106,18 @@ def test_measured_beats_declared_beats_the_default_and_the_current_site_is_one()
     assert p["c"] == SitePace(0.5, DECLARED, 0.0, DEFAULT)
     assert p["d"] == SitePace(1.0, DECLARED, 0.0, DEFAULT)  # undeclared: 1.0 against the current site's 1.0
     assert site_paces("a", ["a", "b"], {}, {})["b"] == SitePace()
+
+
+def test_samples_are_the_work_where_both_sites_report_them():
+    # b's own script trains half the batch at the same steps per second: half the work per second
+    c = chain("a")
+    both = [seg(0, "b", sps=10.0, batch=32), seg(1, None, sps=10.0, batch=64)]
+    m = measured(c, both)
+    assert (m["b"].samples_per_s, m["a"].samples_per_s) == (pytest.approx(320), pytest.approx(640))
+    assert site_paces("a", ["a", "b"], m, {})["b"] == SitePace(pytest.approx(0.5), MEASURED, 120.0, MEASURED)
+    # one site reports no samples: steps per second are all there is to compare
+    steps_only = measured(c, [seg(0, "b", sps=10.0, batch=32), seg(1, None, sps=10.0)])
+    assert site_paces("a", ["a", "b"], steps_only, {})["b"].pace == pytest.approx(1.0)
 
 
 def test_factors_are_against_the_site_the_chain_is_on_now():
