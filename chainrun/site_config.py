@@ -20,6 +20,7 @@
 
 ``pace`` and ``restart`` are what the site rule (chain/site_choice.py) assumes before the chain has
 measured them there (chain/site_pace.py); a measurement wins.
+
 ``local`` takes the same tables (``[clusters.local.sbatch]`` ...). Every error is one line naming
 the file and the key. This module reads config values only: no I/O, no import of the rest.
 """

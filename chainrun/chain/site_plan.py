@@ -152,7 +152,7 @@ def site_paces(c: Chain, segs: list[Segment], names: list[str]) -> dict[str, sit
 
 def declared_by_site(names: list[str]) -> dict[str, site_pace.Declared]:
     """``[clusters.NAME.job] pace`` and ``restart`` for each site; none when config.toml cannot be
-    read now (a decision must not fail on it: the watcher reports the file's error where it reads it)."""
+    read now (a decision must not fail on a file being edited: the defaults hold, and the log says why)."""
     from chainrun import clusters
 
     try:

@@ -200,3 +200,14 @@ def test_option_without_a_pace_is_the_default():
     assert (o.pace, o.restart_s, o.transfer_s) == (1.0, 0.0, site_plan.DEFAULT_TRANSFER_S)
     o = site_plan.option(chain("a"), "a", 600.0, SitePace(1.0, HERE, 90.0, MEASURED))
     assert (o.pace, o.restart_s, o.transfer_s) == (1.0, 90.0, 0.0)
+
+
+def test_a_config_file_broken_while_the_chain_runs_leaves_the_defaults(tmp_path, monkeypatch, caplog):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[clusters.b]\nhost = "b.example.org"\n[clusters.b.job]\npace = 0.3\n')
+    monkeypatch.setenv("CHAINRUN_HOME", str(home))
+    assert site_plan.declared_by_site(["a", "b"]) == {"b": Declared(0.3, None)}
+    (home / "config.toml").write_text('[clusters.b.job]\npace = \n')  # a half-saved edit
+    assert site_plan.declared_by_site(["a", "b"]) == {}
+    assert "declared pace and restart not read" in caplog.text
