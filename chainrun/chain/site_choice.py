@@ -173,8 +173,10 @@ def _parts(e: SiteEstimate) -> str:
     out = f"start ~{_h(e.wait_s)}"
     if e.transfer_s:
         out += f", transfer {_h(e.transfer_s)}"
+    if e.restart_s > 0:  # below a minute in seconds: "0 min" would hide it
+        out += ", restart " + (_h(e.restart_s) if e.restart_s >= 60 else f"{e.restart_s:.0f} s")
     if e.pace != 1.0:
-        out += f", pace {e.pace:g}"
+        out += f", pace {e.pace:.3g}"
     return out
 
 

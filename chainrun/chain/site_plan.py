@@ -4,7 +4,8 @@ Planning asks this module at every tick where a successor may be asked for (the 
 chain/planning.py). For each site of the chain it estimates the successor's wait if submitted now
 (the site's queue-delay model; without one, Slurm's own ``sbatch --test-only`` start), the checkpoint's
 transfer there (its measured size over the measured copy rate; before a copy, DEFAULT_TRANSFER_S), and
-the pace the chain measured there; chain/site_choice.py then picks the site expected to finish the
+the chain's pace and restart cost there (measured, else declared in config.toml, else the default:
+chain/site_pace.py); chain/site_choice.py then picks the site expected to finish the
 chain first, staying unless another saves more than the margin. The policy times the successor with
 the chosen site's wait; a successor on another site is a move (chain/mover.py takes it from there).
 """
@@ -15,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from chainrun.chain import site_choice, span
+from chainrun.chain import site_choice, site_pace, span
 from chainrun.chain.move_steps import AHEAD
 from chainrun.chain.policies import WaitEstimate
 from chainrun.chain.segments import sbatch_args, wrapper_path
@@ -116,6 +117,7 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
            now: float) -> tuple[site_choice.SiteChoice, dict[str, WaitEstimate]] | None:
     """The site for the next segment, with every site's wait; None when no site could be estimated."""
     sites = t.store.sites(c.id)
+    paces = site_paces(c, t.store.segments(c.id), [s.cluster for s in sites])
     ests: dict[str, WaitEstimate] = {}
     options = []
     for s in sites:
@@ -123,7 +125,7 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
         if est is None:
             continue
         ests[s.cluster] = est
-        options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds))
+        options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds, paces.get(s.cluster)))
     if not options:
         return None
     ready_in = max(0.0, handover_at - now) if handover_at else 0.0
@@ -132,12 +134,38 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     return choice, ests
 
 
-def option(c: Chain, site: str, median_wait_s: float) -> site_choice.SiteOption:
+def option(c: Chain, site: str, median_wait_s: float,
+           pace: site_pace.SitePace | None = None) -> site_choice.SiteOption:
     """One site as the rule weighs it: its median wait, the checkpoint's transfer there (none where the
-    chain is), the chain's pace there (1.0 until measured)."""
+    chain is), the chain's pace and restart there (``site_paces``; None: the defaults, pace 1, no restart)."""
+    pace = pace or site_pace.SitePace()
     return site_choice.SiteOption(name=site, wait={0.5: median_wait_s},
                                   transfer_s=0.0 if site == c.cluster else transfer_s(c, site),
-                                  pace=float((c.extra.get("pace_by_site") or {}).get(site) or 1.0))
+                                  restart_s=pace.restart_s, pace=pace.pace)
+
+
+def site_paces(c: Chain, segs: list[Segment], names: list[str]) -> dict[str, site_pace.SitePace]:
+    """The chain's pace and restart on each site: measured from its segments' progress, else as
+    config.toml declares them (read at each decision, so an edit applies to running chains)."""
+    return site_pace.for_chain(c, segs, names, declared_by_site(names))
+
+
+def declared_by_site(names: list[str]) -> dict[str, site_pace.Declared]:
+    """``[clusters.NAME.job] pace`` and ``restart`` for each site; none when config.toml cannot be
+    read now (a decision must not fail on a file being edited: the defaults hold, and the log says why)."""
+    from chainrun import clusters
+
+    try:
+        cfg = clusters.load()
+    except ChainrunError as e:
+        log.warning("declared pace and restart not read: %s", e)
+        return {}
+    out = {}
+    for n in names:
+        s = clusters.site_settings(n, cfg)
+        if s.pace is not None or s.restart_s is not None:
+            out[n] = site_pace.Declared(s.pace, s.restart_s)
+    return out
 
 
 def transfer_s(c: Chain, to: str) -> float:
@@ -198,13 +226,15 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     running = [s for s in segs if s.phase == RUNNING and not span.foreign(c, s)]
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
-    options = [option(c, c.cluster, max(0.0, row.start - now))]
+    paces = site_paces(c, segs, [s.cluster for s in sites])
+    options = [option(c, c.cluster, max(0.0, row.start - now), paces.get(c.cluster))]
     for s in sites:
         if s.cluster == c.cluster:
             continue
         est = wait_estimate(t, c, s, succ, now)
         if est is not None:
-            options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds))
+            options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds,
+                                  paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=c.remaining_s, margin_s=margin_s(c),
                                      ready_in_s=ready_in, segment_s=c.segment_s)

@@ -76,6 +76,8 @@ dtypes = ["bf16", "fp16"]
 env_file = "/scratch/me/env.sh"
 preflight = "test -d /scratch/me/data"
 preflight_time = "3m"
+pace = 0.6
+restart = "2m30s"
 
 [clusters.local.sbatch]
 args = ["--exclude=n1"]
@@ -87,6 +89,8 @@ def test_site_tables_are_read_and_kept_when_the_file_is_rewritten(tmp_path, monk
     a = clusters.site_settings("a")
     assert a.sbatch_options() == ["--account=proj42", "--partition=gpu", "--gres=gpu:a100:4", "--qos=normal"]
     assert (a.gpu_memory_mb, a.gpu_dtypes, a.preflight_s) == (80 * 1024, ("bf16", "fp16"), 180)
+    assert (a.pace, a.restart_s) == (0.6, 150)  # declared for the site rule (chain/site_pace.py)
+    assert (clusters.site_settings("local").pace, clusters.site_settings("local").restart_s) == (None, None)
     assert clusters.site_options("a") == a.sbatch_options()
     assert clusters.site_options("local") == ["--exclude=n1"]  # local is configurable too
     assert clusters.site_options("other") == []
@@ -113,6 +117,13 @@ def test_site_tables_are_read_and_kept_when_the_file_is_rewritten(tmp_path, monk
     ("[clusters.a.job]", 'script = "train.sh"', "[clusters.a.job] script must be an absolute path"),
     ("[clusters.a.job]", 'preflight_time = "soon"', "[clusters.a.job] preflight_time 'soon' is not a duration"),
     ("[clusters.local]", 'host = "x"', "[clusters.local] takes only site tables"),
+    ("[clusters.a.job]", "pace = 0", "[clusters.a.job] pace must be a number from 0.01 to 100, e.g. 0.6"),
+    ("[clusters.a.job]", 'pace = "fast"', "[clusters.a.job] pace must be a number"),
+    ("[clusters.a.job]", "pace = true", "[clusters.a.job] pace must be a number"),
+    ("[clusters.a.job]", "pace = nan", "[clusters.a.job] pace must be a number"),
+    ("[clusters.a.job]", 'restart = "soon"', "[clusters.a.job] restart 'soon' is not a duration"),
+    ("[clusters.a.job]", 'restart = "2d"', "[clusters.a.job] restart '2d' is not a duration of a day or less"),
+    ("[clusters.a.job]", "restart = 180", "[clusters.a.job] restart must be a non-empty string"),
 ])
 def test_a_bad_site_table_is_one_line_naming_the_file_and_the_key(tmp_path, monkeypatch, table, key_line, words):
     path = _home(tmp_path, monkeypatch, f'[clusters.a]\nhost = "h"\n\n{table}\n{key_line}\n')
