@@ -97,10 +97,13 @@ def default_policy(cluster: str) -> tuple[str, str]:
 
 
 def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRequest, *,
-                 other_sites: Callable[[Chain], list[ChainSite]] | None = None) -> SubmitResult:
+                 other_sites: Callable[[Chain], list[ChainSite]] | None = None,
+                 site_clients: Callable[[str], tuple[SlurmClient, Runner]] | None = None) -> SubmitResult:
     """``other_sites``: a chain spanning clusters (chain/sites.py). Called once this cluster's folders and
     wrapper are written and before anything is recorded: it prepares and checks every site (raising a
-    one-line error that names the cluster) and returns them all; the chain is recorded with them."""
+    one-line error that names the cluster) and returns them all; the chain is recorded with them. When it
+    placed segment 0 on another site (``chain.extra["first_placement"]``), the chain starts there, through
+    ``site_clients(name)``."""
     policy_note = None
     if req.policy is None:
         policy, policy_note = default_policy(req.cluster)
@@ -151,7 +154,15 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         runner.write_file(script, req.script_text, 0o700)
     runner.write_file(wrapper_path(chain), wrapper, 0o700)
     sites = other_sites(chain) if other_sites else []
+    placed = chain.extra.get("first_placement") or {}
+    if site_clients is not None and placed.get("site") not in (None, chain.cluster):
+        from chainrun.chain import span
+
+        span.move_to(chain, next(s for s in sites if s.cluster == placed["site"]))  # not a move: nothing ran
+        slurm, runner = site_clients(chain.cluster)
     store.add_chain(chain, sites)
+    if placed.get("reason"):
+        store.add_event(chain.id, 0, "site", f"segment 0: {placed['reason']}")
     first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s,
                           site=chain.cluster if sites else None)
     return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))

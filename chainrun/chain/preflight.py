@@ -34,8 +34,9 @@ _NOT_FOR_PREFLIGHT = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "-
                       "--dependency", "-d", "--signal", "--chdir", "-D", "--nodelist", "-w")
 
 
-def test_only(name: str, slurm: SlurmClient, site_chain: Chain) -> str:
-    """``sbatch --test-only`` of segment 0 as it would be submitted on this site. Returns a note."""
+def test_only(name: str, slurm: SlurmClient, site_chain: Chain) -> tuple[str, float | None]:
+    """``sbatch --test-only`` of segment 0 as it would be submitted on this site: a note, and the start
+    Slurm expects (None when it gave none), which places segment 0 (site_plan.first_site)."""
     seg = Segment(chain_id=site_chain.id, idx=0, time_limit_s=site_chain.segment_s)
     try:
         start = slurm.test_only(wrapper_path(site_chain), segment_args(site_chain, seg), script_args=["0"])
@@ -43,8 +44,8 @@ def test_only(name: str, slurm: SlurmClient, site_chain: Chain) -> str:
         raise SiteRefused(f"cluster {name}: sbatch --test-only refused the chain's job: "
                           f"{_one_line(e.message)}") from None
     if start is None:
-        return "accepted by sbatch --test-only"
-    return f"accepted by sbatch --test-only (would start in {format_duration(max(0.0, start - time.time()))})"
+        return "accepted by sbatch --test-only", None
+    return f"accepted by sbatch --test-only (would start in {format_duration(max(0.0, start - time.time()))})", start
 
 
 @dataclass(frozen=True)

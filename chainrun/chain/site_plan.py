@@ -134,6 +134,22 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     return choice, ests
 
 
+def first_site(c: Chain, names: list[str], starts: dict[str, float | None],
+               now: float) -> site_choice.SiteChoice | None:
+    """Where segment 0 starts (not a move: there is nothing to carry): the rule of every next segment,
+    from the first site (the preferred) with the margin, on Slurm's own expected starts (``sbatch
+    --test-only`` at submit: no model is asked, a chain's first wait is Slurm's plan for it), each site's
+    declared pace and restart, no transfer. None when a site gave no start (then the first site)."""
+    if not names or any(starts.get(n) is None for n in names):
+        return None
+    paces = site_paces(c, [], names)
+    options = [site_choice.SiteOption(name=n, wait={0.5: max(0.0, float(starts[n]) - now)}, transfer_s=0.0,
+                                      restart_s=paces[n].restart_s if n in paces else 0.0,
+                                      pace=paces[n].pace if n in paces else 1.0) for n in names]
+    return site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
+                                   segment_s=c.segment_s)
+
+
 def option(c: Chain, site: str, median_wait_s: float,
            pace: site_pace.SitePace | None = None) -> site_choice.SiteOption:
     """One site as the rule weighs it: its median wait, the checkpoint's transfer there (none where the

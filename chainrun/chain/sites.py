@@ -6,7 +6,9 @@ untrusted host key, refuses the chain) and the GPUs each declares (``[clusters.N
 against ``--gpu-mem``/``--dtype``. Then each site gets its own run and checkpoint folders, its token,
 its copy of the script and its wrapper (``CHAINRUN_CLUSTER`` says where it runs); ``sbatch --test-only``
 and the optional preflight job run on every site (chain/preflight.py). Only when all passed is the chain
-recorded with its sites (``chain_sites``), and segment 0 submitted on the first site.
+recorded with its sites (``chain_sites``), and segment 0 submitted where the rule places it: on the
+first site unless another is expected to finish more than the margin sooner (Slurm's own estimates from
+those ``--test-only`` runs; chain/site_plan.py ``first_site``).
 
 The watcher then places each next segment (chain/site_plan.py) and carries out moves (chain/mover.py).
 """
@@ -241,8 +243,10 @@ def submit_spanning(store: Store, names: list[str], req: SubmitRequest, *,
         req0 = replace(req, cluster=first.name, workdir=first.workdir, script=first.script,
                        script_text=first.script_text, upload_script=first.upload)
         warnings: list[str] = []
+        by_name = {s.name: s for s in sites}
         res = create_chain(store, first.slurm, first.runner, req0,
-                           other_sites=lambda chain: _prepare(chain, sites, req, warnings))
+                           other_sites=lambda chain: _prepare(chain, sites, req, warnings),
+                           site_clients=lambda name: (by_name[name].slurm, by_name[name].runner))
     finally:
         close_sites(sites)
     return replace(res, warnings=res.warnings + tuple(warnings))
@@ -255,8 +259,9 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
     try:
         for s in sites[1:]:
             views[s.name] = _lay_out(s, chain, req, warnings, made=views, first=sites[0].name)
+        starts = {}
         for s in sites:
-            s.notes["test_only"] = preflight.test_only(s.name, s.slurm, views[s.name])
+            s.notes["test_only"], starts[s.name] = preflight.test_only(s.name, s.slurm, views[s.name])
         jobs = [preflight.plan(s.name, s.runner, s.settings.preflight, site_chain=views[s.name],
                                env_file=s.settings.env_file, time_s=s.settings.preflight_s)
                 for s in sites if s.settings.preflight]
@@ -269,6 +274,7 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
         raise
     chain.extra["sites"] = [s.name for s in sites]
     chain.extra["moves"] = MOVES
+    _place_first(chain, [s.name for s in sites], starts)
     return [ChainSite(chain_id=chain.id, cluster=s.name, rank=s.rank, workdir=views[s.name].workdir,
                       run_dir=views[s.name].run_dir, checkpoint_dir=views[s.name].checkpoint_dir,
                       script=views[s.name].script, sbatch_args=list(views[s.name].sbatch_args),
@@ -277,6 +283,21 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
                              **({"preflight": s.settings.preflight} if s.settings.preflight else {}),
                              "checks": dict(s.notes)})
             for s in sites]
+
+
+def _place_first(chain: Chain, names: list[str], starts: dict[str, float | None]) -> None:
+    """Where segment 0 starts: by the rule every next segment follows (site_plan.first_site), on the
+    starts ``sbatch --test-only`` just gave. ``create_chain`` starts the chain there; the reason is kept."""
+    import time
+
+    from chainrun.chain.site_plan import first_site
+
+    now = time.time()
+    choice = first_site(chain, names, starts, now)
+    if choice is None:
+        return
+    chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0}
+    chain.extra["first_placement"] = {"site": choice.site, "reason": choice.reason}
 
 
 def _lay_out(s: Site, chain: Chain, req: SubmitRequest, warnings: list[str], *, made: dict, first: str) -> Chain:

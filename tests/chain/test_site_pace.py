@@ -211,3 +211,21 @@ def test_a_config_file_broken_while_the_chain_runs_leaves_the_defaults(tmp_path,
     (home / "config.toml").write_text('[clusters.b.job]\npace = \n')  # a half-saved edit
     assert site_plan.declared_by_site(["a", "b"]) == {}
     assert "declared pace and restart not read" in caplog.text
+
+
+# ------------------------------------------------------------------ segment 0's site (site_plan.first_site)
+def test_segment_0_starts_where_slurm_expects_the_chain_to_finish_first_by_more_than_the_margin(monkeypatch):
+    """At submit the rule places segment 0 (not a move: no transfer) on Slurm's expected starts."""
+    monkeypatch.setattr(site_plan, "declared_by_site", lambda names: {})
+    c = chain("a")
+    c.extra["site_margin_s"] = 1800
+    full = site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": T0 + 60}, T0)  # a full for 5 h
+    assert full.site == "b" and not full.move and full.reason.startswith("start on b:"), full.reason
+    assert all(e.transfer_s == 0 for e in full.estimates)
+    near = site_plan.first_site(c, ["a", "b"], {"a": T0 + 1200, "b": T0}, T0)  # 20 min sooner < the margin
+    assert near.site == "a" and near.reason.startswith("start on a:"), near.reason
+    assert site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": None}, T0) is None  # no start: the first
+    # a site declared at a third of the pace loses despite starting at once
+    monkeypatch.setattr(site_plan, "declared_by_site", lambda names: {"b": Declared(0.3, None)})
+    slow = site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": T0}, T0)
+    assert slow.site == "a", slow.reason

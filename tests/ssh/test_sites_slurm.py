@@ -215,6 +215,43 @@ def test_the_text_result_names_each_site_and_the_move_rule(env, tmp_path):
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
+def test_a_chain_whose_first_cluster_is_full_starts_on_the_second(env, tmp_path):
+    """Segment 0 is placed by the rule: local's n4 (the chain's only node there) is held for an hour by
+    another job, so sbatch --test-only expects the chain an hour from now there and at once on b."""
+    configure(env, "")
+    blocker = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive",
+                              "-t", "60", "--wrap", "sleep 3600"], capture_output=True, text=True, check=True,
+                             env={**os.environ, **env["extra"]}).stdout.strip().split(";")[0]
+    try:
+        p = submit(env, tmp_path, "--cluster", "local,b", "--site-margin", "5m", "--", N4)
+        assert p.returncode == 0, p.stderr
+    finally:
+        subprocess.run(["scancel", blocker], capture_output=True, timeout=60, env={**os.environ, **env["extra"]})
+    data = json.loads(p.stdout)["data"]
+    chain = data["chain"]
+    try:
+        assert data["cluster"] == "b", data
+        from chainrun.state.store import Store
+
+        store = Store(env["home"] / "state.sqlite")
+        try:
+            seg0 = store.segments(chain)[0]
+            said = [e.message for _, e in store.events(chain, limit=100) if e.kind == "site"]
+            assert store.chain(chain).cluster == "b" and store.chain(chain).run_dir == data["sites"][1]["run_dir"]
+        finally:
+            store.close()
+        assert seg0.cluster == "b" and seg0.job_id, seg0
+        assert said and said[0].startswith("segment 0: start on b: ") and "against ~" in said[0], said
+        # the job is b's (its own queue lists it), and local's queue has none of the chain's
+        got = env["server"].ssh(f"squeue -h -j {seg0.job_id} -o %j")
+        assert got.stdout.split() == [f"cr.{chain}.0"], (got.stdout, got.stderr)
+        here = subprocess.run(["squeue", "-h", "-n", f"cr.{chain}.0", "-o", "%i"], capture_output=True, text=True,
+                              env={**os.environ, **env["extra"]})
+        assert here.returncode == 0 and here.stdout.strip() == "", (here.stdout, here.stderr)
+    finally:
+        assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
+
+
 def test_a_clusters_own_script_is_used_in_place(env, tmp_path):
     own = f"{env['workdir']}/own train.sh"
     got = env["server"].ssh(f"printf '#!/bin/bash\\n#SBATCH --comment=own\\ntouch \"$CHAINRUN_DONE_FILE\"\\n' "
