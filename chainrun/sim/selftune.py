@@ -257,16 +257,20 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
            priority_config: dict | None = None, size_weight_s: float = 0.0, as_of: float | None = None,
            workers: int = 1, predictor=None, progress: Callable[[int, int], None] | None = None,
            check_s: float | None = None, min_choice: int | None = None, min_check: int | None = None,
-           cands=None, warmup_s: float = WARMUP_S, chains_every_s: float = CHAINS_EVERY_S, seed: int = 0) -> dict:
+           cands=None, warmup_s: float = WARMUP_S, chains_every_s: float = CHAINS_EVERY_S, seed: int = 0,
+           job_budget: int | None = None) -> dict:
     """One self-tuning step (the module's docstring). Returns the outcome: ``adopted``, ``reason``,
     ``chosen`` and ``previous`` (values), ``window``, ``check`` (the paired gain and the check's
     scores beside reactive, the oracle and the best fixed lead), ``fidelity``. The keywords after
-    ``progress`` are for small test traces (``cands`` must hold the shipped values)."""
+    ``progress`` are for small test traces (``cands`` must hold the shipped values). A history of more
+    jobs than ``job_budget`` (default ``thinning.JOB_BUDGET``) is replayed thinned (chainrun/sim/thinning.py):
+    the outcome's ``thinned`` says how, and the fidelity is the thinned replay's."""
     import numpy as np
 
     from chainrun.sim import chain_replay, rolling as R
     from chainrun.sim.chain_replay import ChainsConfig, chain_points, setup
     from chainrun.sim.chains import PolicySpec
+    from chainrun.sim.thinning import JOB_BUDGET, thin
 
     check_s = R.CHECK_S if check_s is None else check_s
     min_choice = R.MIN_CHOICE if min_choice is None else min_choice
@@ -297,6 +301,11 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
                        size_weight_s=size_weight_s, workers=workers, predictor=memo, seed=seed)
     if nodes is not None and int(seen["nodes"].max()) > nodes:  # a job of a sharing partition wider than this one
         cfg = replace(cfg, nodes=int(seen["nodes"].max()))
+    seen, thin_nodes, thinned = thin(seen, cfg.nodes, shape["nodes"], seed=seed,
+                                     budget=JOB_BUDGET if job_budget is None else job_budget)
+    if thinned is not None:
+        cfg = replace(cfg, nodes=thin_nodes)
+        out["thinned"] = thinned
     w, n_nodes, sizes = setup(seen, cfg)
     fid = chain_replay._SHARED["fid"]
     out.update(fidelity=fid, nodes=n_nodes)
@@ -506,6 +515,16 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
     return out
 
 
+def thinned_text(res: dict) -> str:
+    """`` (thinned replay: 1/k of the N jobs on M nodes)`` when the replay was thinned, else ''."""
+    t = res.get("thinned")
+    if not t:
+        return ""
+    n = t.get("nodes")
+    on = "" if n is None else f" on {n} node{'s' if n != 1 else ''}"
+    return f" (thinned replay: 1/{t['k']} of the {t['of_jobs']} jobs{on})"
+
+
 def values_text(v: dict) -> str:
     return (f"rule {v['rule']}, boundary cost {v['transition_cost_s'] / 3600:g} h, guard share {v['lead_share']:g}, "
             f"floor {v['floor_s'] / 3600:g} h")
@@ -514,10 +533,10 @@ def values_text(v: dict) -> str:
 def summary_line(res: dict, force: dict) -> str:
     """One line: ``adopted: <values> (<reason>)`` or ``kept shipped defaults: <reason>``."""
     if res.get("put_in_force"):
-        return f"adopted {values_text(res['chosen'])}: {res['reason']}"
+        return f"adopted {values_text(res['chosen'])}: {res['reason']}{thinned_text(res)}"
     kept = "kept shipped defaults" if force.get("source") == "shipped" else \
         f"kept the values in force ({force.get('source')}: {values_text(force)})"
-    return f"{kept}: {res['reason']}"
+    return f"{kept}: {res['reason']}{thinned_text(res)}"
 
 
 def _chain_partitions(cluster: str) -> list[str]:
