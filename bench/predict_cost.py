@@ -155,7 +155,7 @@ class TuneRunner(DumpRunner):
         return super().run(argv, timeout, env=env, stdin=stdin)
 
 
-def tune_child(dump: str, nodes: int) -> None:
+def tune_child(dump: str, nodes: int, workers: int = 2) -> None:
     from chainrun.predict import service
 
     t0, c0 = time.time(), time.process_time()
@@ -171,14 +171,14 @@ def tune_child(dump: str, nodes: int) -> None:
     runner = TuneRunner(Path(dump), nodes)
     res = service.refresh(runner, cluster="bench", now=1e10, lookback_days=1e10 / 86400 - 1,
                           window_days=1e10 / 86400,
-                          tuner=selftune.tuner(runner, cluster="bench", workers=2, progress=progress))
+                          tuner=selftune.tuner(runner, cluster="bench", workers=workers, progress=progress))
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     out = {"wall_s": round(time.time() - t0, 1), "seconds": res["seconds"],
            "cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 1),
            "cpu_s_main": round(time.process_time() - c0, 1),
            "max_rss_mib": round(max(me.ru_maxrss, kids.ru_maxrss) / 1024, 0),
-           "history_rows": res["history_rows"], "nodes": nodes,
-           "tuning": {p: {k: r.get(k) for k in ("summary", "window", "fidelity", "seconds", "chosen")}
+           "history_rows": res["history_rows"], "nodes": nodes, "workers": workers,
+           "tuning": {p: {k: r.get(k) for k in ("summary", "window", "fidelity", "seconds", "chosen", "thinned")}
                       for p, r in res["tuning"].items()}}
     print(json.dumps(out))
 
@@ -189,7 +189,8 @@ def tune_bench(a) -> None:
         k = make_tune_dump(a.trace, a.rows, a.tune_days, dump)
         rows = sum(1 for _ in dump.open()) - 1
         print(f"dump: {rows} rows over the last {a.tune_days:g} days, {k} overlaid copies, {80 * k} nodes", flush=True)
-        p = subprocess.run([sys.executable, __file__, "--tune-child", str(dump), "--nodes", str(80 * k)],
+        p = subprocess.run([sys.executable, __file__, "--tune-child", str(dump), "--nodes", str(80 * k),
+                            "--workers", str(a.workers)],
                            stdout=subprocess.PIPE, text=True, env={**os.environ, "CHAINRUN_HOME": tmp})
         if p.returncode:
             sys.exit(f"the refresh failed (exit {p.returncode})")
@@ -250,6 +251,7 @@ def main() -> None:
     ap.add_argument("--tune", action="store_true", help="the refresh with self-tuning on --tune-days of history")
     ap.add_argument("--tune-days", type=float, default=60.0)
     ap.add_argument("--out", help="--tune: the results file (default docs/results/predict_cost_tune.json)")
+    ap.add_argument("--workers", type=int, default=2, help="--tune: the replay's worker processes (cron uses 1)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--tune-child", help=argparse.SUPPRESS)
     ap.add_argument("--nodes", type=int, default=80, help=argparse.SUPPRESS)
@@ -257,7 +259,7 @@ def main() -> None:
     if a.child:
         return refresh_child(a.child)
     if a.tune_child:
-        return tune_child(a.tune_child, a.nodes)
+        return tune_child(a.tune_child, a.nodes, a.workers)
     if a.tune:
         return tune_bench(a)
     with tempfile.TemporaryDirectory() as tmp:
