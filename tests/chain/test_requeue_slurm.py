@@ -84,7 +84,7 @@ def test_a_requeued_segment_stays_one_segment_and_the_chain_completes(slurm_clus
         seg = Store(home / "state.sqlite").segments(chain)
         assert len(seg) == 1 and seg[0].job_id == s0.job_id and seg[0].phase == "PENDING"  # no new submission
         # skip Slurm's requeue delay (BeginTime ~2 min on): the watcher's part is what is tested
-        subprocess.run(["scontrol", "update", f"JobId={s0.job_id}", "StartTime=now"], capture_output=True)
+        h.release_requeued(s0.job_id)
         watcher = subprocess.run(h.watch_argv(3), env={**os.environ, "CHAINRUN_HOME": str(home)}, capture_output=True,
                                  text=True, timeout=900, stdin=subprocess.DEVNULL)
         assert watcher.returncode == 0, watcher.stdout + watcher.stderr

@@ -177,8 +177,14 @@ def test_an_owner_its_successor_cancelled_after_the_save_timeout_is_chainruns_do
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)["data"]
     chain, ckpt = data["chain"], Path(data["checkpoint_dir"])
+    owner0 = Path(data["run_dir"]) / "control" / "owner.0"
     try:
+        # the first tick submits segment 1 (the lead covers the whole segment): only once segment 0 holds
+        # generation 0, so that segment 1 is its successor. (A segment 1 that starts and claims first, as
+        # under a loaded CI, leaves segment 0 the successor: roles swapped, still one copy, not this test.)
         deadline = time.time() + 400
+        while time.time() < deadline and not owner0.exists():
+            time.sleep(1)
         while time.time() < deadline:
             _tick(home)
             v = _status(home, chain)

@@ -150,8 +150,7 @@ class FieldChain:
 
     def release_requeued(self, job: str) -> None:
         """End Slurm's requeue delay (BeginTime ~2 min ahead) for a requeued job: it is Slurm's wait."""
-        self.wait_for(lambda: self.state(job) == "PENDING", 120, f"job {job} to be pending again")
-        subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True, timeout=60)
+        h.release_requeued(job)
 
     def assert_alone_and_continuous(self) -> None:
         """From the trainer's record: runs (job, restart) never overlap, and each resumes from the last

@@ -171,6 +171,33 @@ def kill_loop(home: Path, *, kills: int, rng: random.Random, log: Path, env: dic
     return st
 
 
+def release_requeued(job: str, timeout: float = 150) -> None:
+    """End Slurm's requeue delay (BeginTime ~2 min ahead) for a requeued job: that wait is Slurm's, not
+    what the tests test. `scontrol update StartTime=now` is accepted (exit 0) while the job is still
+    COMPLETING, and the requeue then sets the BeginTime anyway: so it is sent again until squeue shows
+    the job pending for another reason, or running. Not at once, either: sent the moment the job shows
+    BeginTime, the rerun was launched while the node still cleaned up the first run and failed at once
+    (exit 1, batch step CANCELLED); 5 s later it starts cleanly."""
+    deadline = time.time() + timeout
+    held_since = None
+    while True:
+        p = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T|%r"], capture_output=True, text=True,
+                           timeout=60)
+        state, _, reason = p.stdout.strip().partition("|")
+        if state == "PENDING" and reason == "BeginTime":
+            held_since = held_since or time.time()
+            if time.time() - held_since >= 5:
+                subprocess.run(["scontrol", "update", f"jobid={job}", "StartTime=now"], capture_output=True,
+                               timeout=60)
+        elif state != "PENDING" and state not in ("COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", ""):
+            return  # running again (or ended)
+        elif state == "PENDING" and reason not in ("BeginTime", "None"):
+            return  # waiting for something of the test's own (a node, a hold)
+        if time.time() > deadline:
+            raise AssertionError(f"job {job} still held by its requeue delay after {timeout:.0f}s: {p.stdout.strip()!r}")
+        time.sleep(1)
+
+
 def sacct_jobs(since: float, env: dict | None = None) -> list[dict]:
     start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 120))
     p = subprocess.run(["sacct", "-X", "-P", "-a", "-S", start, "-o", "JobIDRaw,JobName,State,Submit,Start,End"],

@@ -223,6 +223,13 @@ def test_a_chain_whose_first_cluster_is_full_starts_on_the_second(env, tmp_path)
                               "-t", "60", "--wrap", "sleep 3600"], capture_output=True, text=True, check=True,
                              env={**os.environ, **env["extra"]}).stdout.strip().split(";")[0]
     try:
+        # running, not just queued: Slurm's --test-only plans around running jobs (asked while the blocker
+        # was still pending, it said local would start the chain at once)
+        deadline = time.time() + 60
+        while subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
+                             env={**os.environ, **env["extra"]}).stdout.strip() != "RUNNING":
+            assert time.time() < deadline, f"the blocker {blocker} did not start"
+            time.sleep(1)
         p = submit(env, tmp_path, "--cluster", "local,b", "--site-margin", "5m", "--", N4)
         assert p.returncode == 0, p.stderr
     finally:
