@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,12 +104,15 @@ def train_model(home: Path) -> None:
     # the blocker's 100 s count from the moment all 20 are queued: under a loaded CI, 20 sbatch calls
     # took long enough that the last ones waited 40 s, the model said a start within the window was
     # likely, and the rule (rightly) waited until the predecessor ended
-    queued = home / "history-queued"
-    ids = [subprocess.run(one + [f"while [ ! -e {queued} ]; do sleep 1; done; sleep 100"], capture_output=True,
-                          text=True, check=True).stdout.strip()]
-    ids += [subprocess.run(one + ["sleep 1"], capture_output=True, text=True, check=True).stdout.strip()
-            for _ in range(20)]
-    queued.touch()
+    # (the flag lives in a folder of its own: the home may not exist yet; the blocker gives up after 5 min)
+    queued = Path(tempfile.mkdtemp(prefix="chainrun-history-")) / "queued"
+    ids = [subprocess.run(one + [f"for i in $(seq 300); do [ -e {queued} ] && break; sleep 1; done; sleep 100"],
+                          capture_output=True, text=True, check=True).stdout.strip()]
+    try:
+        ids += [subprocess.run(one + ["sleep 1"], capture_output=True, text=True, check=True).stdout.strip()
+                for _ in range(20)]
+    finally:
+        queued.touch()
     deadline = time.time() + 300
     while time.time() < deadline and subprocess.run(["squeue", "-h", "-j", ",".join(ids)], capture_output=True,
                                                     text=True).stdout.strip():
