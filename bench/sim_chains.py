@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from _results import REPO, git, head_state  # bench/ is on sys.path when a bench runs
+from _results import REPO, head_state, run_chainrun  # bench/ is on sys.path when a bench runs
 
 
 def main() -> int:
@@ -41,25 +37,14 @@ def main() -> int:
            *args.extra]
     if args.tune_score_from:
         cmd += ["--tune-score-from", args.tune_score_from]
-    exe = [sys.executable, "-c", "import sys; from chainrun.cli.main import run; sys.argv[0] = 'chainrun'; sys.exit(run())"]
-    env = dict(os.environ)
-    commit = git("rev-parse", "HEAD")  # before the run: others may commit while it runs
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.from_head:  # the committed code only, not the shared tree's uncommitted edits
-            archive = subprocess.run(["git", "archive", commit, "chainrun"], cwd=REPO, capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-            env["PYTHONPATH"] = tmp
-        t = time.monotonic()
-        # `python -c` puts its working directory first on sys.path: run from the export itself
-        p = subprocess.run([*exe, *cmd[1:]], capture_output=True, text=True, cwd=tmp if args.from_head else REPO,
-                           env=env)
+    p, commit, wall_s = run_chainrun(cmd, args.from_head)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
         return p.returncode
     env = json.loads(p.stdout)
     dirty = False if args.from_head else head_state()[1]
     doc = {"commit": commit, "dirty": dirty, "from_head": args.from_head,
-           "seed": 0, "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1),
+           "seed": 0, "command": " ".join(cmd), "wall_s": wall_s,
            "chainrun": env["chainrun"], "data": env["data"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

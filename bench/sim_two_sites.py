@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-from _results import REPO, git, head_state, sync_doc  # bench/ is on sys.path when a bench runs
+from _results import REPO, head_state, run_chainrun, sync_doc  # bench/ is on sys.path when a bench runs
 
 LEVELS = ("low", "medium", "heavy")
 DOC = REPO / "docs" / "multi-cluster.md"
@@ -51,23 +48,13 @@ def main() -> int:
     out = REPO / "docs" / "results" / f"sim-two-sites-{name}.json"
     cmd = ["chainrun", "sim", "--chains", *(x for t in traces for x in ("--trace", t)), "--transfer", "15m",
            "--json", *args.extra]
-    exe = [sys.executable, "-c", "import sys; from chainrun.cli.main import run; sys.argv[0] = 'chainrun'; sys.exit(run())"]
-    env = dict(os.environ)
-    commit = git("rev-parse", "HEAD")
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.from_head:
-            archive = subprocess.run(["git", "archive", commit, "chainrun"], cwd=REPO, capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-            env["PYTHONPATH"] = tmp
-        t = time.monotonic()
-        p = subprocess.run([*exe, *cmd[1:]], capture_output=True, text=True, cwd=tmp if args.from_head else REPO,
-                           env=env)
+    p, commit, wall_s = run_chainrun(cmd, args.from_head)
     if p.returncode != 0:
         sys.stderr.write(p.stderr)
         return p.returncode
     res = json.loads(p.stdout)
     doc = {"commit": commit, "dirty": False if args.from_head else head_state()[1], "from_head": args.from_head,
-           "seed": 0, "command": " ".join(cmd), "wall_s": round(time.monotonic() - t, 1), "cpus": os.cpu_count(),
+           "seed": 0, "command": " ".join(cmd), "wall_s": wall_s, "cpus": os.cpu_count(),
            "chainrun": res["chainrun"], "data": res["data"]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")

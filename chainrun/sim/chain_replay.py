@@ -105,15 +105,22 @@ def setup(trace: "pd.DataFrame", cfg: ChainsConfig):
 def run_points(points: list, workers: int) -> "tuple[list[ChainRun], dict]":
     """Every spec's chain at every point (``(t0, nodes)``, or ``(t0, nodes, specs)`` for a point's
     own specs), on ``workers`` processes; (runs in point order, cost)."""
+    return map_chunks(_run_chunk, points, workers)
+
+
+def map_chunks(fn, items: list, workers: int) -> tuple[list, dict]:
+    """``fn`` over ``items`` in chunks (three per worker, the last first so the longest start early, in
+    forked processes when ``workers`` > 1: the module's shared replay state is inherited, not pickled);
+    ``fn`` returns (results, cost). (results in item order, costs summed by key)."""
     workers = max(1, workers)
-    chunks = _split(points, 3 * workers if workers > 1 else 1)
+    chunks = _split(items, 3 * workers if workers > 1 else 1)
     if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
 
         with mp.get_context("fork").Pool(min(workers, len(chunks))) as pool:
-            parts = pool.map(_run_chunk, chunks[::-1], chunksize=1)[::-1]
+            parts = pool.map(fn, chunks[::-1], chunksize=1)[::-1]
     else:
-        parts = [_run_chunk(c) for c in chunks]
+        parts = [fn(c) for c in chunks]
     runs = [r for p, _ in parts for r in p]
     cost: dict = {}
     for _, c in parts:

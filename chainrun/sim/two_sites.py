@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
-from chainrun.sim.chain_replay import ChainsConfig, _split, fidelity_dict, load_levels
+from chainrun.sim.chain_replay import ChainsConfig, fidelity_dict, load_levels, map_chunks
 from chainrun.sim.chains import PolicySpec, default_specs, run_chain
 from chainrun.sim.site_chain import CHECKPOINT_EVERY_S, TRANSFER_S, MoveRules, Site, run_site_chain
 from chainrun.sim.site_tune import multi_name, race_name
@@ -195,21 +195,8 @@ def specs_for(names: list[str], margins: tuple[float, ...], race: bool = False) 
 
 
 def run_points(pts: list, margins: tuple[float, ...], workers: int, race: bool = False) -> tuple[list, dict]:
-    workers = max(1, workers)
-    chunks = _split([(*p, margins, race) for p in pts], 3 * workers if workers > 1 else 1)
-    if workers > 1 and len(chunks) > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("fork").Pool(min(workers, len(chunks))) as pool:
-            parts = pool.map(_run_chunk, chunks[::-1], chunksize=1)[::-1]
-    else:
-        parts = [_run_chunk(c) for c in chunks]
-    runs = [r for p, _ in parts for r in p]
-    cost: dict = {}
-    for _, c in parts:
-        for k, v in c.items():
-            cost[k] = round(cost.get(k, 0) + v, 1)
-    return runs, cost
+    """Every point's rows (``rows_for``) on ``workers`` processes: (runs in point order, cost)."""
+    return map_chunks(_run_chunk, [(*p, margins, race) for p in pts], workers)
 
 
 def _run_chunk(chunk):
