@@ -26,10 +26,9 @@ user, as the predictor also sees it).
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -100,24 +99,45 @@ def fair_share_for(table, *, config: dict | None = None, origin: float = 0.0,
 
 class Usage:
     """Per-user decayed usage and the Fair Tree factors, inside one Scheduler (forked with it).
-    Only users that ever ran are stored: everyone else has no usage and the factor 1.0."""
+    Only users that ever ran are stored: everyone else has no usage and the factor 1.0.
 
-    __slots__ = ("fs", "done", "running", "factor", "next_calc", "_k")
+    The factors are Fair Tree's on a flat tree: users ranked by usage, most first, the k-th most
+    getting k / N (ties in the order users first appeared, as a stable sort of ``done`` then the
+    running users would give them). Recomputed every 5 min of every fork, a full sort of every
+    user cost the self-tuning replay half its time on a busy cluster (issue 24), so the ranking is
+    kept incrementally: ``keys`` is ``done``'s users sorted by (-usage, first-seen), updated when a
+    job ends; at a recalculation only the running users' usage moves, and a user's rank is its
+    place in ``keys`` corrected by the running users ahead of it (``_before``): a few bisections."""
+
+    __slots__ = ("fs", "done", "running", "next_calc", "_k", "seen", "keys", "_dirty", "_n1", "_run", "_run_keys",
+                 "_run_stale", "_cache")
 
     def __init__(self, fs: FairShare) -> None:
         self.fs = fs
         self.done: dict[int, float] = {}  # user -> scaled usage of its ended jobs (chain user: n_users)
         self.running: dict[int, tuple[int, float, int]] = {}  # jid -> (user, scaled start, nodes)
-        self.factor: dict[int, float] = {}  # user -> fair share factor (absent: 1.0)
+        self.seen: dict[int, int] = {}  # user -> the order in which it entered ``done`` (ties)
+        self.keys: list[tuple[float, int]] = []  # (-done usage, seen) of ``done`` at the last recalculation, ascending
+        self._dirty: dict[int, float | None] = {}  # user -> its done usage at the last recalculation, if changed since
         self.next_calc = -math.inf
         self._k = math.log(2.0) / fs.half_life_s
+        self._n1 = 1
+        self._run: dict[int, tuple[float, int]] = {}  # running user -> (-usage, order) at the last recalculation
+        self._run_keys: list | None = []  # those keys with usage, ascending (None: not sorted yet)
+        self._run_stale: list = []  # their users' ``keys`` entries, ascending
+        self._cache: dict[int, float] = {}  # user -> factor, since the last recalculation
 
     def copy(self) -> "Usage":
         u = Usage.__new__(Usage)
-        u.fs, u._k, u.next_calc = self.fs, self._k, self.next_calc
+        u.fs, u._k, u.next_calc, u._n1 = self.fs, self._k, self.next_calc, self._n1
         u.done = dict(self.done)
         u.running = dict(self.running)
-        u.factor = self.factor  # replaced, never mutated, on recomputation
+        u.seen = dict(self.seen)
+        u.keys = list(self.keys)
+        u._dirty = dict(self._dirty)
+        # replaced, never mutated, on recalculation (the cache only gains what these imply)
+        u._run, u._run_keys, u._run_stale = self._run, self._run_keys, self._run_stale
+        u._cache = dict(self._cache)
         return u
 
     def user(self, jid: int) -> int:
@@ -135,32 +155,67 @@ class Usage:
         r = self.running.pop(jid, None)
         if r is not None:  # the integral of nodes * 2^((t - origin) / half-life) over the run
             u = r[0]
-            self.done[u] = self.done.get(u, 0.0) + r[2] * (self._scaled(now) - r[1]) / self._k
+            old = self.done.get(u)
+            if u not in self._dirty:  # the factors stay those of the last recalculation until the next
+                self._dirty[u] = old
+            if old is None:
+                self.seen[u] = len(self.seen)
+            self.done[u] = (0.0 if old is None else old) + r[2] * (self._scaled(now) - r[1]) / self._k
 
     def recalc(self, now: float) -> None:
         """Fair Tree on a flat tree: rank users by usage (the decay factor is common to all)."""
-        usage = dict(self.done)
-        g, k = self._scaled(now), self._k
+        g, k, done, seen, keys = self._scaled(now), self._k, self.done, self.seen, self.keys
+        for u, old in self._dirty.items():
+            if old is not None:
+                del keys[bisect_left(keys, (-old, seen[u]))]
+            insort(keys, (-done[u], seen[u]))
+        self._dirty = {}
+        usage: dict[int, float] = {}
         for u, e0, nodes in self.running.values():
-            usage[u] = usage.get(u, 0.0) + nodes * (g - e0) / k
-        n1 = bisect_right(self.fs.since, now) + 1  # the users known by now and the chain's
-        ranked = sorted(usage, key=usage.__getitem__, reverse=True)
-        m = len(ranked)  # usage >= 0: the users without any are last (every 5 min of every fork: kept lean)
-        while m and not usage[ranked[m - 1]] > 0.0:
-            m -= 1
-        self.factor = dict(zip(ranked[:m] if m < len(ranked) else ranked, _ranks(n1, m)))
+            usage[u] = usage.get(u, done.get(u, 0.0)) + nodes * (g - e0) / k
+        # a running user not yet in ``done`` comes after every user in it, in order of appearance
+        late = len(seen)
+        run = {}
+        for u, x in usage.items():
+            if u in seen:
+                run[u] = (-x, seen[u])
+            else:
+                run[u] = (-x, late)
+                late += 1
+        self._run = run
+        self._run_keys = None  # sorted at the first factor asked for (most recalculations ask a few)
+        self._cache = {}
+        self._n1 = bisect_right(self.fs.since, now) + 1  # the users known by now and the chain's
         p = self.fs.period_s
         self.next_calc = (math.floor(now / p) + 1) * p
 
+    def _done_then(self, u: int) -> float | None:
+        """``done[u]`` as of the last recalculation (None: not in it then)."""
+        return self._dirty[u] if u in self._dirty else self.done.get(u)
+
+    def _before(self, key: tuple[float, int]) -> int:
+        """Users with usage ranked ahead of ``key``: those of ``done`` not running, and the running."""
+        return (bisect_left(self.keys, key) - bisect_left(self._run_stale, key)) + bisect_left(self._run_keys, key)
+
+    def factor(self, u: int) -> float:
+        """The user's fair share factor as of the last recalculation (1.0 without usage)."""
+        f = self._cache.get(u)
+        if f is None:
+            if self._run_keys is None:
+                self._run_keys = sorted(key for key in self._run.values() if key[0] < 0.0)
+                self._run_stale = sorted((-x, self.seen[v]) for v in self._run
+                                         if (x := self._done_then(v)) is not None)
+            key = self._run.get(u)
+            if key is None:  # not running at the last recalculation: its done usage then
+                x = self._done_then(u)
+                key = (-(0.0 if x is None else x), self.seen.get(u, 0))
+            f = (self._before(key) + 1) / self._n1 if key[0] < 0.0 else 1.0
+            self._cache[u] = f
+        return f
+
     def bonus_s(self, jid: int, nodes: int, total: int) -> float:
         """Fair share plus job size, in seconds of age."""
-        return self.fs.weight_s * self.factor.get(self.user(jid), 1.0) + self.fs.size_weight_s * nodes / total
-
-
-@functools.lru_cache(maxsize=64)
-def _ranks(n1: int, m: int) -> tuple[float, ...]:
-    """The factors of the m users with usage, most first: (i + 1) / n1."""
-    return tuple((i + 1) / n1 for i in range(m))
+        return self.fs.weight_s * self.factor(self.user(jid)) + self.fs.size_weight_s * nodes / total
 
 
 PRIORITIES = ("age", "multifactor", "fairshare")

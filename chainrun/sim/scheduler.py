@@ -262,7 +262,7 @@ class Scheduler:
         w, sw, users, n_users, factor = fs.weight_s, fs.size_weight_s, fs.users, fs.n_users, u.factor
         n = len(users)
         self.pending = sorted(
-            (max(p[6], oldest) - (w * factor.get(users[p[2]] if 0 <= p[2] < n else n_users, 1.0)
+            (max(p[6], oldest) - (w * factor(users[p[2]] if 0 <= p[2] < n else n_users)
                                   + sw * p[3] / total),) + p[1:] for p in self.pending
         )
 
