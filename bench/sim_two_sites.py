@@ -97,6 +97,13 @@ def _targets(t: dict) -> list[str]:
     return out
 
 
+def _weeks(weeks: list[dict], per_line: int = 6) -> list[str]:
+    """The rolling weeks: start, margin in force, chains scored; * marks the default (too little past)."""
+    cells = [f"{w['start'][:10]} {w['margin_s'] / 3600:g} h{'' if w['chosen'] else '*'} ({w['n']})" for w in weeks]
+    out = ["  weeks (start, margin, chains; * the default margin: too few chains ended before the week):"]
+    return out + ["    " + ", ".join(cells[i:i + per_line]) for i in range(0, len(cells), per_line)]
+
+
 def table(data: dict) -> str:
     c, m = data["chains"], data["meta"]
     sm = c.get("site_margin", {})
@@ -114,6 +121,11 @@ def table(data: dict) -> str:
         lines.append("whole window (choice chains included), picked margin")
         lines += _rows(c["whole_window"]["policies"])
         lines += _targets(c["whole_window"].get("targets", {}))
+    if "rolling" in c:
+        lines.append("rolling (margin chosen each week on the chains ended before it)")
+        lines += _rows(c["rolling"]["policies"])
+        lines += _targets(c["rolling"].get("targets", {}))
+        lines += _weeks(c["rolling"]["weeks"])
     lines += [f"warning: {w}" for w in m.get("warnings", [])]
     return "\n".join(lines)
 
