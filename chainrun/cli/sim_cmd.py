@@ -184,6 +184,8 @@ def render_sites(data: dict) -> None:
     blocks = [("scored chains" if sm.get("chosen") is not None and "split" in sm else "chains", c["policies"])]
     if "whole_window" in c:
         blocks.append(("whole window (the choice chains included)", c["whole_window"]["policies"]))
+    if "rolling" in c:
+        blocks.append(("rolling (margin chosen each week on the chains ended before it)", c["rolling"]["policies"]))
     for title, pols in blocks:
         t = Table(title=f"{title}: {c['work_h']:g} h work in {c['segment_h']:g} h segments, transfer "
                         f"{c['transfer_min']:g} min; window {m['window']['from'][:10]} .. {m['window']['until'][:10]}")
@@ -196,6 +198,10 @@ def render_sites(data: dict) -> None:
                       _num(p.get("moves")), _pct(p.get("gpu_h_twice_share"), 2), str(p.get("stuck", 0)))
         con.print(t)
     con.print(f"site margin {sm.get('margin_s', 0) / 3600:g} h ({sm.get('note', '')})")
+    if "rolling" in c:  # * marks a week with too little past: the default margin
+        con.print("rolling weeks (start: margin, chains): " + ", ".join(
+            f"{w['start'][:10]}: {w['margin_s'] / 3600:g} h{'' if w['chosen'] else '*'} ({w['n']})"
+            for w in c["rolling"]["weeks"]) + "; * the default margin (too little past)")
     for w in m.get("warnings", []):
         con.print(f"[yellow]warning:[/yellow] {w}")
 

@@ -15,7 +15,8 @@ its own model (chain_replay.py's setup, once per trace), all on one clock:
   chain's reactive run on the first trace bins every row), ``predicted:<site>`` for each site alone
   (the ``predicted`` the product runs there, at that site's pace) and ``predicted_multi``
   (site_chain.py) at every margin of ``site_tune.MARGINS_S``; the margin is chosen on the older
-  chains and scored on the newer (site_tune.py), unless ``--site-margin`` fixes it.
+  chains and scored on the newer (site_tune.py), and week by week on each week's past
+  (site_rolling.py), unless ``--site-margin`` fixes it.
 """
 
 from __future__ import annotations
@@ -277,6 +278,10 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
     loads = levels(runs, names[0])
     chains = site_tune.choose_and_score(runs, loads, cfg, names, pts, margins, fixed=scfg.margin_s is not None,
                                         race=scfg.race)
+    if scfg.margin_s is None:  # the margin chosen week by week too (site_rolling.py): the same runs, regrouped
+        from chainrun.sim.site_rolling import rolling
+
+        chains["rolling"] = rolling(runs, loads, cfg, names, pts, margins, race=scfg.race)
     w = cfg.work
     chains.update(work_h=w.work_s / 3600, segment_h=w.segment_s / 3600, restart_cost_min=w.restart_s / 60,
                   handoff_min=w.handoff_s / 60, transfer_min=scfg.transfer_s / 60,

@@ -2,14 +2,19 @@
 issue (#26) fixes, the same file twice, and one-line errors."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from chainrun.cli.sim_cmd import render_sites
 from tests.conftest import run_cli
 
 from .tracegen import frame, sacct_dump, steady
 
 H = 3600.0
+REPO = Path(__file__).resolve().parents[2]
 ARGS = ["--nodes", "2", "--work", "72h", "--segment", "24h", "--chains-every", "4d", "--workers", "1"]
 LEVELS = ("low", "medium", "heavy")
 
@@ -54,9 +59,11 @@ def test_two_traces_json(dumps, chainrun_home):
     # the same chains in every row: the level is reactive's on the first trace
     by = {n: [r["by_load"][lv]["n"] for lv in LEVELS] for n, r in c["policies"].items()}
     assert len({tuple(v) for v in by.values()}) == 1
+    assert "rolling" not in c  # a fixed margin: nothing to choose week by week
 
 
-def test_the_same_file_twice_is_stem_hash_2_and_the_margin_is_chosen_on_the_older_half(dumps, chainrun_home):
+def test_the_same_file_twice_is_stem_hash_2_and_the_margin_is_chosen_on_the_older_half(dumps, chainrun_home, capsys,
+                                                                                         tmp_path):
     a, _ = dumps
     data = _data(run_cli("sim", "--trace", str(a), "--trace", str(a), *ARGS, "--align", "0w", "--json",
                          home=chainrun_home))
@@ -67,6 +74,22 @@ def test_the_same_file_twice_is_stem_hash_2_and_the_margin_is_chosen_on_the_olde
     assert sm["procedure"]["grid_s"] == [0, 1800, 3600, 10800, 21600, 43200] and "split" in sm
     assert sm["scored_chains"] == c["policies"]["reactive:a"]["n"]
     assert set(sm["choice"]) >= {"predicted_multi@0h", "predicted_multi@12h"} and "policies" in c["whole_window"]
+    # the margin chosen week by week too: every point scored once, in the same rows
+    ro = c["rolling"]
+    _check_rows(ro["policies"], ["a", "a#2"])
+    assert sum(w["n"] for w in ro["weeks"]) == m["injections"] == ro["policies"]["reactive:a"]["n"]
+    assert all(w["margin_s"] in sm["procedure"]["grid_s"] for w in ro["weeks"]) and "targets" in ro
+    # the text: `chainrun sim`'s tables and the bench's table both show the rolling rows and the weeks
+    render_sites(data)
+    text = capsys.readouterr().out
+    assert "rolling (margin chosen each week" in text and "rolling weeks (start: margin, chains): " in text
+    res = tmp_path / "res.json"
+    res.write_text(json.dumps({"data": data}))
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "sim_two_sites.py"), "--table", str(res)],
+                       capture_output=True, text=True, cwd=REPO, check=False)
+    assert p.returncode == 0, p.stderr
+    section = p.stdout.split("rolling (margin chosen each week on the chains ended before it)\n")[1]
+    assert section.splitlines()[1].split()[:2] == ["reactive:a", str(m["injections"])] and "  weeks (" in section
 
 
 @pytest.mark.parametrize("args,fragment", [
