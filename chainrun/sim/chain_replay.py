@@ -7,6 +7,7 @@ procedure (tune.py).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ class ChainsConfig:
     max_chains: int | None = None
     seed: int = 0  # bootstrap
     share: bool = True  # the policies at a point share the replay until they act differently (trunk.py)
+    stop_at: float | None = None  # no chain is followed past this time (run_chain): the self-tuning's as_of
 
 
 @dataclass
@@ -186,7 +188,8 @@ def _run_chunk(points):
         trunk = Trunk() if cfg.share else None  # one per point: its policies share the same job ids
         for j, spec in enumerate(own[0] if own else s["specs"]):
             jid0 = n + 10_000 * (i * 256 + (0 if cfg.share else j))
-            out.append(run_chain(base, t0, k, jid0, spec, cfg.work, watcher, trunk))
+            out.append(run_chain(base, t0, k, jid0, spec, cfg.work, watcher, trunk,
+                                 stop_at=math.inf if cfg.stop_at is None else cfg.stop_at))
         shared += trunk.hits if trunk else 0
     cost = {"fits": knowledge.cost["fits"], "fit_s": knowledge.cost["fit_s"], **watcher.cost,
             "fallbacks": watcher.fallbacks, "trunk_hits": shared, "worker_s": time.monotonic() - t_begin}

@@ -179,13 +179,18 @@ class ChainRun:
 
 
 def run_chain(base: Scheduler, t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
-              watcher, trunk=None) -> ChainRun:
+              watcher, trunk=None, stop_at: float = math.inf) -> ChainRun:
     """One chain under one policy, on its own fork of ``base`` (already run to ``t0``). ``trunk``
     (chainrun/sim/trunk.py, one per point, the same ``jid0`` for every policy): the stretches of
-    replay this chain shares with a policy run before it at this point are not recomputed."""
+    replay this chain shares with a policy run before it at this point are not recomputed.
+    ``stop_at``: a chain that cannot be done before it is not followed past it (its ``ended`` is then
+    ``stop_at`` or later); one that is done before it is replayed exactly as without it."""
     c = _Chain(base, t0, nodes, jid0, spec, work, watcher, trunk)
+    c.stop_at = stop_at
     r = c.run()
     r.ended = max(r.finish, c.sim.now) if r.done else c.sim.now  # all it saw of the trace is before this
+    if not r.done and not r.stuck and stop_at != math.inf:
+        r.ended = max(r.ended, stop_at)
     return r
 
 
@@ -213,6 +218,7 @@ class _Chain:
             raise ValueError(f"{spec.name}: reference shape {self.shapes[0]} != the chain's {nodes} nodes")
         self.eff = {n: spec.efficiency for n in (self.shapes or ())[1:]}
         self.choices: list = []  # elastic: (time, ShapeChoice) of every submitted segment
+        self.stop_at = math.inf  # run_chain's: not followed past it
 
     def limit_for(self, left_s: float, rate: float = 1.0) -> float:
         """As planning.submit_next: the work left (at least a minute) plus the signal lead, in whole
@@ -318,7 +324,7 @@ class _Chain:
     def run(self) -> ChainRun:
         from chainrun.chain.handoff_plan import should_wait, windows_for  # the watcher's own rule
 
-        w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
+        w, run, horizon = self.work, self.out, min(self.t0 + self.work.horizon_s, self.stop_at)
         cap_full = w.segment_s - w.signal_lead_s - w.restart_s
         done_s = 0.0  # work delivered by segments that stopped
         cur = self.submit(w.work_s)
@@ -352,6 +358,8 @@ class _Chain:
             if len(self.segs) >= w.max_segments:
                 run.stuck = True
                 run.segments = len(self.segs)
+                return run
+            if h >= self.stop_at:  # it needs a successor after h: it cannot be done before stop_at
                 return run
             if nxt is None and cur.filler:  # planning.submit_after_filler: the reference, the moment it runs
                 nxt = self.submit(left_after, None, cur, done_s, reference=True)
@@ -453,7 +461,8 @@ class _Chain:
             if k not in starts:
                 f = grid[k][1].fork()
                 f.submit(probe, self.nodes, limit, limit - w.signal_lead_s)
-                s = f.run_until_started(probe, f.now + w.horizon_s)
+                # a probe that starts after stop_at starts after h too (h < stop_at here)
+                s = f.run_until_started(probe, min(f.now + w.horizon_s, max(f.now, self.stop_at)))
                 starts[k] = s if s == s else math.inf
             return starts[k]
 

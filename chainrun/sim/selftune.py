@@ -298,7 +298,8 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     memo = _Fits(predictor)
     cfg = ChainsConfig(nodes=nodes, chains_every_s=chains_every_s, warmup_s=warmup_s, chain_nodes=(shape["nodes"],),
                        work=work, specs=refs[:1], priority=priority, priority_config=priority_config,
-                       size_weight_s=size_weight_s, workers=workers, predictor=memo, seed=seed)
+                       size_weight_s=size_weight_s, workers=workers, predictor=memo, seed=seed,
+                       stop_at=as_of)  # a chain still going at as_of is no past: not followed further
     if nodes is not None and int(seen["nodes"].max()) > nodes:  # a job of a sharing partition wider than this one
         cfg = replace(cfg, nodes=int(seen["nodes"].max()))
     seen, thin_nodes, thinned = thin(seen, cfg.nodes, shape["nodes"], seed=seed,

@@ -89,3 +89,22 @@ def test_a_kept_state_is_never_changed_by_the_chain_that_continues_from_it():
     alone.submit(10_000, 1, 3600.0, 3600.0)
     assert (b.now, b.pending, sorted(b.running), b.free, b.ai) == \
         (alone.now, alone.pending, sorted(alone.running), alone.free, alone.ai)
+
+
+def test_a_stop_changes_no_chain_done_before_it_and_ends_the_others_after_it():
+    # the self-tuning follows no chain past its as_of (ChainsConfig.stop_at): a chain that ends
+    # before the stop is replayed field for field as without it; every other one ends at or after it
+    c = cfg(nodes=3, chain_nodes=(1, 2), chains_every_s=2 * DAY, priority="fairshare", specs=specs(),
+            work=ChainWork(work_s=60 * H, segment_s=24 * H, oracle_step_s=1800.0), inject_from=T0 + 3 * DAY)
+    free = run_chains(mixed(), c)
+    ends = sorted(r.ended for r in free.runs)
+    for stop in (ends[len(ends) // 4] + 1234.0, ends[len(ends) // 2] + 37.0, ends[3 * len(ends) // 4] - 500.0):
+        capped = run_chains(mixed(), replace(c, stop_at=stop))
+        assert len(free.runs) == len(capped.runs)
+        before = [i for i, r in enumerate(free.runs) if r.ended < stop]
+        after = [i for i, r in enumerate(free.runs) if r.ended >= stop]
+        assert len(before) > 10 and len(after) > 10  # both kinds are exercised
+        assert rows([free.runs[i] for i in before]) == rows([capped.runs[i] for i in before]), stop
+        assert all(capped.runs[i].ended >= stop for i in after)
+        # and the stop saved replay: the chains cut short held fewer segments
+        assert sum(len(capped.runs[i].shapes) for i in after) < sum(len(free.runs[i].shapes) for i in after)
