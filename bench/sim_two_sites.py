@@ -3,14 +3,12 @@
     .venv/bin/python bench/sim_two_sites.py                                 # the shipped trace given twice
     .venv/bin/python bench/sim_two_sites.py --trace A --trace B --name ab    # two clusters' traces
     .venv/bin/python bench/sim_two_sites.py --from-head -- --pace ls6-a100-dev#2=0.6
-    .venv/bin/python bench/sim_two_sites.py --from-head --name ls6x2-rolling -- --race  # the rolling block
 
 Writes docs/results/sim-two-sites-<name>.json (default name: ls6x2, the shipped trace twice, its copy
 4 weeks later) with the commit, the exact command and the data `chainrun sim --chains --trace A --trace B
 --json` prints. The shipped trace is TACC Lonestar6's A100 partition (Mirage, SC'23; CC BY 4.0, see
 chainrun/data/README.md). ``--table FILE`` prints the table of a file already written; ``--render``
-writes the results blocks of docs/multi-cluster.md from the files (``--check``: the doc test's check);
-a ``ROLLING_BLOCKS`` block shows only a run's split-scored and rolling rows (``rolling_table``).
+writes the results blocks of docs/multi-cluster.md from the files (``--check``: the doc test's check).
 """
 
 from __future__ import annotations
@@ -28,8 +26,6 @@ DOC = REPO / "docs" / "multi-cluster.md"
 # docs/multi-cluster.md's results blocks: marker name -> results file
 BLOCKS = {"two-sites-ls6x2": "sim-two-sites-ls6x2.json", "two-sites-ls6x2-pace06": "sim-two-sites-ls6x2-pace06.json",
           "two-sites-ls6x2-shift8": "sim-two-sites-ls6x2-shift8.json"}
-# blocks that show only the split's scored rows and the rolling rows of a run (rolling_table)
-ROLLING_BLOCKS = {"two-sites-ls6x2-rolling": "sim-two-sites-ls6x2-rolling.json"}
 
 
 def main() -> int:
@@ -134,29 +130,14 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
-def rolling_table(data: dict) -> str:
-    """The split's scored rows beside the rolling rows of the same run (the margin chosen once, and week by
-    week), with the weeks: what a results block that adds the rolling score to a table above shows."""
-    c, m = data["chains"], data["meta"]
-    sm, ro = c["site_margin"], c["rolling"]
-    lines = [f"window {m['window']['from'][:10]} .. {m['window']['until'][:10]}, {m['injections']} chains; "
-             + f"{m['seconds']:.0f} s"]
-    lines.append(f"scored: {sm['scored_chains']} chains injected from {sm['split'][:10]}, margin "
-                 f"{sm['margin_s'] / 3600:g} h picked once on the {sm['choice_chains']} chains ended before")
-    lines += _rows(c["policies"]) + _targets(c.get("targets", {}))
-    lines.append("rolling: every chain, its week's margin picked on the chains ended before the week")
-    lines += _rows(ro["policies"]) + _targets(ro.get("targets", {})) + _weeks(ro["weeks"])
-    return "\n".join(lines)
-
-
 def render(text: str) -> str:
     """The doc with every results block rendered from its file (the command, the commit, the table)."""
-    for name, file in [*BLOCKS.items(), *ROLLING_BLOCKS.items()]:
+    for name, file in BLOCKS.items():
         begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
         if begin not in text:
             continue
         doc = json.loads((REPO / "docs" / "results" / file).read_text())
-        shown = rolling_table(doc["data"]) if name in ROLLING_BLOCKS else table(doc["data"])
+        shown = table(doc["data"])
         block = (f"{begin}\n`{doc['command']}` (commit {doc['commit'][:7]}, {doc['wall_s']:.0f} s wall on "
                  f"{doc.get('cpus', '?')} CPUs shared; docs/results/{file}):\n\n```\n{shown}\n```\n{end}")
         a, b = text.index(begin), text.index(end) + len(end)
