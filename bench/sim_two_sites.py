@@ -137,9 +137,8 @@ def render(text: str) -> str:
         if begin not in text:
             continue
         doc = json.loads((REPO / "docs" / "results" / file).read_text())
-        shown = table(doc["data"])
         block = (f"{begin}\n`{doc['command']}` (commit {doc['commit'][:7]}, {doc['wall_s']:.0f} s wall on "
-                 f"{doc.get('cpus', '?')} CPUs shared; docs/results/{file}):\n\n```\n{shown}\n```\n{end}")
+                 f"{doc.get('cpus', '?')} CPUs shared; docs/results/{file}):\n\n```\n{table(doc['data'])}\n```\n{end}")
         a, b = text.index(begin), text.index(end) + len(end)
         text = text[:a] + block + text[b:]
     return text

@@ -27,15 +27,6 @@ from chainrun.sim import site_tune
 WEEK_S = 7 * 86400.0
 
 
-def ended_by_point(runs: list) -> dict:
-    """{(t0, nodes): when the last of the point's runs ended}: a point is past once all its runs are."""
-    ended: dict = {}
-    for r in runs:
-        k = (r.t0, r.nodes)
-        ended[k] = max(ended.get(k, float("-inf")), r.ended)
-    return ended
-
-
 def weeks(pts: list) -> list[tuple[float, float]]:
     """Whole 7-day weeks from the first injection point until the last point is in one."""
     out, a = [], pts[0][0]
@@ -66,7 +57,7 @@ def rolling(runs: list, loads: dict, cfg, names: list[str], pts: list, margins: 
     st = site_tune
     rows = [f"reactive:{names[0]}", *(f"predicted:{n}" for n in names), st.MULTI, *([st.RACE] if race else []),
             st.HINDSIGHT]
-    ended = ended_by_point(runs)
+    ended = site_tune.ended_by_point(runs)
     by_point: dict = {}
     for r in runs:
         by_point.setdefault((r.t0, r.nodes), []).append(r)

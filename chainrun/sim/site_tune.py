@@ -126,6 +126,15 @@ def targets(pols: dict, names: list[str]) -> dict:
     return out
 
 
+def ended_by_point(runs: list) -> dict:
+    """{(t0, nodes): when the last of the point's runs ended}: a point is past once all its runs are."""
+    ended: dict = {}
+    for r in runs:
+        k = (r.t0, r.nodes)
+        ended[k] = max(ended.get(k, float("-inf")), r.ended)
+    return ended
+
+
 def _keep(runs: list, keys: set) -> list:
     return [r for r in runs if (r.t0, r.nodes) in keys]
 
@@ -152,10 +161,7 @@ def choose_and_score(runs: list, loads: dict, cfg, names: list[str], pts: list, 
                 "site_margin": {"margin_s": margins[0], "chosen": False, "note": "fixed by --site-margin"}}
     first, last = pts[0][0], pts[-1][0]
     split = first + CHOICE_SHARE * (last - first)
-    ended: dict = {}
-    for r in runs:
-        ended[(r.t0, r.nodes)] = max(ended.get((r.t0, r.nodes), float("-inf")), r.ended)
-    choice = {k for k, e in ended.items() if e < split}
+    choice = {k for k, e in ended_by_point(runs).items() if e < split}
     scored = {k for k in all_keys if k[0] >= split}
     grid = policy_rows(_keep(runs, choice), loads, cfg, [*singles, *(multi_name(m) for m in margins),
                                                          *(race_name(m) for m in (margins if race else ()))])

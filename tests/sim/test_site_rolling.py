@@ -44,7 +44,7 @@ def _loads(pts) -> dict:
 
 
 def _margins(runs, pts, starts) -> list[float]:
-    ended = site_rolling.ended_by_point(runs)
+    ended = site_tune.ended_by_point(runs)
     return [site_rolling.week_margin(runs, _loads(pts), ChainsConfig(), ended, a, MARGINS)[0] for a in starts]
 
 
