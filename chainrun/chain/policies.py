@@ -75,9 +75,39 @@ def slack_lead(prob_within: Callable[[float], float], *, allowance_s: float, bou
     return best
 
 
+class Remembered:
+    """A distribution's ``prob_within`` that remembers its answers, and its expected lateness per
+    grid of leads: the replay asks one state's distribution under every candidate policy, and the
+    candidates that differ only in boundary cost or guard share ask the same grid (a pure function
+    of the distribution, so the same floats)."""
+
+    __slots__ = ("prob_within", "seen", "lateness")
+
+    def __init__(self, prob_within: Callable[[float], float]) -> None:
+        self.prob_within = prob_within
+        self.seen: dict[float, float] = {}
+        self.lateness: dict[tuple, list[float]] = {}
+
+    def __call__(self, seconds: float) -> float:
+        v = self.seen.get(seconds)
+        if v is None:
+            v = self.seen[seconds] = self.prob_within(seconds)
+        return v
+
+
 def _expected_lateness(prob_within: Callable[[float], float], leads: list[float]) -> list[float]:
     """E[(W - L)+] = integral from L to infinity of P(W > u) du, for each lead L (sorted), on a
     log-spaced grid up to 60 days (beyond it the model's tail says nothing useful)."""
+    if isinstance(prob_within, Remembered):
+        key = tuple(leads)
+        out = prob_within.lateness.get(key)
+        if out is None:
+            out = prob_within.lateness[key] = _lateness(prob_within, leads)
+        return out
+    return _lateness(prob_within, leads)
+
+
+def _lateness(prob_within: Callable[[float], float], leads: list[float]) -> list[float]:
     top = 60 * 86400.0
     pts = sorted({max(1.0, x) for x in leads if x < top} | {10 ** (k / 40) for k in range(int(40 * math.log10(top)) + 1)}
                  | {top})

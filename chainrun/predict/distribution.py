@@ -12,6 +12,7 @@ them the tails are straight, at least TAIL_SLOPE decades per unit of normal scor
 from __future__ import annotations
 
 import functools
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,8 +49,13 @@ class Prediction:
     values: tuple = ()
 
     def _curve(self) -> "tuple[tuple[float, ...], tuple[float, ...]]":
-        qs, vals = (self.qs, self.values) if self.qs else ((0.1, 0.5, 0.9), (self.p10, self.p50, self.p90))
-        return _curve_of(tuple(qs), tuple(float(x) for x in vals))
+        # kept on the instance (outside the frozen fields): the slack rule reads one answer a few
+        # hundred times per decision, and rebuilding the key tuples was most of each read
+        c = self.__dict__.get("_zv")
+        if c is None:
+            qs, vals = (self.qs, self.values) if self.qs else ((0.1, 0.5, 0.9), (self.p10, self.p50, self.p90))
+            c = self.__dict__["_zv"] = _curve_of(tuple(qs), tuple(float(x) for x in vals))
+        return c
 
     def quantile(self, q: float) -> float:
         """Wait (s) at level q in (0, 1): the learned levels exactly, log-linear in the normal
@@ -64,18 +70,23 @@ class Prediction:
 
     def prob_within(self, seconds: float) -> float:
         """P(wait <= seconds): the deadline question, from the same curve as :meth:`quantile`."""
-        from statistics import NormalDist
-
         if float(seconds) < 1.0:
             return 0.0  # waits are counted from 1 s
         z, v = self._curve()
         x = _log(seconds)
-        return float(NormalDist().cdf(_inverse(x, z, v)))
+        return float(_normal().cdf(_inverse(x, z, v)))
 
     def as_dict(self) -> dict:
         qs = self.qs or (0.1, 0.5, 0.9)
         vals = self.values or (self.p10, self.p50, self.p90)
         return {"model": self.model, "quantiles_s": {qname(q): float(v) for q, v in zip(qs, vals)}}
+
+
+@functools.cache
+def _normal():
+    from statistics import NormalDist
+
+    return NormalDist()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -123,7 +134,7 @@ def _inverse(y, z, v) -> float:
         return z[0] - (v[0] - y) / lo
     if y >= v[-1]:
         return z[-1] + (y - v[-1]) / hi
-    k = max(i for i in range(len(v)) if v[i] <= y)
+    k = bisect_right(v, y) - 1  # the last level at or below y (v is monotone)
     return z[k] + (y - v[k]) * (z[k + 1] - z[k]) / (v[k + 1] - v[k])
 
 

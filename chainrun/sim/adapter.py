@@ -185,7 +185,7 @@ class SimWatcher:
         self.cost = {"predictions": 0, "predict_s": 0.0}
         self._cache: dict = {}
         self._past: dict = {}  # now -> the masked past (Knowledge.history)
-        self._within: dict = {}  # estimate's cache key -> {seconds: P(wait <= seconds)}
+        self._within: dict = {}  # estimate's cache key -> its distribution's Remembered prob_within
         self.test_only = True  # shape_waits: also Slurm's --test-only answer, as the engine asks it
         self.test_only_horizon_s = 14 * 86400.0
         self._arrays: dict | None = None  # the trace's per-job arrays for the columnar path, built on first use
@@ -388,15 +388,12 @@ class SimWatcher:
     def _remembered(self, key, prob_within):
         """``prob_within`` answering from memory: the slack rule asks the same distribution at the
         same few hundred points on every ask of a state (a pure function of the cached prediction)."""
-        seen = self._within.setdefault(key, {})
+        from chainrun.chain.policies import Remembered
 
-        def within(seconds):
-            v = seen.get(seconds)
-            if v is None:
-                v = seen[seconds] = prob_within(seconds)
-            return v
-
-        return within
+        r = self._within.get(key)
+        if r is None:
+            r = self._within[key] = Remembered(prob_within)
+        return r
 
     def queue_rows(self, sim, now: float, seg: Segment, cur, nodes: int, only_own: bool = False) -> list:
         from chainrun.slurm.parsers import QueueRow

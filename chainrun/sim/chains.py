@@ -461,8 +461,9 @@ class _Chain:
             if k not in starts:
                 f = grid[k][1].fork()
                 f.submit(probe, self.nodes, limit, limit - w.signal_lead_s)
-                # a probe that starts after stop_at starts after h too (h < stop_at here)
-                s = f.run_until_started(probe, min(f.now + w.horizon_s, max(f.now, self.stop_at)))
+                # the search only asks whether a probe starts by h: one not started then is
+                # inf, without replaying the queue to its start (most of the oracle's cost)
+                s = f.run_until_started(probe, h)
                 starts[k] = s if s == s else math.inf
             return starts[k]
 

@@ -259,12 +259,11 @@ class Scheduler:
         total = self.total
         # Usage.bonus_s inlined (the same expression, so the same floats): every pending job, every 5 min
         fs = u.fs
-        w, sw, users, n_users, factor = fs.weight_s, fs.size_weight_s, fs.users, fs.n_users, u.factor
+        w, sw, users, n_users = fs.weight_s, fs.size_weight_s, fs.users, fs.n_users
         n = len(users)
-        self.pending = sorted(
-            (max(p[6], oldest) - (w * factor(users[p[2]] if 0 <= p[2] < n else n_users)
-                                  + sw * p[3] / total),) + p[1:] for p in self.pending
-        )
+        pend = self.pending
+        fac = u.factors([users[p[2]] if 0 <= p[2] < n else n_users for p in pend])
+        self.pending = sorted([(max(p[6], oldest) - (w * f + sw * p[3] / total),) + p[1:] for p, f in zip(pend, fac)])
 
     # ---- views for policies ---------------------------------------------------------------
     def queue_view(self) -> tuple[list[int], list[tuple[int, float]]]:
