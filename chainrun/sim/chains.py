@@ -57,6 +57,7 @@ from chainrun.chain import sizing
 from chainrun.chain.pace import expected_training, shape_rate, total_tolerance, trained_so_far
 from chainrun.chain.shapes import FILLER_MARGIN, DEFAULT_MARGIN_S, choose_filler, choose_shape
 from chainrun.chain.policies import default_lead_s
+from chainrun.sim import boundary
 from chainrun.sim.scheduler import Scheduler
 
 NAN = float("nan")
@@ -322,8 +323,6 @@ class _Chain:
                                 target=self.spec.target, cut_allowance_s=allowance)
 
     def run(self) -> ChainRun:
-        from chainrun.chain.handoff_plan import should_wait, windows_for  # the watcher's own rule
-
         w, run, horizon = self.work, self.out, min(self.t0 + self.work.horizon_s, self.stop_at)
         cap_full = w.segment_s - w.signal_lead_s - w.restart_s
         done_s = 0.0  # work delivered by segments that stopped
@@ -373,40 +372,16 @@ class _Chain:
             nxt.start = bn
             run.shapes.append(nxt.nodes)
             run.fillers += nxt.filler
-            if bn < h:  # started before the hand-over point: hand-off (or wait for it)
-                wait = h - bn
-                cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
-                # (the rule reads the work left in the successor's training seconds: its shape's rate)
-                if self.spec.adaptive and not cur.filler and should_wait(wait, windows_for(
-                        remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=cap_full,
-                        handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
-                    cur.stop = cur.exit = h
-                    nxt.train_start = h
-                    run.twice_node_s += wait * nxt.nodes
-                    run.boundaries.append((bn - h, 0.0))
-                else:
-                    cur.stop = bn
-                    cur.exit = min(h, bn + w.handoff_s)
-                    self.sim.cut(cur.jid, cur.exit)
-                    self._did(("cut", cur.jid, cur.exit))
-                    nxt.train_start = cur.exit
-                    run.handoff_s += cur.exit - bn
-                    run.twice_node_s += (cur.exit - bn) * nxt.nodes
-                    run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
-            else:
-                cur.stop = cur.exit = h
-                nxt.train_start = bn
-                run.queue_s += bn - h
-                run.boundaries.append((bn - h, 0.0))
-            trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
-            # a segment cut before its restart was over lost only the time it had (fair share can
-            # start a successor minutes after its predecessor): the overhead still splits exactly
-            run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
-            done_s += cur.rate * trained
-            run.slow_s += (1.0 - cur.rate) * trained
+            boundary.hand_over(run, cur, nxt, h, bn, w, adaptive=self.spec.adaptive and not cur.filler,
+                               left_after=left_after, full_capacity_s=cap_full, lead_s=self.lead_s, cut=self._cut)
+            done_s += boundary.close(run, cur, w)
             cur, nxt = nxt, None
 
     # ---- the partition, through the point's trunk when there is one (trunk.py) ----------------
+    def _cut(self, jid: int, at: float) -> None:
+        self.sim.cut(jid, at)
+        self._did(("cut", jid, at))
+
     def _did(self, action: tuple) -> None:
         if self.log is not None:
             self.log = self.log + ((self.sim.now, *action),)

@@ -38,6 +38,7 @@ from chainrun.chain import sizing
 from chainrun.chain.pace import total_tolerance, trained_so_far
 from chainrun.chain.policies import default_lead_s
 from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site
+from chainrun.sim import boundary
 from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, Seg, _next_ask
 
 TRANSFER_S = 900.0  # the 15 min checkpoint copy between the sites
@@ -274,8 +275,6 @@ class _SiteChain:
 
     # ---- the chain ---------------------------------------------------------------------------
     def run(self) -> SiteRun:
-        from chainrun.chain.handoff_plan import should_wait, windows_for
-
         w, run, horizon = self.work, self.out, self.t0 + self.work.horizon_s
         cap_full = w.segment_s - w.signal_lead_s - w.restart_s
         done_s = 0.0
@@ -311,33 +310,11 @@ class _SiteChain:
                 done_s = self.move(cur, nxt, h, bn, done_s)
                 cur = nxt
                 continue
-            if bn < h:  # the same site: chains._Chain.run's boundary, unchanged
-                wait = h - bn
-                cap = nxt.limit - w.signal_lead_s - w.restart_s
-                if self.spec.adaptive and should_wait(wait, windows_for(
-                        remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=cap_full,
-                        handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=self.lead_s)):
-                    cur.stop = cur.exit = h
-                    nxt.train_start = h
-                    run.twice_node_s += wait * nxt.nodes
-                    run.boundaries.append((bn - h, 0.0))
-                else:
-                    cur.stop = bn
-                    cur.exit = min(h, bn + w.handoff_s)
-                    self.sim(self.site_of[cur.jid]).cut(cur.jid, cur.exit)
-                    nxt.train_start = cur.exit
-                    run.handoff_s += cur.exit - bn
-                    run.twice_node_s += (cur.exit - bn) * nxt.nodes
-                    run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
-            else:
-                cur.stop = cur.exit = h
-                nxt.train_start = bn
-                run.queue_s += bn - h
-                run.boundaries.append((bn - h, 0.0))
-            trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
-            run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
-            done_s += cur.rate * trained
-            run.slow_s += (1.0 - cur.rate) * trained
+            # the same site: chains._Chain.run's boundary
+            boundary.hand_over(run, cur, nxt, h, bn, w, adaptive=self.spec.adaptive, left_after=left_after,
+                               full_capacity_s=cap_full, lead_s=self.lead_s,
+                               cut=lambda jid, at: self.sim(self.site_of[jid]).cut(jid, at))
+            done_s += boundary.close(run, cur, w)
             cur = nxt
 
     def move(self, cur: Seg, nxt: Seg, h: float, bn: float, done_s: float) -> float:
@@ -377,9 +354,7 @@ class _SiteChain:
             run.move_cost_s += cost_wait
         run.moves += 1
         run.boundaries.append((bn - h, max(0.0, h - cur.stop)))
-        trained = max(0.0, cur.stop - cur.train_start - w.restart_s)
-        run.restart_s -= w.restart_s - min(w.restart_s, max(0.0, cur.stop - cur.train_start))
-        run.slow_s += (1.0 - cur.rate) * trained
+        boundary.close(run, cur, w)  # the successor resumes from ``resume``, not from what cur trained
         return resume
 
 

@@ -1,0 +1,59 @@
+"""One segment boundary of a replayed chain, accounted the same way on one cluster
+(``chains._Chain.run``) and between two segments on the same cluster of a chain spanning several
+(``site_chain``; a move between clusters has its own accounting, ``site_chain.move``).
+
+``cur`` trains until its hand-over point ``h``; its successor ``nxt`` started at ``bn``:
+- **late** (``bn >= h``): ``cur`` ended at ``h`` and the chain queued ``bn - h``;
+- **early, waited for**: the watcher's adaptive rule (``handoff_plan.should_wait``) holds the
+  successor idle until ``h`` (its nodes are held twice meanwhile);
+- **early, handed off**: ``cur`` is asked to stop at ``bn``, saves and exits ``handoff_s`` later
+  (its job is cut there, through ``cut``); the successor trains from then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+def hand_over(run, cur, nxt, h: float, bn: float, work, *, adaptive: bool, left_after: float,
+              full_capacity_s: float, lead_s: float, cut: Callable[[int, float], None]) -> None:
+    """Set ``cur.stop``/``cur.exit`` and ``nxt.train_start`` and charge the boundary to ``run``
+    (queue, hand-off, nodes held twice, and the ``(start - h, work cut)`` pair of ``boundaries``).
+    ``adaptive``: the rule may wait for ``h`` (``--adaptive-handoff`` on, and ``cur`` no filler)."""
+    from chainrun.chain.handoff_plan import should_wait, windows_for
+
+    w = work
+    if bn >= h:
+        cur.stop = cur.exit = h
+        nxt.train_start = bn
+        run.queue_s += bn - h
+        run.boundaries.append((bn - h, 0.0))
+        return
+    wait = h - bn
+    cap = nxt.limit - w.signal_lead_s - w.restart_s  # what it trains if it trains at once
+    # (the rule reads the work left in the successor's training seconds: its shape's rate)
+    if adaptive and should_wait(wait, windows_for(
+            remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=full_capacity_s,
+            handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=lead_s)):
+        cur.stop = cur.exit = h
+        nxt.train_start = h
+        run.twice_node_s += wait * nxt.nodes
+        run.boundaries.append((bn - h, 0.0))
+    else:
+        cur.stop = bn
+        cur.exit = min(h, bn + w.handoff_s)
+        cut(cur.jid, cur.exit)
+        nxt.train_start = cur.exit
+        run.handoff_s += cur.exit - bn
+        run.twice_node_s += (cur.exit - bn) * nxt.nodes
+        run.boundaries.append((bn - h, max(0.0, h - cur.exit)))
+
+
+def close(run, cur, work) -> float:
+    """``cur`` has stopped: the work it trained (in the chain's units), its restart charged only as
+    far as it ran (fair share can start a successor minutes after its predecessor, so a segment may
+    stop before its restart is over: the overhead still splits exactly), its slowness to ``run``."""
+    trained = max(0.0, cur.stop - cur.train_start - work.restart_s)
+    run.restart_s -= work.restart_s - min(work.restart_s, max(0.0, cur.stop - cur.train_start))
+    run.slow_s += (1.0 - cur.rate) * trained
+    return cur.rate * trained
