@@ -157,3 +157,28 @@ def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
     segs = store.segments(c.id)
     assert len(segs) == 2 and segs[1].extra.get("prob_in_time") == 0.8125
     assert "prob_in_time" not in segs[0].extra
+
+
+def test_a_remembered_distribution_answers_as_the_plain_one():
+    # the replay asks one state's distribution under every candidate (policies.Remembered): each
+    # answer, and each lead the rule picks, must be what the plain distribution gives
+    from chainrun.chain.policies import Remembered, _expected_lateness
+
+    asked = []
+    for waits in ((0.003, 0.2, 1.0, 3.0, 6.0), (2.0, 9.0, 20.0, 30.0, 40.0), (0.1, 0.1, 0.1, 5.0, 5.0)):
+        d = _dist(*waits)
+
+        def plain(s, d=d):
+            asked.append(s)
+            return d.prob_within(s)
+
+        mem = Remembered(plain)
+        for floor, cap, step, allowance, cost in ((H, 30 * H, 300.0, 7 * H, H), (3 * H, 30 * H, 900.0, 0.0, 6 * H),
+                                                  (H, 30 * H, 300.0, 7 * H, 3 * H)):
+            kw = dict(allowance_s=allowance, boundary_cost_s=cost, floor_s=floor, max_lead_s=cap, step_s=step)
+            assert slack_lead(mem, **kw) == slack_lead(d.prob_within, **kw)
+        leads = [H, 2 * H, 7 * H]
+        assert _expected_lateness(mem, leads) == _expected_lateness(d.prob_within, leads)
+        n = len(asked)
+        assert _expected_lateness(mem, leads) == _expected_lateness(d.prob_within, leads)
+        assert len(asked) == n  # the second time from memory: the distribution was not read again
