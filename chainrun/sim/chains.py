@@ -437,7 +437,7 @@ class _Chain:
                 f = grid[k][1].fork()
                 f.submit(probe, self.nodes, limit, limit - w.signal_lead_s)
                 # the search only asks whether a probe starts by h: one not started then is
-                # inf, without replaying the queue to its start (most of the oracle's cost)
+                # inf, without replaying the queue on to its start
                 s = f.run_until_started(probe, h)
                 starts[k] = s if s == s else math.inf
             return starts[k]
