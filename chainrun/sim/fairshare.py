@@ -107,7 +107,7 @@ class Usage:
     user cost the self-tuning replay half its time on a busy cluster (issue 24), so the ranking is
     kept incrementally: ``keys`` is ``done``'s users sorted by (-usage, first-seen), updated when a
     job ends; at a recalculation only the running users' usage moves, and a user's rank is its
-    place in ``keys`` corrected by the running users ahead of it (``_before``): a few bisections."""
+    place in ``keys`` corrected by the running users ahead of it (``factors``): a few bisections."""
 
     __slots__ = ("fs", "done", "running", "next_calc", "_k", "seen", "keys", "_dirty", "_n1", "_run", "_run_keys",
                  "_run_stale", "_cache")
@@ -200,27 +200,15 @@ class Usage:
             self._run_stale = sorted((-x, self.seen[v]) for v in self._run if (x := self._done_then(v)) is not None)
         return self._run_keys, self._run_stale
 
-    def _before(self, key: tuple[float, int]) -> int:
-        """Users with usage ranked ahead of ``key``: those of ``done`` not running, and the running."""
-        return (bisect_left(self.keys, key) - bisect_left(self._run_stale, key)) + bisect_left(self._run_keys, key)
-
     def factor(self, u: int) -> float:
         """The user's fair share factor as of the last recalculation (1.0 without usage)."""
-        f = self._cache.get(u)
-        if f is None:
-            self._running_keys()
-            key = self._run.get(u)
-            if key is None:  # not running at the last recalculation: its done usage then
-                x = self._done_then(u)
-                key = (-(0.0 if x is None else x), self.seen.get(u, 0))
-            f = (self._before(key) + 1) / self._n1 if key[0] < 0.0 else 1.0
-            self._cache[u] = f
-        return f
+        return self.factors([u])[0]
 
     def factors(self, us: list) -> list[float]:
-        """``factor`` of every user in ``us``, the same floats: one call for a recalculation's
-        pending jobs (the replay recalculates millions of times; a method call per job was a
-        fifth of the self-tuning refresh)."""
+        """The fair share factor of every user in ``us`` as of the last recalculation (1.0 without
+        usage): its rank is its place in ``keys`` corrected by the running users ahead of it. One
+        call for a recalculation's pending jobs (the replay recalculates millions of times; a
+        method call per job was a fifth of the self-tuning refresh)."""
         cache, run, dirty, done, seen = self._cache, self._run, self._dirty, self.done, self.seen
         keys, n1 = self.keys, self._n1
         runk = stale = None
