@@ -401,11 +401,8 @@ class _Chain:
     def poll(self, cur: Seg, h: float, left_after: float) -> Seg:
         """Ask the policy on the watcher's tick grid while ``cur`` runs; submit when it says so,
         or once ``cur`` has ended (every policy's fallback: the whole of reactive)."""
-        t = max(self.sim.now, cur.start)
-        if hasattr(self.policy, "earliest"):  # predicted's guard: no ask submits before it (exact skip)
-            first = self.policy.earliest(self.watcher.view(cur, h, self.lead_s, self.work))
-            if first is not None:
-                t = max(t, first)
+        t = first_ask(max(self.sim.now, cur.start), cur.start, self.policy,
+                      lambda: self.watcher.view(cur, h, self.lead_s, self.work), self.work.tick_s)
         while t < h:
             self._run_until(t)
             d = self.ask(cur, running=True, left_after=left_after)
@@ -458,6 +455,19 @@ class _Chain:
         self.sim = grid[best][1]
         # a bound, not a shipped rule: sized to take over what its (short) cut leaves
         return self.submit(left_after, None, cur, self.done_s, oracle=True)
+
+
+def first_ask(t: float, start: float, policy, view, tick_s: float) -> float:
+    """The first ask of a poll from ``t``, on the watcher's tick grid from the segment's ``start``.
+    Predicted's guard says no ask submits before ``earliest``: the asks before it are skipped (exact),
+    and the first one is the first tick at or after it, as a watcher that acts only on ticks asks
+    (so candidates whose guards open within one tick share that ask, and the trunk's states)."""
+    if not hasattr(policy, "earliest"):
+        return t
+    first = policy.earliest(view())
+    if first is None or first <= t:
+        return t
+    return max(t, start + math.ceil((first - start) / tick_s - 1e-9) * tick_s)
 
 
 def _next_ask(t: float, h: float, d, policy, work: ChainWork, lead_s: float) -> float:

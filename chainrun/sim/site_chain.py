@@ -39,7 +39,7 @@ from chainrun.chain.pace import total_tolerance, trained_so_far
 from chainrun.chain.policies import default_lead_s
 from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site
 from chainrun.sim import boundary
-from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, Seg, _next_ask
+from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, Seg, _next_ask, first_ask
 
 TRANSFER_S = 900.0  # the issue's 15 min checkpoint copy between the sites
 CHECKPOINT_EVERY_S = 1800.0  # the payload saves a checkpoint every 30 min of training (and when it stops)
@@ -256,11 +256,8 @@ class _SiteChain:
         """As chains._Chain.poll, with the site chosen at every ask."""
         from chainrun.sim.adapter import SimWatcher
 
-        t = max(self.now, cur.start)
-        if hasattr(self.policy, "earliest"):
-            first = self.policy.earliest(SimWatcher.view(cur, h, self.lead_s, self.work))
-            if first is not None:
-                t = max(t, first)
+        t = first_ask(max(self.now, cur.start), cur.start, self.policy,
+                      lambda: SimWatcher.view(cur, h, self.lead_s, self.work), self.work.tick_s)
         while t < h:
             self.now = max(self.now, t)
             ds, choice = self.ask(cur, h, left_after)
