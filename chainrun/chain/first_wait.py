@@ -15,7 +15,7 @@ import logging
 from typing import Callable
 
 from chainrun.chain.policies import WaitEstimate
-from chainrun.chain.site_plan import median_s, test_only_wait
+from chainrun.chain.site_plan import test_only_wait, wait_sources
 from chainrun.errors import ChainrunError
 from chainrun.slurm.client import SlurmClient
 from chainrun.state.records import Chain, Segment
@@ -51,8 +51,7 @@ def first_waits(sites: list[tuple[str, SlurmClient, Chain]], starts: dict[str, f
 
 def sources(waits: dict[str, WaitEstimate | None]) -> dict[str, dict]:
     """What the placement records per site: the median wait the rule read and where it came from."""
-    return {n: {"wait_s": round(median_s(w), 1), "from": w.model}
-            for n, w in waits.items() if w is not None}
+    return wait_sources(waits)
 
 
 def note(waits: dict[str, WaitEstimate | None]) -> str:

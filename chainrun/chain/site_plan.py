@@ -120,6 +120,12 @@ def median_s(est: WaitEstimate) -> float:
     return est.p50 if est.p50 is not None else est.seconds
 
 
+def wait_sources(waits: dict[str, WaitEstimate | None]) -> dict[str, dict]:
+    """What a site decision records per site (``status --json``: ``site_choice.waits``): the median wait
+    the rule read and where it came from (a model's name, or ``slurm --test-only``)."""
+    return {n: {"wait_s": round(median_s(w), 1), "from": w.model} for n, w in waits.items() if w is not None}
+
+
 def _at_least_planned(c: Chain, site: str, est: WaitEstimate, now: float) -> WaitEstimate:
     """No earlier than Slurm's own plan for the chain's last job pending there (``sbatch --test-only`` sees
     free resources, not the jobs queued ahead; squeue's expected start does), while that plan lies ahead."""
@@ -270,11 +276,13 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
     paces = site_paces(c, segs, [s.cluster for s in sites])
-    options = [option(c, c.cluster, max(0.0, row.start - now), paces.get(c.cluster))]
+    here = max(0.0, row.start - now)
+    options = [option(c, c.cluster, here, paces.get(c.cluster))]
+    ests = {c.cluster: WaitEstimate(seconds=here, model="slurm squeue --start", p50=here)}
     for s in sites:
         if s.cluster == c.cluster:
             continue
-        est = wait_estimate(t, c, s, succ, now)
+        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now)
         if est is not None:
             options.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
@@ -285,7 +293,7 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
         return False
     why = f"cancelled while pending on {c.cluster} (Slurm expects it to start at {_clock(row.start)}): {choice.reason}"
     events = cancel_live(t.slurm, c, [succ], why)
-    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx}
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx, "waits": wait_sources(ests)}
     t.store.save(c, [succ], events + [(succ.idx, "site", f"segment {succ.idx} {why}")])
     return succ.phase not in (PENDING, RUNNING)
 

@@ -174,6 +174,23 @@ def test_a_site_measured_much_slower_loses_to_a_short_wait_at_the_usual_pace(tmp
                                     "next b ~68.4 h"), choice.reason
 
 
+def test_the_watchers_decision_keeps_where_each_sites_wait_came_from(tmp_path, monkeypatch):
+    """planning records every site decision for `status --json` (``site_choice``), each site's median wait
+    and its source with it; a change of mind is a site event."""
+    from chainrun.chain import planning
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
+    c = chain("a")
+    cur = Segment(chain_id=c.id, idx=2, phase=RUNNING, start=T0, cluster=None)
+    t = tick(tmp_path, c, [cur], {"a": 2, "b": 0})
+    move = planning._where(t, c, cur, 20 * H, None, T0)
+    assert move is not None and move.site == "b"
+    assert c.extra["site_choice"]["waits"] == {"a": {"wait_s": 2 * H, "from": "m"}, "b": {"wait_s": 0.0, "from": "m"}}
+    assert c.extra["site_choice"]["for"] == 3
+    said = [e.message for _, e in t.store.events(c.id, limit=10) if e.kind == "site"]
+    assert said and said[0].startswith("next segment: move to b:"), said
+
+
 def test_a_declared_pace_and_restart_weigh_before_any_measurement(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
