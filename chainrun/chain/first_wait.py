@@ -3,7 +3,7 @@
 The watcher estimates a later segment's wait on a site with that site's queue-delay model, else
 Slurm's own ``sbatch --test-only`` start (chain/site_plan.py ``wait_estimate``); segment 0 gets the
 same: the site's model (chain/prediction.py, read against that site's one ``squeue --all``, widened
-and leaning on Slurm where it is out of its depth) where ``chainrun model train`` trained one there,
+and leaning on Slurm where it is out of its depth) where ``chainrun model refresh`` trained one there,
 else the ``--test-only`` start the submit's checks just gave. A model that fails (no sacct cache, a
 broken file, a queue that cannot be read) is logged and the site falls back to Slurm's start: a model
 must never stop a submit. The replay places segment 0 on the models too (sim/site_chain.py).
@@ -49,13 +49,8 @@ def first_waits(sites: list[tuple[str, SlurmClient, Chain]], starts: dict[str, f
     return out
 
 
-def sources(waits: dict[str, WaitEstimate | None]) -> dict[str, dict]:
-    """What the placement records per site: the median wait the rule read and where it came from."""
-    return wait_sources(waits)
-
-
 def note(waits: dict[str, WaitEstimate | None]) -> str:
-    """``a 5.0 h (model M), b 2 min (slurm --test-only)``: the event says what each wait came from."""
+    """``a 5h00m (MODEL), b 1m (slurm --test-only)``: the event says where each wait came from."""
     from chainrun.durations import format_duration
 
-    return ", ".join(f"{n} {format_duration(s['wait_s'])} ({s['from']})" for n, s in sources(waits).items())
+    return ", ".join(f"{n} {format_duration(s['wait_s'])} ({s['from']})" for n, s in wait_sources(waits).items())

@@ -268,6 +268,7 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
                 for s in sites if s.settings.preflight]
         for name, note in preflight.run_all(jobs).items():
             next(s for s in sites if s.name == name).notes["preflight"] = note
+        _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
     except BaseException:
         for s in sites:
             if s.name in views:
@@ -275,7 +276,6 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
         raise
     chain.extra["sites"] = [s.name for s in sites]
     chain.extra["moves"] = MOVES
-    _place_first(chain, sites, views, starts)
     return [ChainSite(chain_id=chain.id, cluster=s.name, rank=s.rank, workdir=views[s.name].workdir,
                       run_dir=views[s.name].run_dir, checkpoint_dir=views[s.name].checkpoint_dir,
                       script=views[s.name].script, sbatch_args=list(views[s.name].sbatch_args),
@@ -294,7 +294,7 @@ def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], start
     import time
 
     from chainrun.chain import first_wait
-    from chainrun.chain.site_plan import TEST_ONLY, first_site, median_s
+    from chainrun.chain.site_plan import TEST_ONLY, first_site, median_s, wait_sources
     from chainrun.durations import format_duration
 
     now = time.time()
@@ -306,7 +306,7 @@ def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], start
     choice = first_site(chain, [s.name for s in sites], waits)
     if choice is None:
         return
-    placed = first_wait.sources(waits)
+    placed = wait_sources(waits)
     chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0, "waits": placed}
     chain.extra["first_placement"] = {"site": choice.site, "waits": placed,
                                       "reason": f"{choice.reason}; waits: {first_wait.note(waits)}"}

@@ -64,7 +64,7 @@ def test_a_model_that_says_the_first_site_is_5_hours_away_starts_the_chain_on_th
     assert (choice.site, choice.move) == ("b", False), choice.reason
     est = {e.name: e for e in choice.estimates}
     assert est["a"].wait_s == 5 * H and est["b"].wait_s == 60  # the model's median, not its target quantile
-    assert first_wait.sources(waits) == {"a": {"wait_s": 5 * H, "from": "model-a"},
+    assert site_plan.wait_sources(waits) == {"a": {"wait_s": 5 * H, "from": "model-a"},
                                          "b": {"wait_s": 60.0, "from": "slurm --test-only"}}
     assert first_wait.note(waits) == "a 5h00m (model-a), b 1m (slurm --test-only)"
 
