@@ -91,14 +91,16 @@ def _where(t: TickContext, c: Chain, last: Segment, remaining: float, handover: 
     if got is None:
         return None
     choice, waits = got
-    _note_choice(t, c, last, choice, now)
+    _note_choice(t, c, last, choice, now, waits)
     return site_plan.Move(choice, waits, last) if choice.site != c.cluster else None
 
 
-def _note_choice(t: TickContext, c: Chain, cur: Segment, choice, now: float) -> None:
-    """Every site decision is kept for `status`; a change of mind is an event."""
+def _note_choice(t: TickContext, c: Chain, cur: Segment, choice, now: float, waits: dict) -> None:
+    """Every site decision is kept for `status` (with where each site's wait came from); a change of
+    mind is an event."""
     last = c.extra.get("site_choice") or {}
-    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": cur.idx + 1}
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": cur.idx + 1,
+                              "waits": site_plan.wait_sources(waits)}
     if last.get("site") != choice.site or last.get("for") != cur.idx + 1:
         t.store.save(c, events=[(cur.idx, "site", f"next segment: {choice.reason}")])
     else:

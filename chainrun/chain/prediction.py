@@ -23,9 +23,15 @@ log = logging.getLogger(__name__)
 
 def make_predictor(ctx: "Context"):
     """A callable (chain, segment, queue rows) -> WaitEstimate | None, or None if no model was trained."""
+    return for_cluster(ctx.cluster)
+
+
+def for_cluster(cluster: str):
+    """``make_predictor`` by the cluster's name (a spanning chain's submit asks each site's model:
+    chain/first_wait.py), or None if no model was trained there."""
     from chainrun.predict.service import model_dir
 
-    mdir = model_dir(ctx.cluster)
+    mdir = model_dir(cluster)
     if not (mdir / "meta.json").exists():
         return None
     loaded: dict = {}
@@ -37,7 +43,7 @@ def make_predictor(ctx: "Context"):
                 from chainrun.predict.model import load_predictor
 
                 loaded["model"] = load_predictor(mdir)
-                loaded["history"] = ingest.load_cache(ctx.cluster)[0]
+                loaded["history"] = ingest.load_cache(cluster)[0]
             return _estimate(loaded["model"], loaded["history"], chain, seg, rows)
         except ChainrunError as e:  # a broken model must not stop the chain: the policy falls back to lead
             log.warning("queue-delay model unavailable (%s); using the fixed lead", e)

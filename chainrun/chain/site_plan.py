@@ -6,8 +6,10 @@ chain/planning.py). For each site of the chain it estimates the successor's wait
 transfer there (its measured size over the measured copy rate; before a copy, DEFAULT_TRANSFER_S), and
 the chain's pace and restart cost there (measured, else declared in config.toml, else the default:
 chain/site_pace.py); chain/site_choice.py then picks the site expected to finish the
-chain first, staying unless another saves more than the margin. The policy times the successor with
-the chosen site's wait; a successor on another site is a move (chain/mover.py takes it from there).
+chain first, staying unless another saves more than the margin; its segments train the limit less the
+chain's overhead and each boundary costs the restart and the hand-off, as in the replay (``boundaries``).
+The policy times the successor with the chosen site's wait; a successor on another site is a move
+(chain/mover.py takes it from there). Segment 0 is placed at submit by the same rule (``first_site``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from chainrun.chain import site_choice, site_pace, span
+from chainrun.chain.handoff_plan import measured_handoff_s
 from chainrun.chain.move_steps import AHEAD
+from chainrun.chain.pace import segment_overhead
 from chainrun.chain.policies import WaitEstimate
 from chainrun.chain.segments import sbatch_args, wrapper_path
 from chainrun.errors import ChainrunError, SlurmError
@@ -30,6 +34,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
+TEST_ONLY = "slurm --test-only"  # the source of a wait that is Slurm's own expected start
 
 
 @dataclass(frozen=True)
@@ -97,10 +102,28 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
         log.info("site %s: no wait estimate (%s)", site.cluster, e)
         return None
+    est = test_only_wait(start, now)
+    return None if est is None else _at_least_planned(c, site.cluster, est, now)
+
+
+def test_only_wait(start: float | None, now: float) -> WaitEstimate | None:
+    """Slurm's own expected start (``sbatch --test-only``) as a wait: every site's estimate where it has no
+    model, and where its model fails. None when Slurm gave no start."""
     if start is None:
         return None
-    return _at_least_planned(c, site.cluster, WaitEstimate(seconds=max(0.0, start - now), model="slurm --test-only",
-                                                          p50=max(0.0, start - now)), now)
+    w = max(0.0, float(start) - now)
+    return WaitEstimate(seconds=w, model=TEST_ONLY, p50=w)
+
+
+def median_s(est: WaitEstimate) -> float:
+    """The wait the rule reads (site_choice.LEVEL): the estimate's median, else its one number."""
+    return est.p50 if est.p50 is not None else est.seconds
+
+
+def wait_sources(waits: dict[str, WaitEstimate | None]) -> dict[str, dict]:
+    """What a site decision records per site (``status --json``: ``site_choice.waits``): the median wait
+    the rule read and where it came from (a model's name, or ``slurm --test-only``)."""
+    return {n: {"wait_s": round(median_s(w), 1), "from": w.model} for n, w in waits.items() if w is not None}
 
 
 def _at_least_planned(c: Chain, site: str, est: WaitEstimate, now: float) -> WaitEstimate:
@@ -117,7 +140,8 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
            now: float) -> tuple[site_choice.SiteChoice, dict[str, WaitEstimate]] | None:
     """The site for the next segment, with every site's wait; None when no site could be estimated."""
     sites = t.store.sites(c.id)
-    paces = site_paces(c, t.store.segments(c.id), [s.cluster for s in sites])
+    segs = t.store.segments(c.id)
+    paces = site_paces(c, segs, [s.cluster for s in sites])
     ests: dict[str, WaitEstimate] = {}
     options = []
     for s in sites:
@@ -125,29 +149,38 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
         if est is None:
             continue
         ests[s.cluster] = est
-        options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds, paces.get(s.cluster)))
+        options.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     if not options:
         return None
     ready_in = max(0.0, handover_at - now) if handover_at else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=remaining_s, margin_s=margin_s(c),
-                                     ready_in_s=ready_in, segment_s=c.segment_s)
+                                     ready_in_s=ready_in, **boundaries(c, segs))
     return choice, ests
 
 
-def first_site(c: Chain, names: list[str], starts: dict[str, float | None],
-               now: float) -> site_choice.SiteChoice | None:
+def first_site(c: Chain, names: list[str], waits: dict[str, WaitEstimate | None]) -> site_choice.SiteChoice | None:
     """Where segment 0 starts (not a move: there is nothing to carry): the rule of every next segment,
-    from the first site (the preferred) with the margin, on Slurm's own expected starts (``sbatch
-    --test-only`` at submit: no model is asked, a chain's first wait is Slurm's plan for it), each site's
-    declared pace and restart, no transfer. None when a site gave no start (then the first site)."""
-    if not names or any(starts.get(n) is None for n in names):
+    from the first site (the preferred) with the margin, on each site's wait for segment 0 at submit
+    (its model's median where it has one, else Slurm's ``sbatch --test-only`` start: chain/first_wait.py),
+    each site's declared pace and restart, no transfer. None when a site has no wait (then the first site)."""
+    if not names or any(waits.get(n) is None for n in names):
         return None
     paces = site_paces(c, [], names)
-    options = [site_choice.SiteOption(name=n, wait={0.5: max(0.0, float(starts[n]) - now)}, transfer_s=0.0,
+    options = [site_choice.SiteOption(name=n, wait={0.5: median_s(waits[n])}, transfer_s=0.0,
                                       restart_s=paces[n].restart_s if n in paces else 0.0,
                                       pace=paces[n].pace if n in paces else 1.0) for n in names]
     return site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
-                                   segment_s=c.segment_s)
+                                   **boundaries(c, []))
+
+
+def boundaries(c: Chain, segs: list[Segment]) -> dict[str, float]:
+    """The rule's segment and boundary, as the replay gives them (sim/site_chain.py: a segment trains its
+    limit less the signal lead and the restart; a boundary costs the restart and the hand-off), in the
+    watcher's own numbers (handoff_plan.rule_numbers): the chain's per-segment overhead (the signal lead
+    until a segment measured more) and its measured hand-off (the signal lead until one was measured)."""
+    overhead = segment_overhead(c, segs)
+    return {"segment_s": max(1.0, c.segment_s - overhead),
+            "boundary_s": max(0.0, overhead - c.signal_lead_s) + measured_handoff_s(c, segs)}
 
 
 def option(c: Chain, site: str, median_wait_s: float,
@@ -243,23 +276,24 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
     paces = site_paces(c, segs, [s.cluster for s in sites])
-    options = [option(c, c.cluster, max(0.0, row.start - now), paces.get(c.cluster))]
+    here = max(0.0, row.start - now)
+    options = [option(c, c.cluster, here, paces.get(c.cluster))]
+    ests = {c.cluster: WaitEstimate(seconds=here, model="slurm squeue --start", p50=here)}
     for s in sites:
         if s.cluster == c.cluster:
             continue
-        est = wait_estimate(t, c, s, succ, now)
+        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now)
         if est is not None:
-            options.append(option(c, s.cluster, est.p50 if est.p50 is not None else est.seconds,
-                                  paces.get(s.cluster)))
+            options.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=c.remaining_s, margin_s=margin_s(c),
-                                     ready_in_s=ready_in, segment_s=c.segment_s)
+                                     ready_in_s=ready_in, **boundaries(c, segs))
     if not choice.move:
         t.store.save(c)
         return False
     why = f"cancelled while pending on {c.cluster} (Slurm expects it to start at {_clock(row.start)}): {choice.reason}"
     events = cancel_live(t.slurm, c, [succ], why)
-    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx}
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx, "waits": wait_sources(ests)}
     t.store.save(c, [succ], events + [(succ.idx, "site", f"segment {succ.idx} {why}")])
     return succ.phase not in (PENDING, RUNNING)
 

@@ -7,8 +7,9 @@ against ``--gpu-mem``/``--dtype``. Then each site gets its own run and checkpoin
 its copy of the script and its wrapper (``CHAINRUN_CLUSTER`` says where it runs); ``sbatch --test-only``
 and the optional preflight job run on every site (chain/preflight.py). Only when all passed is the chain
 recorded with its sites (``chain_sites``), and segment 0 submitted where the rule places it: on the
-first site unless another is expected to finish more than the margin sooner (Slurm's own estimates from
-those ``--test-only`` runs; chain/site_plan.py ``first_site``).
+first site unless another is expected to finish more than the margin sooner (each site's wait by its
+queue-delay model where one was trained, else Slurm's own estimate from those ``--test-only`` runs:
+chain/first_wait.py; the rule: chain/site_plan.py ``first_site``).
 
 The watcher then places each next segment (chain/site_plan.py) and carries out moves (chain/mover.py).
 """
@@ -267,6 +268,7 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
                 for s in sites if s.settings.preflight]
         for name, note in preflight.run_all(jobs).items():
             next(s for s in sites if s.name == name).notes["preflight"] = note
+        _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
     except BaseException:
         for s in sites:
             if s.name in views:
@@ -274,7 +276,6 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
         raise
     chain.extra["sites"] = [s.name for s in sites]
     chain.extra["moves"] = MOVES
-    _place_first(chain, [s.name for s in sites], starts)
     return [ChainSite(chain_id=chain.id, cluster=s.name, rank=s.rank, workdir=views[s.name].workdir,
                       run_dir=views[s.name].run_dir, checkpoint_dir=views[s.name].checkpoint_dir,
                       script=views[s.name].script, sbatch_args=list(views[s.name].sbatch_args),
@@ -285,19 +286,30 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
             for s in sites]
 
 
-def _place_first(chain: Chain, names: list[str], starts: dict[str, float | None]) -> None:
-    """Where segment 0 starts: by the rule every next segment follows (site_plan.first_site), on the
-    starts ``sbatch --test-only`` just gave. ``create_chain`` starts the chain there; the reason is kept."""
+def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], starts: dict[str, float | None]) -> None:
+    """Where segment 0 starts: by the rule every next segment follows (site_plan.first_site), on each
+    site's wait as the watcher would estimate it (its queue-delay model, else the start ``sbatch
+    --test-only`` just gave: chain/first_wait.py). ``create_chain`` starts the chain there; the reason
+    and where each wait came from are kept (the site event and ``status --json`` say them)."""
     import time
 
-    from chainrun.chain.site_plan import first_site
+    from chainrun.chain import first_wait
+    from chainrun.chain.site_plan import TEST_ONLY, first_site, median_s, wait_sources
+    from chainrun.durations import format_duration
 
     now = time.time()
-    choice = first_site(chain, names, starts, now)
+    waits = first_wait.first_waits([(s.name, s.slurm, views[s.name]) for s in sites], starts, now)
+    for s in sites:
+        w = waits.get(s.name)
+        if w is not None and w.model != TEST_ONLY:
+            s.notes["wait"] = f"queue-delay model {w.model}: segment 0 would wait ~{format_duration(median_s(w))}"
+    choice = first_site(chain, [s.name for s in sites], waits)
     if choice is None:
         return
-    chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0}
-    chain.extra["first_placement"] = {"site": choice.site, "reason": choice.reason}
+    placed = wait_sources(waits)
+    chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0, "waits": placed}
+    chain.extra["first_placement"] = {"site": choice.site, "waits": placed,
+                                      "reason": f"{choice.reason}; waits: {first_wait.note(waits)}"}
 
 
 def _lay_out(s: Site, chain: Chain, req: SubmitRequest, warnings: list[str], *, made: dict, first: str) -> Chain:

@@ -241,7 +241,7 @@ def _print_submitted(res, json_out: bool) -> None:
         for site in sites:
             checks = site.extra.get("checks") or {}
             typer.echo(f"site {site.rank + 1} {site.cluster}: {site.run_dir}; "
-                       + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "preflight") if checks.get(k)))
+                       + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "wait", "preflight") if checks.get(k)))
         from chainrun.chain.site_plan import margin_s
 
         typer.echo(MOVES_NOTE.format(first=ch.cluster, margin=format_duration(margin_s(ch))))

@@ -165,10 +165,30 @@ def test_a_site_measured_much_slower_loses_to_a_short_wait_at_the_usual_pace(tmp
     est = {e.name: e for e in choice.estimates}
     assert (choice.site, choice.move) == ("a", False)
     assert est["b"].pace == pytest.approx(0.3) and est["b"].restart_s == pytest.approx(300)
-    assert est["b"].finish_s == pytest.approx(900 + 300 + 20 * H / 0.3)
-    assert est["a"].finish_s == pytest.approx(2 * H + 60 + 20 * H)
-    assert choice.reason.startswith("stay on a: done in ~22.0 h (start ~2.0 h, restart 1 min), the earliest; "
-                                    "next b ~67.0 h"), choice.reason
+    # a segment trains its 4 h less the 300 s signal lead; each boundary costs the hand-off (the signal
+    # lead until one is measured): 18 segments on b, 6 on a (as the replay counts them)
+    assert (est["b"].segments, est["a"].segments) == (18, 6)
+    assert est["b"].finish_s == pytest.approx(900 + 300 + 20 * H / 0.3 + 17 * 300)
+    assert est["a"].finish_s == pytest.approx(2 * H + 60 + 20 * H + 5 * 300)
+    assert choice.reason.startswith("stay on a: done in ~22.4 h (start ~2.0 h, restart 1 min), the earliest; "
+                                    "next b ~68.4 h"), choice.reason
+
+
+def test_the_watchers_decision_keeps_where_each_sites_wait_came_from(tmp_path, monkeypatch):
+    """planning records every site decision for `status --json` (``site_choice``), each site's median wait
+    and its source with it; a change of mind is a site event."""
+    from chainrun.chain import planning
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path / "home"))
+    c = chain("a")
+    cur = Segment(chain_id=c.id, idx=2, phase=RUNNING, start=T0, cluster=None)
+    t = tick(tmp_path, c, [cur], {"a": 2, "b": 0})
+    move = planning._where(t, c, cur, 20 * H, None, T0)
+    assert move is not None and move.site == "b"
+    assert c.extra["site_choice"]["waits"] == {"a": {"wait_s": 2 * H, "from": "m"}, "b": {"wait_s": 0.0, "from": "m"}}
+    assert c.extra["site_choice"]["for"] == 3
+    said = [e.message for _, e in t.store.events(c.id, limit=10) if e.kind == "site"]
+    assert said and said[0].startswith("next segment: move to b:"), said
 
 
 def test_a_declared_pace_and_restart_weigh_before_any_measurement(tmp_path, monkeypatch):
@@ -182,7 +202,7 @@ def test_a_declared_pace_and_restart_weigh_before_any_measurement(tmp_path, monk
     choice, _ = site_plan.choose(tick(tmp_path, c, [cur], {"a": 2, "b": 0}), c, cur,
                                  remaining_s=20 * H, handover_at=None, now=T0)
     assert (choice.site, choice.move) == ("a", False)
-    assert choice.reason == "stay on a: done in ~22.0 h (start ~2.0 h), the earliest; next b ~66.9 h", choice.reason
+    assert choice.reason == "stay on a: done in ~22.4 h (start ~2.0 h), the earliest; next b ~68.3 h", choice.reason
     assert {e.name: (e.pace, e.restart_s) for e in choice.estimates} == {"a": (1.0, 0.0), "b": (0.3, 45.0)}
     # once measured on b at a's pace, the measurement wins and the short wait there is worth a move
     segs = [seg(0, "b", sps=10.0, payload_after=0, restart=30), seg(1, None, sps=10.0, payload_after=0), cur]
@@ -191,7 +211,7 @@ def test_a_declared_pace_and_restart_weigh_before_any_measurement(tmp_path, monk
                                  remaining_s=20 * H, handover_at=None, now=T0)
     assert (choice.site, choice.move) == ("b", True)
     assert {e.name: (e.pace, e.restart_s) for e in choice.estimates}["b"] == (1.0, pytest.approx(30))
-    assert "(start ~0 min, transfer 15 min, restart 30 s) against ~22.0 h on a (start ~2.0 h, restart 2 min)" \
+    assert "(start ~0 min, transfer 15 min, restart 30 s) against ~22.4 h on a (start ~2.0 h, restart 2 min)" \
         in choice.reason, choice.reason
 
 
@@ -214,18 +234,27 @@ def test_a_config_file_broken_while_the_chain_runs_leaves_the_defaults(tmp_path,
 
 
 # ------------------------------------------------------------------ segment 0's site (site_plan.first_site)
-def test_segment_0_starts_where_slurm_expects_the_chain_to_finish_first_by_more_than_the_margin(monkeypatch):
-    """At submit the rule places segment 0 (not a move: no transfer) on Slurm's expected starts."""
+def test_segment_0_starts_where_the_chain_is_expected_to_finish_first_by_more_than_the_margin(monkeypatch):
+    """At submit the rule places segment 0 (not a move: no transfer) on each site's wait, here Slurm's
+    expected starts (chain/first_wait.py gives a model's where a site has one)."""
     monkeypatch.setattr(site_plan, "declared_by_site", lambda names: {})
     c = chain("a")
     c.extra["site_margin_s"] = 1800
-    full = site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": T0 + 60}, T0)  # a full for 5 h
+
+    def slurm(**starts):
+        return {n: site_plan.test_only_wait(None if t is None else T0 + t, T0) for n, t in starts.items()}
+
+    full = site_plan.first_site(c, ["a", "b"], slurm(a=5 * H, b=60))  # a full for 5 h
     assert full.site == "b" and not full.move and full.reason.startswith("start on b:"), full.reason
     assert all(e.transfer_s == 0 for e in full.estimates)
-    near = site_plan.first_site(c, ["a", "b"], {"a": T0 + 1200, "b": T0}, T0)  # 20 min sooner < the margin
+    near = site_plan.first_site(c, ["a", "b"], slurm(a=1200, b=0))  # 20 min sooner < the margin
     assert near.site == "a" and near.reason.startswith("start on a:"), near.reason
-    assert site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": None}, T0) is None  # no start: the first
+    assert site_plan.first_site(c, ["a", "b"], slurm(a=5 * H, b=None)) is None  # no start: the first
+    # segments as the replay sizes them: 40 h of work in 4 h segments less the 300 s lead, each boundary
+    # after the first costing the hand-off (the signal lead before one was measured)
+    est = {e.name: e for e in full.estimates}
+    assert est["a"].segments == 11 and est["a"].finish_s == pytest.approx(5 * H + 40 * H + 10 * 300)
     # a site declared at a third of the pace loses despite starting at once
     monkeypatch.setattr(site_plan, "declared_by_site", lambda names: {"b": Declared(0.3, None)})
-    slow = site_plan.first_site(c, ["a", "b"], {"a": T0 + 5 * H, "b": T0}, T0)
+    slow = site_plan.first_site(c, ["a", "b"], slurm(a=5 * H, b=0))
     assert slow.site == "a", slow.reason

@@ -259,6 +259,51 @@ def test_a_chain_whose_first_cluster_is_full_starts_on_the_second(env, tmp_path)
         assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
+def test_a_model_that_expects_hours_on_the_first_cluster_starts_the_chain_on_the_second(env, tmp_path, monkeypatch):
+    """Segment 0 is placed on each site's queue-delay model where one was trained: local's (a real model,
+    saved where `chainrun model refresh` saves it, trained on jobs that all waited ~5 h) expects hours
+    although Slurm would start the chain at once there; b has no model, its `--test-only` start stands."""
+    import numpy as np
+
+    from chainrun.predict.service import model_dir
+    from chainrun.predict.training import fit_predictor
+    from tests.predict.predict_helpers import synthetic_history
+
+    configure(env, "")
+    monkeypatch.setenv("CHAINRUN_HOME", str(env["home"]))
+    mdir = model_dir("local")
+    df = synthetic_history(300)
+    df["start"] = df["eligible"] + 5 * 3600 * np.random.default_rng(1).lognormal(0, 0.05, len(df))
+    df["end"] = df["start"] + 600
+    fit_predictor(df, per_user="never").save(mdir)
+    try:
+        p = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
+    finally:
+        shutil.rmtree(mdir)  # the module's other chains place on Slurm's starts
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain = data["chain"]
+    try:
+        assert data["cluster"] == "b", data
+        local = data["sites"][0]["checks"]
+        assert local["wait"].startswith("queue-delay model ") and "wait" not in data["sites"][1]["checks"], local
+        st = json.loads(run_cli("status", chain, "--json", home=env["home"]).stdout)["data"][0]
+        waits = st["site_choice"]["waits"]
+        assert waits["b"]["from"] == "slurm --test-only" and waits["local"]["from"] != "slurm --test-only", waits
+        assert waits["local"]["wait_s"] > 4 * 3600 and waits["b"]["wait_s"] < 600, waits
+        from chainrun.state.store import Store
+
+        store = Store(env["home"] / "state.sqlite")
+        try:  # the site event (`watch` and notifications show it) says where each wait came from
+            said = [e.message for _, e in store.events(chain, limit=100) if e.kind == "site"]
+        finally:
+            store.close()
+        assert said and said[0].startswith("segment 0: start on b: "), said
+        assert "(slurm --test-only)" in said[0] and f"({waits['local']['from']})" in said[0], said
+    finally:
+        assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
+
+
 def test_a_clusters_own_script_is_used_in_place(env, tmp_path):
     own = f"{env['workdir']}/own train.sh"
     got = env["server"].ssh(f"printf '#!/bin/bash\\n#SBATCH --comment=own\\ntouch \"$CHAINRUN_DONE_FILE\"\\n' "
