@@ -91,6 +91,8 @@ def _previous_end_same_user(codes, start, end):
     out = np.full(n, np.nan)
     has = ~np.isnan(start)
     q_idx = np.flatnonzero(has)
+    if not len(jobs) or not len(q_idx):  # nothing ended yet (or nothing started): no previous end to find
+        return out
     q = codes[q_idx] * SPAN + start[q_idx]
     pos = np.searchsorted(keys, q, side="right") - 1
     # skip the job itself (zero-length run ending at its own start)

@@ -27,6 +27,7 @@ Nothing here changes the procedure: it calls ``rolling``'s and ``tune``'s public
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from chainrun.runner.base import Runner
+
+log = logging.getLogger(__name__)
 
 # Below this start-order rank correlation the replay says too little about this cluster's queue to
 # move the values by: LS6's replay reaches 0.48 (docs/evaluation.md); 0.3 keeps clusters whose replay
@@ -500,6 +503,10 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
                              workers=workers, progress=step)
             except ChainrunError as err:  # e.g. no job of the partition ran: keep, say why
                 res = {**base, "reason": f"cannot replay this history: {err}"}
+            except Exception as err:  # a bug in the replay must not fail the refresh (cron) after the model is saved
+                log.warning("tuning %s/%s failed; the values in force are kept", cluster, part, exc_info=True)
+                res = {**base, "reason": f"the replay failed ({type(err).__name__}: {err}); kept what is in force "
+                                         "(a chainrun bug: the log has the traceback)"}
             res["facts"] = facts.as_dict()
         if e.get("pinned") and res.get("adopted"):
             res["reason"] += "; not put in force: the values in force are pinned (chainrun model tune --unpin)"

@@ -174,6 +174,21 @@ def test_hidden_users_or_short_history_keep_the_shipped_defaults_and_are_stored(
     assert st["last"]["summary"] == out["gpu"]["summary"] and st["in_force"]["rule"] == tuned.shipped()["rule"]
 
 
+def test_a_replay_that_fails_unexpectedly_keeps_what_is_in_force_and_says_so(chainrun_home, monkeypatch, caplog):
+    """A bug inside the replay (an IndexError once reached it) must not fail a cron refresh after the
+    model is saved: the partition keeps its values, the outcome and the log say what failed."""
+    def broken(*a, **k):
+        raise IndexError("index 0 is out of bounds for axis 0 with size 0")
+
+    monkeypatch.setattr(S, "choose", broken)
+    with caplog.at_level("WARNING", logger="chainrun.sim.selftune"):
+        out = S.refresh_tuning(Canned(), cluster="c1", history=frame(steady(2)), all_users=True)
+    res = out["gpu"]
+    assert not res["adopted"] and not res["put_in_force"] and res["in_force"] == tuned.shipped()
+    assert "the replay failed (IndexError: index 0 is out of bounds" in res["summary"], res["summary"]
+    assert any(r.exc_info and r.exc_info[0] is IndexError for r in caplog.records)
+
+
 def chain(cluster="c1", partition="gpu"):
     return SimpleNamespace(cluster=cluster, partition=partition)
 
