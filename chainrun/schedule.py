@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -404,6 +405,13 @@ def refresh_name(cluster: str, home: Path) -> str:
     return f"model-refresh {cluster} {home}"  # one per home, as the models are (see tick_name)
 
 
+def refresh_argv(cluster: str) -> list[str]:
+    """The refresh entry's command, for cron and scrontab alike (and what ``--print-cron`` shows):
+    niced, because the refresh's tuning replays weeks of the queue (single-threaded off a terminal)."""
+    return [shutil.which("nice") or "nice", "-n", "10",
+            sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
+
+
 def install_refresh(runner: "Runner", cluster: str, *, old_tag: str = "",
                     environ: Mapping[str, str] | None = None) -> Installed:
     """``model refresh --install-cron``: the same entry machinery as the ticks, for a refresh every 6 h
@@ -413,8 +421,7 @@ def install_refresh(runner: "Runner", cluster: str, *, old_tag: str = "",
     environ = os.environ if environ is None else environ
     choice = choose_via(runner, prefer="cron")
     log = paths.logs_dir() / "model-refresh.log"
-    argv = [sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
-    command = tick_command(home=paths.home(), source=None, argv=argv, log=log, environ=environ)
+    command = tick_command(home=paths.home(), source=None, argv=refresh_argv(cluster), log=log, environ=environ)
     scron = [f"--job-name={REFRESH_JOB_NAME}", "--cpus-per-task=1", f"--mem={TICK_MEM}", "--time=30",
              "--output=/dev/null"] if choice.via == "scrontab" else []
     name = refresh_name(cluster, paths.home())

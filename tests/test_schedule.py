@@ -157,6 +157,21 @@ def test_install_twice_then_uninstall_leaves_the_users_entries(store, monkeypatc
     assert schedule.schedule_record(store, "tick") is None
 
 
+def test_the_installed_refresh_entry_is_the_printed_one_and_niced(store, monkeypatch):
+    """`model refresh --install-cron` installs exactly what `--print-cron` shows (one command builder,
+    schedule.refresh_argv): niced, in cron and in scrontab alike."""
+    from chainrun.predict.service import cron_line
+
+    for tables, via in ((Tables(scron_params="", crontab=USER), "cron"), (Tables(scrontab=USER, cron_tool=False), "scrontab")):
+        res = schedule.install_refresh(tables, "ls6")
+        table = tables.tables["crontab" if via == "cron" else via]
+        installed = [ln for ln in table.splitlines() if "model refresh --cluster ls6" in ln]
+        assert installed == [cron_line("ls6")], (installed, cron_line("ls6"))
+        words = installed[0].split()
+        assert words[words.index("-n") - 1].endswith("nice") and words[words.index("-n") + 1] == "10", words
+        assert res.via == via
+
+
 def test_each_home_has_its_own_entry(store, tmp_path, monkeypatch):
     t = Tables(scrontab=USER)
     schedule.install_ticks(t, store)  # this home

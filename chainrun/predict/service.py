@@ -5,8 +5,6 @@ from __future__ import annotations
 import getpass
 import json
 import os
-import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -232,11 +230,8 @@ def cron_line(cluster: str) -> str:
     from chainrun import schedule
     from chainrun.paths import home, logs_dir
 
-    # niced: the refresh's tuning replays weeks of the queue (single-threaded off a terminal)
-    argv = [shutil.which("nice") or "nice", "-n", "10",
-            sys.executable, "-m", "chainrun.cli.main", "-q", "model", "refresh", "--cluster", cluster]
-    command = schedule.tick_command(home=home(), source=None, argv=argv, log=logs_dir() / "model-refresh.log",
-                                    environ=os.environ)
+    command = schedule.tick_command(home=home(), source=None, argv=schedule.refresh_argv(cluster),
+                                    log=logs_dir() / "model-refresh.log", environ=os.environ)
     return f"{schedule.cron_spec(6 * 3600, minute=17)} {command}"
 
 
