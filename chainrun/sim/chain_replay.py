@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from chainrun.durations import format_duration
 from chainrun.errors import UsageError
 from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, default_specs, run_chain
 from chainrun.sim.fairshare import priority_terms
@@ -180,7 +179,7 @@ def check_window(trace: "pd.DataFrame", cfg: ChainsConfig, what: str | None = No
         raise UsageError(f"no chain to score: {covers}, too short for a chain of {cfg.work.work_s / 3600:g} h after "
                          f"a {cfg.warmup_s / 86400:g}-day warm-up", hint="a longer trace or a shorter --work")
     raise UsageError(f"no chain {what or 'to score ' + window_text(cfg)}: {covers}, its chains start {day(first)} .. "
-                     f"{day(stop)} every {format_duration(cfg.chains_every_s)}",
+                     f"{day(stop)} every {cfg.chains_every_s / 3600:g} h",
                      hint=hint or "--from/--until within that")
 
 

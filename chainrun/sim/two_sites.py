@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chainrun.durations import format_duration
 from chainrun.errors import UsageError
 from chainrun.sim.chain_replay import ChainsConfig, day, fidelity_dict, load_levels, map_chunks, window_text
 from chainrun.sim.chains import PolicySpec, default_specs, run_chain
@@ -273,7 +272,7 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
     if not pts and win[0] <= win[1] and points(win, replace(cfg, inject_from=None, inject_until=None), sh["sizes"]):
         raise UsageError(f"no chain to score {window_text(cfg)}: --from/--until fall outside the traces' shared "
                          f"window {day(win[0])} .. {day(win[1])} (where chains start, every "
-                         f"{format_duration(cfg.chains_every_s)}, after the shifts {weeks} weeks)",
+                         f"{cfg.chains_every_s / 3600:g} h, after the shifts {weeks} weeks)",
                          hint="--from/--until within it")
     if not pts:
         raise UsageError(f"the traces share no stretch long enough for a chain of {cfg.work.work_s / 3600:g} h "

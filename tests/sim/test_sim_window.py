@@ -15,7 +15,7 @@ from .tracegen import T0, frame, sacct_dump, steady
 H = 3600.0
 ARGS = ["--nodes", "2", "--work", "72h", "--segment", "24h", "--chains-every", "6d", "--workers", "1"]
 # steady(40) from T0 (2023-11-14 22:13 UTC): chains start 7 days in, every 6 d, until 6.5 d before the last job
-SPAN = "the trace covers 2023-11-14 .. 2023-12-24, its chains start 2023-11-21 22:13 .. 2023-12-18 08:13 every 6d"
+SPAN = "the trace covers 2023-11-14 .. 2023-12-24, its chains start 2023-11-21 22:13 .. 2023-12-18 08:13 every 144 h"
 
 
 @pytest.fixture

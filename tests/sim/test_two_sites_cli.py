@@ -119,7 +119,7 @@ def test_a_window_outside_the_shared_one_says_so(window, words, dumps, chainrun_
     assert "Traceback" not in p.stderr and len(errors) == 1 and p.stdout == "", p.stderr
     # not "share no stretch": the traces do share one, the window misses it
     assert (f"no chain to score {words}: --from/--until fall outside the traces' shared window 2023-11-21 22:13 .. "
-            "2023-12-18 06:13 (where chains start, every 4d, after the shifts [0, 0] weeks)") in errors[0], errors[0]
+            "2023-12-18 06:13 (where chains start, every 96 h, after the shifts [0, 0] weeks)") in errors[0], errors[0]
 
 
 def test_from_not_before_until_fails_before_the_traces_are_read(chainrun_home):
