@@ -34,22 +34,28 @@ def sim(
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
     rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
-    transfer: Annotated[str, typer.Option("--transfer", help="several --trace: a checkpoint's copy between clusters.")] = "15m",
+    transfer: Annotated[Optional[str], typer.Option("--transfer", help="several --trace: a checkpoint's copy between clusters (default 15m).")] = None,
     pace: Annotated[Optional[list[str]], typer.Option("--pace", metavar="CLUSTER=PACE", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
-    align: Annotated[str, typer.Option("--align", help="several --trace: end (shift every other trace by whole weeks so the last weeks coincide) or Nw (shift by N weeks).")] = "end",
+    align: Annotated[Optional[str], typer.Option("--align", help="several --trace: end (shift every other trace by whole weeks so the last weeks coincide; the default) or Nw (shift by N weeks).")] = None,
     site_margin: Annotated[Optional[str], typer.Option("--site-margin", help="several --trace: the margin a move must gain (default: chosen on the older half of the window, scored on the newer).")] = None,
     race: Annotated[bool, typer.Option("--race", help="several --trace: also predicted_multi_race (a segment planned while nothing runs goes to every cluster; the first to start is kept).")] = False,
 ) -> None:
+    from chainrun.errors import UsageError
+
     if len(trace) > 1:
         if rolling or tune or shapes or efficiency:
-            from chainrun.errors import UsageError
-
             raise UsageError("several --trace: not with --rolling, --tune-score-from or --shapes")
         _sites(trace, nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
                json_out=json_out, work=work, segment=segment, restart_cost=restart_cost,
                successor_limit=successor_limit, inject_from=inject_from, inject_until=inject_until,
                transfer=transfer, pace=pace, align=align, site_margin=site_margin, race=race)
         return
+    # checked here, not left to default: one trace would silently ignore them (None/False: not given)
+    sites_only = [o for o, v in (("--transfer", transfer), ("--pace", pace), ("--align", align),
+                                 ("--site-margin", site_margin), ("--race", race)) if v not in (None, False, [])]
+    if sites_only:
+        raise UsageError(f"{', '.join(sites_only)}: only with two or more --trace (one given)",
+                         hint="see docs/multi-cluster.md")
     trace = trace[0]
     # the per-transition replay (its own copies of the rules) was retired: `sim` is the whole-chain replay,
     # which runs the shipped policy classes and reports every boundary's gap too ("transitions")
@@ -92,9 +98,14 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
                          work=work, segment=segment, restart_cost=restart_cost, successor_limit=successor_limit,
                          inject_from=inject_from, inject_until=inject_until)
     shp, effs = _shapes(shapes, efficiency, nodes)
+    split = _date(tune, "--tune-score-from")
     if rolling and (tune or shp):
         raise UsageError("--rolling chooses week by week itself: not with --tune-score-from or --shapes")
+    if tune and (inject_from or inject_until):  # tune.py and elastic.py set the windows from the split
+        raise UsageError("--tune-score-from splits the trace itself: not with --from or --until",
+                         hint="score the window from the split in a second run with --from DATE, or use --rolling")
     tr = load_trace(trace)
+    _check_windows(tr, cfg, split, scored_from_split=bool(shp))
     if rolling:
         from chainrun.sim.rolling import rolling as run_rolling
 
@@ -103,13 +114,13 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         from chainrun.sim.elastic import run_elastic, tune_elastic
 
         if tune:
-            data = tune_elastic(tr, cfg, _date(tune, "--tune-score-from"), shp, effs)
+            data = tune_elastic(tr, cfg, split, shp, effs)
         else:
             data = run_elastic(tr, cfg, shp, effs)
     elif tune:
         from chainrun.sim.tune import tune as run_tune
 
-        out = run_tune(tr, cfg, _date(tune, "--tune-score-from"))
+        out = run_tune(tr, cfg, split)
         data = {"fidelity": chains_fidelity(tr, cfg), "tune": out}
     else:
         res = run_chains(tr, cfg)
@@ -121,6 +132,26 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
         typer.echo(envelope("sim", _finite(data)))
         return
     render_chains(data)
+
+
+def _check_windows(tr, cfg, split: float | None, scored_from_split: bool) -> None:
+    """Every window the run replays must hold a chain, else one line before any replay: --from/--until,
+    or --tune-score-from's (chosen on chains that end before the split, scored from it with --shapes:
+    the windows tune.py and elastic.py use)."""
+    from dataclasses import replace
+
+    from chainrun.sim.chain_replay import check_window, day
+
+    if split is None:
+        check_window(tr, cfg)
+        return
+    life = cfg.work.work_s * 1.5 + 2 * 86400.0  # tune.py's: a chain that starts by split - life ends before it
+    check_window(tr, replace(cfg, inject_from=None, inject_until=split - life),
+                 f"to choose on before --tune-score-from {day(split)} (it must start by {day(split - life)})",
+                 "a later --tune-score-from")
+    if scored_from_split:
+        check_window(tr, replace(cfg, inject_from=split, inject_until=None),
+                     f"to score from --tune-score-from {day(split)} on", "an earlier --tune-score-from")
 
 
 def _chains_config(*, nodes, chains_every, handoff, priority, workers, work, segment, restart_cost, successor_limit,
@@ -142,8 +173,11 @@ def _chains_config(*, nodes, chains_every, handoff, priority, workers, work, seg
         raise UsageError("--work and --segment must be positive")
     if w["segment_s"] <= w["restart_s"] + 300 + 60:
         raise UsageError("--segment must be longer than the restart cost plus the signal lead")
+    start, end = _date(inject_from, "--from"), _date(inject_until, "--until")
+    if start is not None and end is not None and start >= end:  # [from, until) would hold no chain
+        raise UsageError(f"--from {inject_from} is not before --until {inject_until}: the window holds no chain")
     return with_work(ChainsConfig(nodes=nodes, chains_every_s=every, priority=priority, workers=workers,
-                                  inject_from=_date(inject_from, "--from"), inject_until=_date(inject_until, "--until")),
+                                  inject_from=start, inject_until=end),
                      successor_limit=successor_limit, **w)
 
 
@@ -154,6 +188,7 @@ def _sites(traces, *, transfer, pace, align, site_margin, race, json_out, **kw) 
     from chainrun.sim.two_sites import SitesConfig, parse_align, run_sites
 
     cfg = _chains_config(**kw)
+    transfer, align = transfer if transfer is not None else "15m", align if align is not None else "end"
     t = float(parse_duration(transfer, what="--transfer"))
     if t < 0:
         raise UsageError("--transfer must not be negative")

@@ -161,6 +161,45 @@ def chain_points(last_submit: float, first: float, cfg: ChainsConfig, sizes) -> 
     return out[: cfg.max_chains] if cfg.max_chains is not None else out
 
 
+def check_window(trace: "pd.DataFrame", cfg: ChainsConfig, what: str | None = None, hint: str | None = None) -> None:
+    """Refuse, in one line and before any replay, a run that would score no chain: ``--from``/``--until``
+    outside the injection points, or a trace too short for one. The points are ``chain_points``' own,
+    from the trace's times as ``build_workload`` reads them (its jobs that ran). ``what`` names the
+    window (default: "to score" and ``--from``/``--until`` in words) and ``hint`` the fix."""
+    t = trace[trace["start"].notna() & (trace["nodes"] > 0)]
+    if t.empty:
+        return  # build_workload says so
+    opened, last = float(t["start"].min()), float(t["submit"].max())
+    first = opened + cfg.warmup_s
+    if chain_points(last, first, cfg, cfg.chain_nodes):
+        return
+    stop = last - (cfg.work.work_s * 1.5 + 2 * 86400.0)  # chain_points' slack for a chain's life
+    covers = f"the trace covers {day(float(t['submit'].min()), time=False)} .. {day(last, time=False)}"
+    if stop < first:
+        raise UsageError(f"no chain to score: {covers}, too short for a chain of {cfg.work.work_s / 3600:g} h after "
+                         f"a {cfg.warmup_s / 86400:g}-day warm-up", hint="a longer trace or a shorter --work")
+    raise UsageError(f"no chain {what or 'to score ' + window_text(cfg)}: {covers}, its chains start {day(first)} .. "
+                     f"{day(stop)} every {cfg.chains_every_s / 3600:g} h",
+                     hint=hint or "--from/--until within that")
+
+
+def window_text(cfg: ChainsConfig) -> str:
+    """``--from``/``--until`` in words: "between A and B", "from A on", "before B"."""
+    if cfg.inject_from is not None and cfg.inject_until is not None:
+        return f"between {day(cfg.inject_from)} and {day(cfg.inject_until)}"
+    if cfg.inject_from is not None:
+        return f"from {day(cfg.inject_from)} on"
+    return f"before {day(cfg.inject_until)}" if cfg.inject_until is not None else "in the trace"
+
+
+def day(t: float, *, time: bool = True) -> str:
+    """A trace time as the user types it: the date, and the time of day when it is not midnight."""
+    import pandas as pd
+
+    ts = pd.Timestamp(t, unit="s")
+    return ts.strftime("%Y-%m-%d" if not time or ts == ts.normalize() else "%Y-%m-%d %H:%M")
+
+
 def _split(points: list, k: int) -> list[list]:
     if not points:
         return []

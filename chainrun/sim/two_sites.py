@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
-from chainrun.sim.chain_replay import ChainsConfig, fidelity_dict, load_levels, map_chunks
+from chainrun.sim.chain_replay import ChainsConfig, day, fidelity_dict, load_levels, map_chunks, window_text
 from chainrun.sim.chains import PolicySpec, default_specs, run_chain
 from chainrun.sim.site_chain import CHECKPOINT_EVERY_S, TRANSFER_S, MoveRules, Site, run_site_chain
 from chainrun.sim.site_tune import multi_name, race_name
@@ -269,6 +269,11 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
     sh = setup(frames, names, weeks, cfg, scfg, paces)
     win = window(sh["cover"])
     pts = points(win, cfg, sh["sizes"]) if win[0] <= win[1] else []
+    if not pts and win[0] <= win[1] and points(win, replace(cfg, inject_from=None, inject_until=None), sh["sizes"]):
+        raise UsageError(f"no chain to score {window_text(cfg)}: --from/--until fall outside the traces' shared "
+                         f"window {day(win[0])} .. {day(win[1])} (where chains start, every "
+                         f"{cfg.chains_every_s / 3600:g} h, after the shifts {weeks} weeks)",
+                         hint="--from/--until within it")
     if not pts:
         raise UsageError(f"the traces share no stretch long enough for a chain of {cfg.work.work_s / 3600:g} h "
                          f"(window {_iso(win[0])} .. {_iso(win[1])} after the shifts {weeks} weeks)",

@@ -105,3 +105,25 @@ def test_bad_input_is_one_line(args, fragment, dumps, chainrun_home):
     assert p.returncode == 2, p.stderr
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("chainrun: error")]
     assert "Traceback" not in p.stderr and len(errors) == 1 and fragment in errors[0], p.stderr
+
+
+@pytest.mark.parametrize("window,words", [
+    (["--from", "2030-01-01"], "from 2030-01-01 on"),
+    (["--from", "2023-11-01", "--until", "2023-11-20"], "between 2023-11-01 and 2023-11-20"),  # the warm-up
+])
+def test_a_window_outside_the_shared_one_says_so(window, words, dumps, chainrun_home):
+    a, b = dumps
+    p = run_cli("sim", "--trace", str(a), "--trace", str(b), *ARGS, *window, home=chainrun_home)
+    assert p.returncode == 2, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("chainrun: error")]
+    assert "Traceback" not in p.stderr and len(errors) == 1 and p.stdout == "", p.stderr
+    # not "share no stretch": the traces do share one, the window misses it
+    assert (f"no chain to score {words}: --from/--until fall outside the traces' shared window 2023-11-21 22:13 .. "
+            "2023-12-18 06:13 (where chains start, every 96 h, after the shifts [0, 0] weeks)") in errors[0], errors[0]
+
+
+def test_from_not_before_until_fails_before_the_traces_are_read(chainrun_home):
+    p = run_cli("sim", "--trace", "/nonexistent/a.txt", "--trace", "/nonexistent/b.txt", *ARGS,
+                "--from", "2030-01-01", "--until", "2020-01-01", home=chainrun_home)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().endswith("--from 2030-01-01 is not before --until 2020-01-01: the window holds no chain")
