@@ -308,7 +308,8 @@ def status(cluster: str) -> dict:
 def _choice(h: dict) -> dict:
     """One refresh's choice as `model status` lists it."""
     w = h.get("window") if isinstance(h.get("window"), dict) else {}
+    span = {k: w.get(k) for k in ("choice_from", "choice_until", "check_from", "check_until")} if w else None
     return {"at": h.get("at"), "chosen": h.get("chosen"), "put_in_force": bool(h.get("put_in_force")),
             "adopted": bool(h.get("adopted")), "reason": h.get("reason"), "summary": h.get("summary"),
             "thinned": h.get("thinned"),
-            "window": {k: w.get(k) for k in ("choice_from", "choice_until", "check_from", "check_until")} if w else None}
+            "window": span}

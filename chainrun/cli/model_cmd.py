@@ -294,8 +294,8 @@ def _tuning_rows(t: dict) -> list[tuple[str, str]]:
         if sc and sc != lc.get("scores_h"):  # the choice in force's check, when a later one differs
             rows.append(("  check overhead", _scores_text(sc) + " (when chosen)"))
         if lc:
-            rows.append(("  last check", f"{_day(lc.get('at'))}{'' if lc.get('of_latest_refresh') else ' (an earlier refresh)'}"
-                                         f": {_scores_text(lc['scores_h'])}"))
+            earlier = "" if lc.get("of_latest_refresh") else " (an earlier refresh)"
+            rows.append(("  last check", f"{_day(lc.get('at'))}{earlier}: {_scores_text(lc['scores_h'])}"))
         hist = e.get("history") or []
         put = [h for h in hist if h.get("put_in_force")]
         rows.append(("  choices", f"{len(hist)} refreshes, {len(put)} put in force"
