@@ -56,6 +56,7 @@ def refresh(
         typer.echo(service.cron_line(cluster))
         return
     lookback_days = parse_duration(lookback, what="--lookback") / 86400.0 if lookback else None
+    aside = _set_aside(cluster, quiet=json_out) if not no_tune else None  # an unreadable tuning file stops no refresh
     workers, bar = _tune_setup(json_out)
     runner = _runner(cluster)
     try:
@@ -71,6 +72,8 @@ def refresh(
     if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab (chainrun/schedule.py)
         line, changed = service.install_cron(_runner(), cluster)
         res["cron"] = {"line": line, "changed": changed}
+    if aside:
+        res["tuning_set_aside"] = aside
     if json_out:
         typer.echo(envelope("model refresh", res))
         return
@@ -84,6 +87,17 @@ def refresh(
         typer.echo(("installed cron line: " if res["cron"]["changed"] else "cron line already there: ") + res["cron"]["line"])
     else:
         typer.echo("to refresh automatically: chainrun model refresh --install-cron")
+
+
+def _set_aside(cluster: str, quiet: bool) -> dict | None:
+    """An unreadable tuning file set aside before a tuning step (chainrun/chain/tuned.py), said in
+    one warning line on stderr (unless ``quiet``: `model refresh --json` carries it in its data)."""
+    from chainrun.chain import tuned
+
+    aside = tuned.set_aside(cluster)
+    if aside and not quiet:
+        typer.echo(f"warning: {tuned.set_aside_text(aside)}", err=True)
+    return aside
 
 
 def _tune_setup(json_out: bool):
@@ -153,12 +167,16 @@ def tune_cmd(
             raise UsageError("--pin, --unpin and --rollback need --partition")
         e = tuned.rollback(cluster, partition) if rollback else tuned.pin(cluster, partition, on=pin)
         if json_out:
-            typer.echo(envelope("model tune", {"partition": partition, "in_force": e["in_force"], "pinned": e["pinned"]}))
+            typer.echo(envelope("model tune", {"partition": partition, "in_force": e["in_force"], "pinned": e["pinned"],
+                                               "tuning_set_aside": e.get("set_aside")}))
             return
+        if e.get("set_aside"):
+            typer.echo(f"warning: {tuned.set_aside_text(e['set_aside'])}", err=True)
         what = "rolled back to" if rollback else ("pinned" if pin else "unpinned")
         typer.echo(f"{cluster}/{partition}: {what} {selftune.values_text(e['in_force'])}"
                    + (" (pinned)" if e["pinned"] and not pin else ""))
         return
+    _set_aside(cluster, quiet=False)  # its data is {partition: outcome}: the line goes to stderr with --json too
     workers, bar = _tune_setup(json_out)
     runner = _runner(cluster)
     try:
@@ -253,19 +271,18 @@ def _status_rows(st: dict) -> list[tuple[str, str]]:
 
 
 def _tuning_rows(t: dict) -> list[tuple[str, str]]:
-    """`predicted`'s values in force per partition (docs/self-tuning.md)."""
-    import time
-
+    """`predicted`'s values in force per partition (docs/self-tuning.md), from chain/tuned.py ``status``."""
     from chainrun.sim.selftune import values_text
 
-    def day(ts) -> str:
-        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
-
+    if t.get("unreadable"):  # the rest of the status stands; this says what the watcher does meanwhile
+        u = t["unreadable"]
+        return [("predicted", f"unreadable tuning file {t['file']}: {u['why']}; the watcher runs `predicted` on "
+                              f"the shipped values ({u['hint']})")]
     rows = []
     for part, e in (t.get("partitions") or {}).items():
         f = e["in_force"] or {}
-        src = {"shipped": "shipped defaults", "chosen": f"chosen {day(f.get('chosen_at'))}",
-               "rollback": f"rolled back {day(f.get('since'))}"}.get(f.get("source"), f.get("source"))
+        src = {"shipped": "shipped defaults", "chosen": f"chosen {_day(f.get('chosen_at'))}",
+               "rollback": f"rolled back {_day(f.get('since'))}"}.get(f.get("source"), f.get("source"))
         rows.append((f"predicted on {part}", f"{values_text(f)} ({src}{', pinned' if e['pinned'] else ''})"))
         w = f.get("window") or {}
         sc = (f.get("check") or {}).get("scores_h") or {}
@@ -273,21 +290,51 @@ def _tuning_rows(t: dict) -> list[tuple[str, str]]:
             rows.append(("  chosen on", f"chains injected {w.get('choice_from')} .. {w.get('choice_until')} "
                                          f"({w.get('choice_chains')}); checked on {w.get('check_from')} .. "
                                          f"{w.get('check_until')} ({w.get('check_chains')})"))
-        if sc:
-            rows.append(("  check overhead", ", ".join(f"{k} {v:.2f} h" for k, v in sc.items() if v is not None)
-                         + " a chain"))
-        last = e.get("last") or {}
-        if last:
-            rows.append(("  last refresh", f"{day(last.get('at'))}: " + (last.get("summary") or last.get("reason") or "")))
+        lc = e.get("last_check") or {}
+        if sc and sc != lc.get("scores_h"):  # the choice in force's check, when a later one differs
+            rows.append(("  check overhead", _scores_text(sc) + " (when chosen)"))
+        if lc:
+            earlier = "" if lc.get("of_latest_refresh") else " (an earlier refresh)"
+            rows.append(("  last check", f"{_day(lc.get('at'))}{earlier}: {_scores_text(lc['scores_h'])}"))
         hist = e.get("history") or []
         put = [h for h in hist if h.get("put_in_force")]
         rows.append(("  choices", f"{len(hist)} refreshes, {len(put)} put in force"
-                                   + (f" (last {day(put[-1].get('at'))})" if put else "")
+                                   + (f" (last {_day(put[-1].get('at'))})" if put else "")
                                    + f"; pin or roll back: chainrun model tune --partition {part} "
                                      "--pin | --unpin | --rollback"))
+        rows += [(f"  refresh {_day(c.get('at'))}", _choice_text(c)) for c in e.get("recent") or []]
     if not rows:
         rows.append(("predicted", "shipped defaults (not tuned yet: chainrun model refresh chooses them)"))
     return rows
+
+
+_SCORE_NAMES = {"chosen": "chosen", "in_force": "in force", "reactive": "reactive", "oracle": "oracle",
+                "best_fixed": "best fixed lead"}
+
+
+def _scores_text(sc: dict) -> str:
+    order = [*_SCORE_NAMES, *sorted(set(sc) - set(_SCORE_NAMES))]  # the file keeps keys sorted
+    return "mean overhead a chain: " + ", ".join(f"{_SCORE_NAMES.get(k, k)} {sc[k]:.2f} h" for k in order
+                                                 if isinstance(sc.get(k), (int, float)))
+
+
+def _choice_text(c: dict) -> str:
+    """One refresh on a short line: the window, the values chosen when not put in force (an adopted
+    summary names them), and the refresh's outcome line (kept or adopted, and why)."""
+    from chainrun.sim.selftune import thinned_text, values_text
+
+    w = c.get("window") or {}
+    span = f"on {str(w.get('choice_from'))[:10]} .. {str(w.get('check_until'))[:10]}: " if w.get("check_until") else ""
+    chose = f"chose {values_text(c['chosen'])}; " if c.get("chosen") and not c.get("put_in_force") else ""
+    said = c.get("summary") or (("put in force: " if c.get("put_in_force") else "not put in force: ")
+                                + (c.get("reason") or "?") + thinned_text(c))
+    return f"{span}{chose}{said}"
+
+
+def _day(ts) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "?"
 
 
 def _support_text(sup: dict) -> str:
