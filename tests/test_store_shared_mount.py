@@ -101,7 +101,7 @@ def two_mounts(request, tmp_path) -> tuple[Path, Path]:
     finally:  # lazily: a store a failed assertion left open must not keep the mount
         for mnt in mounted:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=60)
-        if request.param == "nfs":
+        if request.param == "nfs" and shutil.which("exportfs"):  # without it nothing was exported (a skip)
             subprocess.run(["exportfs", "-u", f"127.0.0.1:{export}"], capture_output=True, timeout=60)
 
 
