@@ -140,12 +140,12 @@ def _check_windows(tr, cfg, split: float | None, scored_from_split: bool) -> Non
     the windows tune.py and elastic.py use)."""
     from dataclasses import replace
 
-    from chainrun.sim.chain_replay import check_window, day
+    from chainrun.sim.chain_replay import chain_life_s, check_window, day
 
     if split is None:
         check_window(tr, cfg)
         return
-    life = cfg.work.work_s * 1.5 + 2 * 86400.0  # tune.py's: a chain that starts by split - life ends before it
+    life = chain_life_s(cfg.work.work_s)  # tune.py's: a chain that starts by split - life ends before it
     check_window(tr, replace(cfg, inject_from=None, inject_until=split - life),
                  f"to choose on before --tune-score-from {day(split)} (it must start by {day(split - life)})",
                  "a later --tune-score-from")

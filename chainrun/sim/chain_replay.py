@@ -147,11 +147,16 @@ def chains_fidelity(trace, cfg: ChainsConfig) -> dict:
     return fidelity_dict(w, starts, nodes, w.open_at + cfg.warmup_s)
 
 
+def chain_life_s(work_s: float) -> float:
+    """How long a chain of ``work_s`` may live in the replay: its work plus slack for its waits (the
+    background must arrive that long after an injection; a choice must stop that long before its split)."""
+    return work_s * 1.5 + 2 * 86400.0
+
+
 def chain_points(last_submit: float, first: float, cfg: ChainsConfig, sizes) -> list[tuple[float, int]]:
     """(time, nodes) every ``chains_every_s`` from the end of the warm-up while the background
     still arrives for the chain's whole life (work plus slack for its waits)."""
-    life = cfg.work.work_s * 1.5 + 2 * 86400.0
-    stop = last_submit - life
+    stop = last_submit - chain_life_s(cfg.work.work_s)
     out, t, i = [], first, 0
     while t <= stop:
         if (cfg.inject_from is None or t >= cfg.inject_from) and (cfg.inject_until is None or t < cfg.inject_until):
@@ -173,7 +178,7 @@ def check_window(trace: "pd.DataFrame", cfg: ChainsConfig, what: str | None = No
     first = opened + cfg.warmup_s
     if chain_points(last, first, cfg, cfg.chain_nodes):
         return
-    stop = last - (cfg.work.work_s * 1.5 + 2 * 86400.0)  # chain_points' slack for a chain's life
+    stop = last - chain_life_s(cfg.work.work_s)  # chain_points' last injection
     covers = f"the trace covers {day(float(t['submit'].min()), time=False)} .. {day(last, time=False)}"
     if stop < first:
         raise UsageError(f"no chain to score: {covers}, too short for a chain of {cfg.work.work_s / 3600:g} h after "

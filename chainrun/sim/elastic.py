@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from chainrun.chain.shapes import DEFAULT_MARGIN_S, FILLER_MARGIN
 from chainrun.errors import UsageError
-from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
+from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, chain_life_s, run_chains
 from chainrun.sim.chains import elastic_specs
 
 # candidates, in boundaries (the replay's boundary is the 5-min signal lead: 10 min, 30 min, 1 h); None: no filler
@@ -97,7 +97,7 @@ def tune_elastic(trace, cfg: ChainsConfig, score_from: float, shapes: tuple[int,
     """Pick the filler margin on chains that end before ``score_from``; score every policy after it."""
     from chainrun.sim.jsonsafe import finite as _finite
 
-    life = cfg.work.work_s * 1.5 + 2 * 86400.0
+    life = chain_life_s(cfg.work.work_s)
     shipped = elastic_specs(shapes, ())[1]  # fixed-shape predicted, as `chainrun submit --policy predicted`
     cands = [replace(shipped, name=_candidate_name(m), shapes=tuple(shapes), efficiency=efficiencies[0],
                      margin_s=DEFAULT_MARGIN_S, filler_margin=m) for m in margins]

@@ -315,7 +315,7 @@ def choose(trace: "pd.DataFrame", *, nodes: int | None, shape: dict, in_force: d
     out.update(fidelity=fid, nodes=n_nodes)
     # every point that may end by as_of: chain_points stops a chain's life before the last job, so
     # ask it as if the background ran on past as_of, and keep what can be done in time
-    life = work.work_s * 1.5 + 2 * 86400.0
+    life = chain_replay.chain_life_s(work.work_s)
     pts = [p for p in chain_points(as_of + life, chain_replay._SHARED["first"], cfg, sizes)
            if p[0] + work.work_s < as_of]
     if sum(t < as_of - check_s for t, _ in pts) < min_choice:

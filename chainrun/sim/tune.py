@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from chainrun.chain.policies import RULES, predict_quantile
-from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, run_chains
+from chainrun.sim.chain_replay import LOAD_LEVELS, ChainsConfig, chain_life_s, run_chains
 from chainrun.sim.chains import PolicySpec, default_specs
 
 SHARES = (0.25, 0.4, 0.5, 0.6, 0.75, 1.0)  # the guard's MAX_LEAD_SHARE; 1.0: no cap (the rule before the guard)
@@ -134,7 +134,7 @@ def pick(summary_policies: dict, specs: list[PolicySpec]) -> PolicySpec:
 def tune(trace, cfg: ChainsConfig, score_from: float) -> dict:
     """Choose on the chains that end before ``score_from`` (see the module's docstring); the
     scored window is not replayed."""
-    life = cfg.work.work_s * 1.5 + 2 * 86400.0
+    life = chain_life_s(cfg.work.work_s)
     specs = candidates(segment_s=cfg.work.segment_s)
     refs = [s for s in default_specs() if s.name in ("reactive", "oracle")]
     choose_cfg = replace(cfg, specs=specs + refs, inject_from=None, inject_until=score_from - life)

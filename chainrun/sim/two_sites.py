@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chainrun.errors import UsageError
-from chainrun.sim.chain_replay import ChainsConfig, day, fidelity_dict, load_levels, map_chunks, window_text
+from chainrun.sim.chain_replay import ChainsConfig, chain_life_s, day, fidelity_dict, load_levels, map_chunks, window_text
 from chainrun.sim.chains import PolicySpec, default_specs, run_chain
 from chainrun.sim.site_chain import CHECKPOINT_EVERY_S, TRANSFER_S, MoveRules, Site, run_site_chain
 from chainrun.sim.site_tune import multi_name, race_name
@@ -135,7 +135,7 @@ def shifted(frame: "pd.DataFrame", weeks: int) -> "pd.DataFrame":
 def life_s(cfg: ChainsConfig, paces: dict) -> float:
     """How long a chain may live (chain_replay.chain_points's slack), at the slowest pace."""
     slowest = min([1.0, *paces.values()])
-    return cfg.work.work_s / slowest * 1.5 + 2 * 86400.0
+    return chain_life_s(cfg.work.work_s / slowest)
 
 
 def window(cover: list[tuple[float, float]]) -> tuple[float, float]:
