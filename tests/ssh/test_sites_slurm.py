@@ -250,7 +250,9 @@ def test_a_chain_whose_first_cluster_is_full_starts_on_the_second(env, tmp_path)
         assert seg0.cluster == "b" and seg0.job_id, seg0
         assert said and said[0].startswith("segment 0: start on b: ") and "against ~" in said[0], said
         # the job is b's (its own queue lists it), and local's queue has none of the chain's
-        got = env["server"].ssh(f"squeue -h -j {seg0.job_id} -o %j")
+        # -t all: the toy payload may already have ended there (b's user cannot read the test's tmp folder,
+        # so it can fail at once), and squeue lists an ended job only when asked for every state
+        got = env["server"].ssh(f"squeue -h -t all -j {seg0.job_id} -o %j")
         assert got.stdout.split() == [f"cr.{chain}.0"], (got.stdout, got.stderr)
         here = subprocess.run(["squeue", "-h", "-n", f"cr.{chain}.0", "-o", "%i"], capture_output=True, text=True,
                               env={**os.environ, **env["extra"]})
