@@ -58,7 +58,9 @@ def refresh(
         typer.echo(service.cron_line(cluster))
         return
     lookback_days = parse_duration(lookback, what="--lookback") / 86400.0 if lookback else None
-    aside = _set_aside(cluster, quiet=json_out) if not no_tune else None  # an unreadable tuning file stops no refresh
+    # an unreadable tuning file stops no refresh: set aside before tuning; with --no-tune left alone, but said
+    aside = _set_aside(cluster, quiet=json_out) if not no_tune else None
+    unreadable = _unreadable_tuning(cluster, quiet=json_out) if no_tune else None
     workers, bar = _tune_setup(json_out)
     runner = _runner(cluster)
     try:
@@ -76,6 +78,8 @@ def refresh(
         res["cron"] = {"line": line, "changed": changed}
     if aside:
         res["tuning_set_aside"] = aside
+    if unreadable:
+        res["tuning_unreadable"] = unreadable
     if json_out:
         typer.echo(envelope("model refresh", res))
         return
@@ -100,6 +104,21 @@ def _set_aside(cluster: str, quiet: bool) -> dict | None:
     if aside and not quiet:
         typer.echo(f"warning: {tuned.set_aside_text(aside)}", err=True)
     return aside
+
+
+def _unreadable_tuning(cluster: str, quiet: bool) -> dict | None:
+    """With ``--no-tune`` the tuning file is not touched; an unreadable one is still said (one warning
+    line on stderr, unless ``quiet``), since `predicted` runs on the shipped values meanwhile."""
+    from chainrun.chain import tuned
+
+    p = tuned.path(cluster)
+    _, why = tuned.read(p)
+    if why is None:
+        return None
+    if not quiet:
+        typer.echo(f"warning: unreadable tuning file {p} ({why}): predicted runs on the shipped values; "
+                   f"{tuned.FIX}", err=True)
+    return {"file": str(p), "why": why, "hint": tuned.FIX}
 
 
 def _tune_setup(json_out: bool):
@@ -178,6 +197,8 @@ def tune_cmd(
         typer.echo(f"{cluster}/{partition}: {what} {selftune.values_text(e['in_force'])}"
                    + (" (pinned)" if e["pinned"] and not pin else ""))
         return
+    if partition:  # before an unreadable file is set aside (tune_now checks again, for library callers)
+        selftune.check_partitions(cluster, [partition])
     _set_aside(cluster, quiet=False)  # its data is {partition: outcome}: the line goes to stderr with --json too
     workers, bar = _tune_setup(json_out)
     runner = _runner(cluster)

@@ -561,6 +561,17 @@ def _chain_partitions(cluster: str) -> list[str]:
         store.close()
 
 
+def check_partitions(cluster: str, partitions: list[str]) -> None:
+    """Raise unless every partition asked is one the cluster's model or tuning record knows: a typo
+    would be tuned on no job and recorded as a partition of its own. An unreadable tuning file
+    counts as no record (the model still names its partitions)."""
+    from chainrun.chain import tuned
+
+    doc, _ = tuned.read(tuned.path(cluster))
+    for part in partitions:
+        tuned.check_partition(cluster, part, doc or {"partitions": {}})
+
+
 def tune_now(runner: "Runner", *, cluster: str, partitions: list[str] | None = None, workers: int = 1,
              progress: Callable[[str, int, int], None] | None = None) -> dict:
     """`chainrun model tune`: the refresh's tuning step on the cached history (no sacct call)."""
@@ -571,6 +582,7 @@ def tune_now(runner: "Runner", *, cluster: str, partitions: list[str] | None = N
     if hist is None:
         raise ModelError(f"no history cached for cluster {cluster!r}", hint=f"run: chainrun model refresh --cluster "
                                                                              f"{cluster}")
+    check_partitions(cluster, partitions or [])
     return refresh_tuning(runner, cluster=cluster, history=hist, all_users=bool(info.get("all_users", True)),
                           partitions=partitions, workers=workers, progress=progress)
 

@@ -165,3 +165,45 @@ def test_refresh_sets_an_unreadable_tuning_file_aside_and_tunes_from_the_shipped
     assert main(["model", "refresh", "--cluster", "local", "--json"]) == 0
     assert "tuning_set_aside" not in json.loads(capsys.readouterr().out)["data"]
     assert len(list(p.parent.glob("tuning.json.corrupt-*"))) == 1
+
+
+def test_refresh_no_tune_leaves_an_unreadable_tuning_file_and_says_so(chainrun_home, monkeypatch, capsys):
+    from chainrun.cli import model_cmd
+    from chainrun.cli.main import main
+    from chainrun.predict import training
+
+    monkeypatch.setattr(training, "MIN_ROWS", 10)
+    monkeypatch.setattr(model_cmd, "_runner", lambda cluster="local": SlurmReads())
+    p = broken(chainrun_home)
+    assert main(["model", "refresh", "--cluster", "local", "--no-tune"]) == 0
+    out, err = capsys.readouterr()
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: unreadable tuning file")]
+    assert len(warned) == 1 and str(p) in warned[0] and "shipped values" in warned[0], err
+    assert "not tuned (--no-tune)" in out
+    assert p.read_text() == "{not json" and not list(p.parent.glob("tuning.json.corrupt-*"))  # --no-tune: untouched
+    assert main(["model", "refresh", "--cluster", "local", "--no-tune", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["tuning_unreadable"]["file"] == str(p) and data["tuning_unreadable"]["why"]
+    assert p.read_text() == "{not json"
+
+
+def test_tune_on_an_unknown_partition_refuses_before_anything_is_set_aside_or_written(chainrun_home, monkeypatch,
+                                                                                        capsys):
+    from chainrun.cli import model_cmd
+    from chainrun.cli.main import main
+    from chainrun.predict import training
+
+    monkeypatch.setattr(training, "MIN_ROWS", 10)
+    monkeypatch.setattr(model_cmd, "_runner", lambda cluster="local": SlurmReads())
+    assert main(["model", "refresh", "--cluster", "local", "--no-tune"]) == 0  # a model and a cached history
+    p = broken(chainrun_home)
+    capsys.readouterr()
+    assert main(["model", "tune", "--cluster", "local", "--partition", "gpux"]) == 3
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert out == "" and "no partition 'gpux' on cluster local: known long, short" in lines[0], err
+    assert "Traceback" not in err
+    assert p.read_text() == "{not json" and not list(p.parent.glob("tuning.json.corrupt-*"))
+    assert main(["model", "tune", "--cluster", "local", "--partition", "short", "--json"]) == 0  # a known one tunes
+    assert "short" in json.loads(capsys.readouterr().out)["data"]
+    assert tuned.status("local")["partitions"]["short"]["last"]
