@@ -71,6 +71,7 @@ SCENARIOS = {
 def chains(slurm_cluster, tmp_path_factory):
     home = tmp_path_factory.mktemp("chains-home")
     train_model(home)
+    toy_values_on_long(home)
     for sc in SCENARIOS.values():
         work = tmp_path_factory.mktemp(sc.name)
         p = run_cli("submit", str(TOY), "--name", sc.name, "--signal", SIGNAL, "--json", *sc.args,
@@ -118,11 +119,30 @@ def train_model(home: Path) -> None:
                                                     text=True).stdout.strip():
         time.sleep(2)
     time.sleep(3)  # sacct fills End a moment after the job leaves squeue
-    # --no-tune: the scenarios run the shipped values (a cluster with weeks of history could tune others;
-    # the tuning's own real-Slurm test is tests/predict/test_slurm_selftune.py)
+    # --no-tune: the scenarios run the shipped values, but for the predicted one (toy_values_on_long); the
+    # tuning's own real-Slurm test is tests/predict/test_slurm_selftune.py
     lookback = f"{int(time.time() - started) + 30}s"
     p = run_cli("model", "refresh", "--no-tune", "--lookback", lookback, "--json", home=home, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+# `predicted`'s values in force on `long` (the predicted scenario's partition), pinned as a user would pin
+# a refresh's choice. The shipped boundary cost (1 h) is an hour of a 48 h segment; on these 3-minute
+# segments it made the rule weigh the model's smallest chance of a cut against an hour, so whether it
+# submitted before its 10 s floor hung on how short this lane's load made the model's waits ("model said
+# 113s", the floor first). A boundary here costs seconds: at 0 s the rule's cost is the lateness alone,
+# which the earliest ask minimises, whatever the model says.
+TOY_VALUES = {"rule": "slack", "transition_cost_s": 0.0, "lead_share": 0.6, "floor_s": 10.0}
+
+
+def toy_values_on_long(home: Path) -> None:
+    code = ("from chainrun.chain import tuned; "
+            f"tuned.record('local', 'long', {{'adopted': True, 'chosen': {TOY_VALUES!r}, 'reason': 'test values', "
+            "'summary': 'test values'}); tuned.pin('local', 'long')")
+    subprocess.run([os.sys.executable, "-c", code], env={**os.environ, "CHAINRUN_HOME": str(home)}, check=True)
+    st = run_cli("model", "status", "--json", home=home)
+    force = json.loads(st.stdout)["data"]["tuning"]["partitions"]["long"]["in_force"]
+    assert {k: force[k] for k in TOY_VALUES} == TOY_VALUES and force["source"] == "chosen", force
 
 
 def log_records(log: str) -> list[str]:
