@@ -66,17 +66,18 @@ def _at(r) -> dict:
 def test_a_successor_pending_on_a_cluster_that_fills_is_cancelled_and_moves(tmp_path):
     runs = _runs(tmp_path, _a(3, 24), H)
     multi, on_a = runs["predicted_multi"], runs["predicted:a"]
+    # the cancelled job never started (2 segments, not 3) and the successor placed on b is a move, charged
+    assert multi.sites == ["a", "b"] and multi.segments == 2 and multi.moves == 1 and multi.move_cost_s > 0
+    assert multi.overhead_s < 1 * H < 24 * H < on_a.overhead_s  # a alone waits out the flood
     # before the flood Slurm plans it at the predecessor's limit (216 h): within the margin, it stays;
     # at 209 h the flood's first job is planned at the blocker's limit (217 h) for 24 h, and the
     # successor's 24 h fit only after it (241 h): b finishes ~25 h sooner, more than the 1 h margin
     assert _at(multi) == {208.67: 216.0, 208.83: 216.0, 209.0: 241.0}
     (at, jid, frm, to), = multi.cancelled
     assert (at, frm, to) == (T0 + 209 * H, "a", "b") and multi.pending_moves == 1
+    assert {j for _, j, _, _ in multi.weighed} == {jid}  # the job weighed is the one cancelled
     gain = multi.weighed[-1][3]["a"] - multi.weighed[-1][3]["b"]
     assert 24 * H < gain < 26 * H
-    # the cancelled job never started (2 segments, not 3) and the successor placed on b is a move, charged
-    assert multi.sites == ["a", "b"] and multi.segments == 2 and multi.moves == 1 and multi.move_cost_s > 0
-    assert multi.overhead_s < 1 * H < 24 * H < on_a.overhead_s  # a alone waits out the flood
 
 
 def test_a_successor_whose_delay_is_within_the_margin_stays(tmp_path):
