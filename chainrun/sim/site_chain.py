@@ -41,6 +41,7 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from chainrun.chain import site_plan, sizing
@@ -445,8 +446,6 @@ class _SiteChain:
 
 def _tick_after(anchor: float, tick: float, t: float) -> float:
     """The first tick of the grid ``anchor + k * tick`` strictly after ``t``."""
-    import math
-
     return anchor + (math.floor((t - anchor) / tick + 1e-9) + 1) * tick
 
 
