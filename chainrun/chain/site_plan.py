@@ -130,7 +130,7 @@ def _at_least_planned(c: Chain, site: str, est: WaitEstimate, now: float) -> Wai
     """No earlier than Slurm's own plan for the chain's last job pending there (``sbatch --test-only`` sees
     free resources, not the jobs queued ahead; squeue's expected start does), while that plan lies ahead."""
     planned, seen_at = ((c.extra.get("planned_start") or {}).get(site) or (0, 0))
-    if planned <= now or now - seen_at > PLAN_MEMORY_S:  # a plan passed, or too old to hold
+    if not plan_holds(planned, seen_at, now):
         return est
     w = max(est.seconds, planned - now)
     return WaitEstimate(seconds=w, model=f"{est.model}, no earlier than Slurm's plan", p50=max(est.p50 or 0, w))
@@ -254,6 +254,27 @@ def prepare_move(t: TickContext, c: Chain, seg: Segment, cur: Segment, to: str, 
 RECONSIDER_EVERY_S = 300.0  # a successor pending on the chain's site is weighed against the others this often
 # Slurm's plan for a job it held back counts this long after it was read (the queue ahead may change)
 PLAN_MEMORY_S = 120.0
+SQUEUE_START = "slurm squeue --start"  # the source of a pending job's wait: Slurm's plan for it
+
+
+def weigh_pending(current: site_choice.SiteOption, others: list[site_choice.SiteOption], *, remaining_s: float,
+                  margin_s: float, ready_in_s: float, segment_s: float, boundary_s: float) -> site_choice.SiteChoice:
+    """The rule on a successor pending on the chain's site (``reconsider``; the replay calls it too,
+    sim/site_chain.py): ``current`` waits what Slurm expects for it (``pending_wait_s``), the others
+    what a new submission there would; the current site is listed first (a tie stays)."""
+    return site_choice.choose_site(current.name, [current, *others], remaining_s=remaining_s, margin_s=margin_s,
+                                   ready_in_s=ready_in_s, segment_s=segment_s, boundary_s=boundary_s)
+
+
+def pending_wait_s(planned_start: float, now: float) -> float:
+    """A pending job's wait as Slurm plans it (squeue's expected start): from now, never negative."""
+    return max(0.0, planned_start - now)
+
+
+def plan_holds(planned: float, seen_at: float, now: float) -> bool:
+    """Slurm's plan for a job of the chain (read at ``seen_at``) still bounds a wait there: it lies
+    ahead and is recent (a plan passed, or too old, no longer says anything about the queue)."""
+    return planned > now and now - seen_at <= PLAN_MEMORY_S
 
 
 def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> bool:
@@ -276,18 +297,18 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
     paces = site_paces(c, segs, [s.cluster for s in sites])
-    here = max(0.0, row.start - now)
-    options = [option(c, c.cluster, here, paces.get(c.cluster))]
-    ests = {c.cluster: WaitEstimate(seconds=here, model="slurm squeue --start", p50=here)}
+    here = pending_wait_s(row.start, now)
+    ests = {c.cluster: WaitEstimate(seconds=here, model=SQUEUE_START, p50=here)}
+    others = []
     for s in sites:
         if s.cluster == c.cluster:
             continue
         est = ests[s.cluster] = wait_estimate(t, c, s, succ, now)
         if est is not None:
-            options.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
+            others.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
-    choice = site_choice.choose_site(c.cluster, options, remaining_s=c.remaining_s, margin_s=margin_s(c),
-                                     ready_in_s=ready_in, **boundaries(c, segs))
+    choice = weigh_pending(option(c, c.cluster, here, paces.get(c.cluster)), others, remaining_s=c.remaining_s,
+                           margin_s=margin_s(c), ready_in_s=ready_in, **boundaries(c, segs))
     if not choice.move:
         t.store.save(c)
         return False

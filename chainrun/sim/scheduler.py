@@ -272,3 +272,19 @@ class Scheduler:
         pending = [p[2] for p in self.pending]
         running = [(entry[1], entry[3]) for entry in self.limits]
         return pending, running
+
+    def expected_start(self, jid: int) -> float | None:
+        """What ``squeue --start`` shows for pending job ``jid`` at ``now``: Slurm's backfill plan over
+        the running jobs' limits and the jobs ahead of it (expected_start.py); None when it is not
+        pending (running, ended, or held by a dependency: Slurm plans no held job) or has no plan."""
+        from chainrun.sim.expected_start import expected_start
+
+        ahead = []
+        for p in self.pending:  # in priority order: only the jobs ahead of it (and itself) matter
+            ahead.append((p[2], p[3], p[4]))
+            if p[2] == jid:
+                break
+        else:
+            return None
+        return expected_start(self.now, self.total, ((e[0], e[2]) for e in self.limits), ahead, jid,
+                              depth=self.bf_depth + 1, open_at=self.open_at)

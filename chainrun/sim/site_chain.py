@@ -23,6 +23,15 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
   the transfer and a checkpoint interval more, so the lost minutes do not need an extra segment.
 - GPU-hours held twice: both sites' jobs of the chain holding nodes at once (the predecessor saving
   after its successor started), as on one site.
+- A successor **pending** on the chain's site is reconsidered as the watcher does
+  (``chainrun.chain.site_plan.reconsider``): on the watcher's tick grid, every ``RECONSIDER_EVERY_S`` at
+  most, Slurm's expected start for it (what ``squeue --start`` shows: the replayed partition's backfill
+  plan over the running jobs' *limits* and the jobs ahead of it, expected_start.py) is weighed against the
+  other sites' model medians by ``site_plan.weigh_pending`` (``choose_site``, the same margin, segment and
+  boundary as every choice here). When another site is expected to finish more than the margin sooner,
+  the pending job is cancelled (it never trained: no GPU-hours) and the successor is planned again at
+  once (the watcher's next tick), the current site's wait no earlier than that plan (``site_plan.plan_holds``);
+  a successor then placed on another site is a move, charged as any.
 - **Race** (``MoveRules.race``, the row ``predicted_multi_race``): whenever nothing of the chain is
   live (its first segment, a successor submitted after its predecessor ended) the segment is submitted
   on every site; the first to start is kept and the others are cancelled when the driver notices
@@ -32,9 +41,10 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from chainrun.chain import sizing
+from chainrun.chain import site_plan, sizing
 from chainrun.chain.pace import total_tolerance, trained_so_far
 from chainrun.chain.policies import default_lead_s
 from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site
@@ -70,6 +80,9 @@ class SiteRun(ChainRun):
     sites: list = field(default_factory=list)  # the site of every segment that started
     lost_work_moves: int = 0  # moves that resumed from an older copied checkpoint
     race_duplicates: int = 0  # raced segments that started before they were cancelled
+    pending_moves: int = 0  # successors cancelled while pending on the chain's site to be placed again
+    cancelled: list = field(default_factory=list)  # (when, jid, from site, to site) of each
+    weighed: list = field(default_factory=list)  # (when, jid, Slurm's planned start, {site: finish_s}) of each weighing
 
 
 def run_site_chain(sites: list[Site], t0: float, nodes: int, jid0: int, spec: PolicySpec, work: ChainWork,
@@ -104,6 +117,8 @@ class _SiteChain:
         self.tolerance = total_tolerance(self.chain)
         self.out = SiteRun(spec.name, t0, nodes, work.work_s)
         self.choices: list[tuple[float, SiteChoice]] = []
+        self.reconsidered_at = float("-inf")  # the last time a pending successor was weighed
+        self.planned: tuple | None = None  # (site, Slurm's planned start, when read) of the last weighing
 
     # ---- the clock: every site's partition at ``now`` -------------------------------------
     def sim(self, site: str):
@@ -145,6 +160,20 @@ class _SiteChain:
                                                  "predicted"), engine_segment(cur, running), cur, mine, self.nodes,
                                                  self.spec.target)
 
+    def rule_numbers(self) -> dict[str, float]:
+        """The rule's segment (its limit less the signal lead and the restart) and boundary (the
+        restart and the hand-off): site_plan.boundaries in the replay's numbers."""
+        w = self.work
+        return {"segment_s": w.segment_s - w.signal_lead_s - w.restart_s, "boundary_s": w.restart_s + w.handoff_s}
+
+    def no_earlier_than_planned(self, site: str, median_s: float) -> float:
+        """A median wait on ``site``, no earlier than Slurm's plan for the job of the chain last weighed
+        there while that plan holds (site_plan._at_least_planned)."""
+        if self.planned is None or self.planned[0] != site:
+            return median_s
+        _, planned, seen_at = self.planned
+        return max(median_s, planned - self.now) if site_plan.plan_holds(planned, seen_at, self.now) else median_s
+
     def where(self, cur: Seg | None, left_s: float, ready_in_s: float) -> SiteChoice:
         """``choose_site`` on every site's estimate now (``cur`` None: the first placement)."""
         probe = cur if cur is not None else Seg(-3, 0, self.now, self.work.segment_s, start=self.now, nodes=self.nodes)
@@ -154,24 +183,51 @@ class _SiteChain:
             est = self.estimate(name, probe)
             if est is None:  # no model answer there: only the current site stays a candidate (waits unknown)
                 if name == here:
-                    options.append(SiteOption(name, {0.5: 0.0}, 0.0, self.work.restart_s, self.sites[name].pace))
+                    options.append(SiteOption(name, {0.5: self.no_earlier_than_planned(name, 0.0)}, 0.0,
+                                              self.work.restart_s, self.sites[name].pace))
                 continue
             # the model's own levels (its target quantile may be an extrapolated tail: at q0.98 it can read
             # months, which would make a queue look hopeless that the model thinks is a day)
             dist = {q: v for q, v in ((0.1, est.p10), (0.5, est.p50), (0.9, est.p90)) if v is not None}
             if not dist:
                 dist = {0.5: est.seconds}
+            dist[0.5] = self.no_earlier_than_planned(name, dist[0.5])
             move = here is not None and name != here
             options.append(SiteOption(name, dist, self.rules.transfer_s if move else 0.0, self.work.restart_s,
                                       self.sites[name].pace))
         if not options:
             options = [SiteOption(here or self.order[0], {0.5: 0.0}, 0.0, self.work.restart_s,
                                   self.sites[here or self.order[0]].pace)]
-        w = self.work
         choice = choose_site(here, options, remaining_s=left_s, margin_s=self.rules.margin_s, ready_in_s=ready_in_s,
-                             segment_s=w.segment_s - w.signal_lead_s - w.restart_s,
-                             boundary_s=w.restart_s + w.handoff_s)
+                             **self.rule_numbers())
         self.choices.append((self.now, choice))
+        return choice
+
+    def reconsider(self, seg: Seg, cur: Seg, h: float, left_after: float, done_s: float) -> SiteChoice | None:
+        """site_plan.reconsider on ``seg``, pending on ``cur``'s site: Slurm's expected start for it
+        against the other sites' medians now. None when Slurm has no plan for it (nothing to weigh)."""
+        here = self.site_of[seg.jid]
+        planned = self.sim(here).expected_start(seg.jid)
+        if planned is None:
+            return None
+        self.reconsidered_at = self.now
+        self.planned = (here, planned, self.now)
+        w = self.work
+        others = []
+        for name in self.order:
+            est = self.estimate(name, cur) if name != here else None
+            if est is not None:
+                others.append(SiteOption(name, {0.5: site_plan.median_s(est)}, self.rules.transfer_s, w.restart_s,
+                                         self.sites[name].pace))
+        current = SiteOption(here, {0.5: site_plan.pending_wait_s(planned, self.now)}, 0.0, w.restart_s,
+                             self.sites[here].pace)
+        # the work left as the watcher counts it there (Chain.remaining_s: the credited work; a live
+        # segment's counts once it has ended)
+        remaining = left_after if self.now >= h else w.work_s - done_s
+        choice = site_plan.weigh_pending(current, others, remaining_s=remaining, margin_s=self.rules.margin_s,
+                                         ready_in_s=max(0.0, h - self.now), **self.rule_numbers())
+        self.choices.append((self.now, choice))
+        self.out.weighed.append((self.now, seg.jid, planned, choice.finish_s))
         return choice
 
     def ask(self, cur: Seg, h: float, left_after: float) -> tuple[dict, SiteChoice]:
@@ -252,6 +308,39 @@ class _SiteChain:
         self.now = b
         return win, b
 
+    def await_start(self, cur: Seg, h: float, left_after: float, done_s: float, cands: list[Seg],
+                    horizon: float) -> tuple[Seg | None, float]:
+        """``first_to_start`` for ``cur``'s successor; one pending on ``cur``'s site is reconsidered
+        (``pending``) and, when cancelled, planned again at once (``poll``: the watcher's next tick)."""
+        while len(cands) == 1 and self.site_of[cands[0].jid] == self.site_of[cur.jid]:
+            b = self.pending(cands[0], cur, h, left_after, done_s, horizon)
+            if b is not None:
+                return cands[0], b
+            cands = self.poll(cur, h, left_after, done_s)
+        return self.first_to_start(cands, horizon)
+
+    def pending(self, seg: Seg, cur: Seg, h: float, left_after: float, done_s: float, horizon: float) -> float | None:
+        """Run until ``seg`` starts (its start; nan past ``horizon``), weighing it on the watcher's ticks
+        (from ``cur``'s start) every RECONSIDER_EVERY_S at most; None when it was cancelled to move."""
+        site, tick = self.site_of[seg.jid], self.work.tick_s
+        sim = self.sim(site)
+        t = _tick_after(cur.start, tick, max(seg.submit, self.reconsidered_at + site_plan.RECONSIDER_EVERY_S - 1e-6))
+        while True:
+            b = sim.run_until_started(seg.jid, min(t, horizon))
+            self.now = max(self.now, sim.now)
+            if b == b or t > horizon:
+                return b
+            self.now = t
+            sim.run_until(t)
+            choice = self.reconsider(seg, cur, h, left_after, done_s)
+            if choice is not None and choice.move:
+                _cancel(sim, seg.jid)
+                self.segs.remove(seg)
+                self.out.pending_moves += 1
+                self.out.cancelled.append((self.now, seg.jid, site, choice.site))
+                return None
+            t = _tick_after(cur.start, tick, max(t, self.reconsidered_at + site_plan.RECONSIDER_EVERY_S - 1e-6))
+
     def poll(self, cur: Seg, h: float, left_after: float, done_s: float) -> list[Seg]:
         """As chains._Chain.poll, with the site chosen at every ask."""
         from chainrun.sim.adapter import SimWatcher
@@ -296,7 +385,7 @@ class _SiteChain:
                 run.stuck = True
                 run.segments = len(self.segs)
                 return run
-            nxt, bn = self.first_to_start(self.poll(cur, h, left_after, done_s), horizon)
+            nxt, bn = self.await_start(cur, h, left_after, done_s, self.poll(cur, h, left_after, done_s), horizon)
             if bn != bn:
                 return run
             nxt.start = bn
@@ -353,6 +442,11 @@ class _SiteChain:
         run.boundaries.append((bn - h, max(0.0, h - cur.stop)))
         boundary.close(run, cur, w)  # the successor resumes from ``resume``, not from what cur trained
         return resume
+
+
+def _tick_after(anchor: float, tick: float, t: float) -> float:
+    """The first tick of the grid ``anchor + k * tick`` strictly after ``t``."""
+    return anchor + (math.floor((t - anchor) / tick + 1e-9) + 1) * tick
 
 
 def _cancel(sim, jid: int) -> None:

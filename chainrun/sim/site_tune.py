@@ -70,6 +70,7 @@ def policy_rows(runs: list, loads: dict, cfg, names: list[str]) -> dict:
             row["max_moves"] = max(r.moves for r in mine)
             row["mean_move_cost_h"] = sum(r.move_cost_s for r in mine) / len(mine) / 3600
             row["lost_work_move_share"] = sum(r.lost_work_moves for r in mine) / moves if moves else None
+            row["pending_moves"] = sum(getattr(r, "pending_moves", 0) for r in mine) / len(mine)
             segs: dict = {}
             for r in mine:
                 for s in r.sites:

@@ -1,0 +1,34 @@
+"""The rule on a successor pending on the chain's cluster (site_plan.weigh_pending, which the watcher's
+reconsider and the multi-cluster replay both call): Slurm's plan for it against a new submission elsewhere."""
+
+from chainrun.chain import site_plan
+from chainrun.chain.site_choice import SiteOption
+
+H = 3600.0
+
+
+def _weigh(planned_in_s: float, other_wait_s: float, *, margin_s: float = H, ready_in_s: float = 0.0):
+    here = SiteOption("a", {0.5: site_plan.pending_wait_s(1000.0 + planned_in_s, 1000.0)})
+    other = SiteOption("b", {0.5: other_wait_s}, transfer_s=900.0)
+    return site_plan.weigh_pending(here, [other], remaining_s=20 * H, margin_s=margin_s, ready_in_s=ready_in_s,
+                                   segment_s=10 * H, boundary_s=600.0)
+
+
+def test_it_moves_only_when_the_other_cluster_finishes_more_than_the_margin_sooner():
+    c = _weigh(10 * H, H)  # 10 h planned here against 1 h + the 15 min copy there: 8.75 h sooner
+    assert c.move and c.site == "b" and c.finish_s["a"] - c.finish_s["b"] == 8.75 * H
+    assert not _weigh(10 * H, H, margin_s=9 * H).move
+    assert not _weigh(2 * H, H).move  # 0.75 h sooner: within the 1 h margin
+
+
+def test_a_plan_already_passed_is_no_wait_and_the_hand_over_bounds_both():
+    assert site_plan.pending_wait_s(900.0, 1000.0) == 0.0
+    # both clusters wait for the live segment's hand-over in 12 h: the copy is all that differs
+    c = _weigh(10 * H, H, ready_in_s=12 * H)
+    assert not c.move and c.finish_s["b"] - c.finish_s["a"] == 900.0
+
+
+def test_slurms_plan_bounds_a_wait_only_while_it_lies_ahead_and_is_recent():
+    assert site_plan.plan_holds(planned=5000.0, seen_at=1000.0, now=1000.0 + site_plan.PLAN_MEMORY_S)
+    assert not site_plan.plan_holds(planned=5000.0, seen_at=1000.0, now=1001.0 + site_plan.PLAN_MEMORY_S)
+    assert not site_plan.plan_holds(planned=1000.0, seen_at=1000.0, now=1000.0)
