@@ -18,10 +18,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from chainrun.chain import site_choice, site_pace, span
+from chainrun.chain import site_choice, site_pace, sizing, span
 from chainrun.chain.handoff_plan import measured_handoff_s
 from chainrun.chain.move_steps import AHEAD
-from chainrun.chain.pace import segment_overhead
+from chainrun.chain.pace import expected_training, segment_overhead, segment_rate
 from chainrun.chain.policies import WaitEstimate
 from chainrun.chain.segments import sbatch_args, wrapper_path
 from chainrun.errors import ChainrunError, SlurmError
@@ -277,6 +277,18 @@ def plan_holds(planned: float, seen_at: float, now: float) -> bool:
     return planned > now and now - seen_at <= PLAN_MEMORY_S
 
 
+def work_after_running(c: Chain, segs: list[Segment]) -> float:
+    """The work a pending successor is left with: the total less what is credited and what the running
+    segment(s) of the chain here should still train to their hand-over points (as ``planning.plan``
+    counts them, the pending successor itself left out). ``Chain.remaining_s`` alone still counts the
+    running predecessor's work, which at another site's pace would be weighed at the wrong speed."""
+    overhead = segment_overhead(c, segs)
+    running = [s for s in segs if s.phase == RUNNING and not span.foreign(c, s)]
+    expected = sum(sizing.expected_work(expected_training(c, s, overhead), rate=segment_rate(c, s, segs))
+                   for s in running)
+    return sizing.work_after(c.total_s, c.credited_s, expected)
+
+
 def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> bool:
     """A successor already pending on the chain's site, whose queue backed up since it was asked for:
     Slurm's own expected start for it (squeue) against the other sites' waits, by the same rule. When
@@ -307,7 +319,7 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
         if est is not None:
             others.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
-    choice = weigh_pending(option(c, c.cluster, here, paces.get(c.cluster)), others, remaining_s=c.remaining_s,
+    choice = weigh_pending(option(c, c.cluster, here, paces.get(c.cluster)), others, remaining_s=work_after_running(c, segs),
                            margin_s=margin_s(c), ready_in_s=ready_in, **boundaries(c, segs))
     if not choice.move:
         t.store.save(c)

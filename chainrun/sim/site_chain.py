@@ -203,7 +203,7 @@ class _SiteChain:
         self.choices.append((self.now, choice))
         return choice
 
-    def reconsider(self, seg: Seg, cur: Seg, h: float, left_after: float, done_s: float) -> SiteChoice | None:
+    def reconsider(self, seg: Seg, cur: Seg, h: float, left_after: float) -> SiteChoice | None:
         """site_plan.reconsider on ``seg``, pending on ``cur``'s site: Slurm's expected start for it
         against the other sites' medians now. None when Slurm has no plan for it (nothing to weigh)."""
         here = self.site_of[seg.jid]
@@ -221,9 +221,9 @@ class _SiteChain:
                                          self.sites[name].pace))
         current = SiteOption(here, {0.5: site_plan.pending_wait_s(planned, self.now)}, 0.0, w.restart_s,
                              self.sites[here].pace)
-        # the work left as the watcher counts it there (Chain.remaining_s: the credited work; a live
-        # segment's counts once it has ended)
-        remaining = left_after if self.now >= h else w.work_s - done_s
+        # the work left once cur trains to its hand-over point (site_plan.work_after_running); once cur
+        # has ended, left_after is what is left after it too
+        remaining = left_after
         choice = site_plan.weigh_pending(current, others, remaining_s=remaining, margin_s=self.rules.margin_s,
                                          ready_in_s=max(0.0, h - self.now), **self.rule_numbers())
         self.choices.append((self.now, choice))
@@ -313,13 +313,13 @@ class _SiteChain:
         """``first_to_start`` for ``cur``'s successor; one pending on ``cur``'s site is reconsidered
         (``pending``) and, when cancelled, planned again at once (``poll``: the watcher's next tick)."""
         while len(cands) == 1 and self.site_of[cands[0].jid] == self.site_of[cur.jid]:
-            b = self.pending(cands[0], cur, h, left_after, done_s, horizon)
+            b = self.pending(cands[0], cur, h, left_after, horizon)
             if b is not None:
                 return cands[0], b
             cands = self.poll(cur, h, left_after, done_s)
         return self.first_to_start(cands, horizon)
 
-    def pending(self, seg: Seg, cur: Seg, h: float, left_after: float, done_s: float, horizon: float) -> float | None:
+    def pending(self, seg: Seg, cur: Seg, h: float, left_after: float, horizon: float) -> float | None:
         """Run until ``seg`` starts (its start; nan past ``horizon``), weighing it on the watcher's ticks
         (from ``cur``'s start) every RECONSIDER_EVERY_S at most; None when it was cancelled to move."""
         site, tick = self.site_of[seg.jid], self.work.tick_s
@@ -332,7 +332,7 @@ class _SiteChain:
                 return b
             self.now = t
             sim.run_until(t)
-            choice = self.reconsider(seg, cur, h, left_after, done_s)
+            choice = self.reconsider(seg, cur, h, left_after)
             if choice is not None and choice.move:
                 _cancel(sim, seg.jid)
                 self.segs.remove(seg)

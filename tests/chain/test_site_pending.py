@@ -32,3 +32,25 @@ def test_slurms_plan_bounds_a_wait_only_while_it_lies_ahead_and_is_recent():
     assert site_plan.plan_holds(planned=5000.0, seen_at=1000.0, now=1000.0 + site_plan.PLAN_MEMORY_S)
     assert not site_plan.plan_holds(planned=5000.0, seen_at=1000.0, now=1001.0 + site_plan.PLAN_MEMORY_S)
     assert not site_plan.plan_holds(planned=1000.0, seen_at=1000.0, now=1000.0)
+
+
+def test_a_pending_successor_is_weighed_on_the_work_left_after_its_running_predecessor():
+    """site_plan.work_after_running: the total less the credited work and what the running segment should
+    still train to its hand-over point (as planning.plan counts it), the pending successor left out.
+    Chain.remaining_s alone (what reconsider read before) still counted the predecessor's work."""
+    from chainrun.chain import sizing
+    from chainrun.chain.pace import expected_training, segment_overhead
+    from chainrun.state.records import PENDING, RUNNING, Chain, Segment
+
+    c = Chain(id="w-0001", name="w", cluster="a", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/c",
+              total_s=100 * H, segment_s=48 * H, policy="predicted", lead_s=3600, signal="USR2", signal_lead_s=300,
+              retries=1, sbatch_args=[], partition="gpu", created=0.0, credited_s=20 * H)
+    run = Segment(chain_id=c.id, idx=1, time_limit_s=48 * 3600, phase=RUNNING, job_id="11", start=10 * H,
+                  end=58 * H)
+    succ = Segment(chain_id=c.id, idx=2, time_limit_s=48 * 3600, phase=PENDING, job_id="12")
+    left = site_plan.work_after_running(c, [run, succ])
+    trains = sizing.expected_work(expected_training(c, run, segment_overhead(c, [run, succ])))
+    assert trains > 40 * H and left == sizing.work_after(100 * H, 20 * H, trains)
+    assert left < c.remaining_s - 40 * H  # the predecessor's ~48 h are not the successor's to do
+    assert site_plan.work_after_running(c, [run]) == left  # the pending successor changes nothing
+    assert site_plan.work_after_running(c, [succ]) == c.remaining_s  # nothing runs: all that is not credited
