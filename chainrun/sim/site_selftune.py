@@ -187,7 +187,8 @@ def choose_now(names: list[str], *, workers: int = 1, now: float | None = None, 
             why = f"no history cached for {n} (run: chainrun model refresh --cluster {n})"
             break
         if not info.get("all_users", True):
-            why = f"other users' jobs are hidden on {n} (PrivateData): the replay needs the whole queue"
+            why = f"other users' jobs are hidden on {n} (PrivateData, or only yours in its history): " \
+                  "the replay needs the whole queue"
             break
         frames.append(hist)
         as_of = min(as_of, float(info.get("last_refresh") or now))
