@@ -23,7 +23,11 @@ def sites_cmd(
     from chainrun.cli.render import envelope
     from chainrun.errors import UsageError
 
+    from chainrun.sim import site_selftune
+
     names = parse_sites(clusters) if clusters else None
+    if names:
+        site_selftune.check_names(names)  # before a corrupt file is touched: bad input changes nothing
     if show:
         st = site_tuned.status(names)
         if json_out:
@@ -34,9 +38,6 @@ def sites_cmd(
         return
     if not names:
         raise UsageError("give the clusters, e.g. chainrun model sites a,b", hint="or --show for every list")
-    from chainrun.sim import site_selftune
-
-    site_selftune.check_names(names)  # before a corrupt file is touched: bad input changes nothing
     aside = site_tuned.set_aside()
     if aside and not json_out:
         typer.echo(f"warning: set aside the unreadable site margin file {aside['file']} ({aside['why']}) as "

@@ -78,9 +78,10 @@ def choose(frames: list["pd.DataFrame"], names: list[str], *, shape: dict, as_of
         span = float(f["submit"].max()) - float(ran["start"].min()) if len(ran) else 0.0
         if span < need:
             return {**out, "reason": f"history too short on {name}: {span / 86400:.1f} days of jobs, the "
-                                     f"choice needs at least {need / 86400:.1f} (7-day warm-up, "
+                                     f"choice needs at least {need / 86400:.1f} ({warmup_s / 86400:g}-day warm-up, "
                                      f"{site_tune.MIN_CHOICE} chains, one chain's life)"}
-        f, _, thinned = thin(f, None, shape["nodes"], seed=seed, budget=JOB_BUDGET if job_budget is None else job_budget)
+        budget = JOB_BUDGET if job_budget is None else job_budget
+        f, _, thinned = thin(f, None, shape["nodes"], seed=seed, budget=budget)
         if thinned is not None:
             out.setdefault("thinned", {})[name] = thinned
         seen.append(f)

@@ -138,7 +138,7 @@ def test_a_corrupt_store_is_set_aside_and_never_a_traceback(chainrun_home):
 
 
 @pytest.mark.parametrize("args,words", [(["local"], "got 1 cluster"), (["local,zz"], "no cluster 'zz'"),
-                                        ([], "give the clusters")])
+                                        ([], "give the clusters"), (["local", "--show"], "got 1 cluster")])
 def test_bad_input_is_one_line_exit_2(chainrun_home, args, words):
     _config(chainrun_home, "b")
     p = run_cli("model", "sites", *args, home=chainrun_home)
