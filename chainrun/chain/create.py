@@ -52,6 +52,7 @@ class SubmitRequest:
     filler_margin: float | None = None  # --filler: a filler's least gain in boundaries (None: no filler)
     save_timeout_s: int | None = None  # --save-timeout: a hand-off's save may take this long (wrapper)
     site_margin_s: int | None = None  # --site-margin: a chain spanning clusters moves only to gain more (site_plan)
+    site_margin_source: str | None = None  # where that margin came from (chain/sites.py with_site_margin)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
                **({"time_min_s": int(req.time_min_s)} if req.time_min_s else {}),
                **({"filler_margin": float(req.filler_margin)} if req.filler_margin is not None else {}),
                **({"save_timeout_s": int(req.save_timeout_s)} if req.save_timeout_s else {}),
-               **({"site_margin_s": int(req.site_margin_s)} if req.site_margin_s is not None else {})},
+               **({"site_margin_s": int(req.site_margin_s)} if req.site_margin_s is not None else {}),
+               **({"site_margin_source": req.site_margin_source} if req.site_margin_source else {})},
     )
     wrapper = render_wrapper(chain_id=chain_id, run_dir=run_dir, checkpoint_dir=ckpt, payload=script,
                              signal=signal, script_text=req.script_text, ref_nodes=shapes[0] if shapes else None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -237,6 +238,7 @@ def submit_spanning(store: Store, names: list[str], req: SubmitRequest, *,
                          hint="give one cluster, or drop --shapes")
     if req.checkpoint_dir and not posixpath.isabs(req.checkpoint_dir):
         raise UsageError("--checkpoint-dir must be an absolute path with several clusters (used on each)")
+    req = with_site_margin(req, names)
     sites = open_sites(names, open_runner, local_workdir=req.workdir, need=need)
     try:
         choose_scripts(sites, script=req.script, script_text=req.script_text)
@@ -251,6 +253,23 @@ def submit_spanning(store: Store, names: list[str], req: SubmitRequest, *,
     finally:
         close_sites(sites)
     return replace(res, warnings=res.warnings + tuple(warnings))
+
+
+def with_site_margin(req: SubmitRequest, names: list[str]) -> SubmitRequest:
+    """The request with its site margin and where it came from: ``--site-margin``, else the margin in
+    force for this ordered list (chosen by `chainrun model sites`, else shipped: chain/site_tuned.py).
+    Recorded in the chain, so a later choice does not change a running chain's margin behind its back."""
+    if req.site_margin_s is not None:
+        return replace(req, site_margin_source="--site-margin")
+    from chainrun.chain import site_tuned
+
+    f = site_tuned.in_force(names)
+    if f.get("source") == "chosen":
+        when = time.strftime("%Y-%m-%d", time.gmtime(f.get("chosen_at") or 0))
+        src = f"chosen {when} on the clusters' past (chainrun model sites {site_tuned.key(names)})"
+    else:
+        src = f"shipped (choose one on the clusters' past: chainrun model sites {site_tuned.key(names)})"
+    return replace(req, site_margin_s=int(round(f["margin_s"])), site_margin_source=src)
 
 
 def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list[str]) -> list[ChainSite]:

@@ -89,6 +89,7 @@ class ChainView:
     # a chain spanning clusters (issue 26): its sites in order of preference and the last site decision
     sites: tuple = ()
     site_choice: dict | None = None
+    site_margin: dict | None = None  # its margin (site_plan.margin_s) and where it came from
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -136,7 +137,17 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
         shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
         untended=_untended(chain, segs, ticks, now),
         sites=tuple(chain.extra.get("sites") or ()), site_choice=chain.extra.get("site_choice"),
+        site_margin=_site_margin(chain),
     )
+
+
+def _site_margin(chain: Chain) -> dict | None:
+    if not chain.extra.get("sites"):
+        return None
+    from chainrun.chain.site_plan import margin_s
+
+    src = chain.extra.get("site_margin_source") or ("--site-margin" if "site_margin_s" in chain.extra else "shipped")
+    return {"margin_s": margin_s(chain), "source": src}
 
 
 def _untended(chain: Chain, segs: list[Segment], ticks: dict | None, now: float) -> dict | None:

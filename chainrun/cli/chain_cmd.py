@@ -245,18 +245,22 @@ def _print_submitted(res, json_out: bool) -> None:
         from chainrun.chain.site_plan import margin_s
 
         typer.echo(MOVES_NOTE.format(first=ch.cluster, margin=format_duration(margin_s(ch))))
+        if ch.extra.get("site_margin_source"):
+            typer.echo(f"site margin {format_duration(margin_s(ch))}: {ch.extra['site_margin_source']}")
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")
 
 
 def _sites_json(res) -> dict:
     if not getattr(res, "sites", ()):
         return {}
+    from chainrun.chain.site_plan import margin_s
     from chainrun.chain.sites import MOVES
 
     return {"sites": [{"cluster": s.cluster, "rank": s.rank, "workdir": s.workdir, "run_dir": s.run_dir,
                        "checkpoint_dir": s.checkpoint_dir, "script": s.script, "sbatch_args": s.sbatch_args,
                        "segment_s": s.extra.get("segment_s"), "checks": s.extra.get("checks") or {}}
-                      for s in res.sites], "moves": MOVES}
+                      for s in res.sites], "moves": MOVES, "site_margin_s": margin_s(res.chain),
+            "site_margin_source": res.chain.extra.get("site_margin_source")}
 
 
 def status(

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from chainrun.cli.model_sites import SITES_HELP, sites_cmd
 from chainrun.cli.model_status import status_rows
 
 ClusterOpt = Annotated[str, typer.Option("--cluster", "-c", help="Cluster name: which history and model to use.")]
@@ -16,6 +17,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 
 model_app = typer.Typer(help="The queue-delay model: learn waits from sacct, show it, measure it.",
                         no_args_is_help=True)
+
+
+model_app.command("sites", help=SITES_HELP)(sites_cmd)
 
 
 def register(app: typer.Typer) -> None:

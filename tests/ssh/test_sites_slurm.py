@@ -388,3 +388,55 @@ def test_a_site_that_asks_for_a_login_or_has_an_unknown_host_key(env, tmp_path, 
         _refused(env2, tmp_path, p, "cluster u: its host key is not trusted")
     finally:
         (env["home"] / "config.toml").write_text(env["base"])
+
+
+def test_the_site_margin_is_chosen_on_both_clusters_history_and_a_chain_takes_it(env, tmp_path, monkeypatch):
+    """`chainrun model sites local,b` on the two real clusters' histories, read by `model refresh` (sacct
+    here and over SSH on b): too little past there, so the shipped margin is kept with its one-line reason,
+    recorded; a chain submitted after it records that margin and where it came from; a margin put in force
+    in the store is what the next real submit takes."""
+    from chainrun.chain import site_tuned
+    from chainrun.predict import ingest
+    from chainrun.predict.service import model_dir
+
+    configure(env, "")
+    monkeypatch.setenv("CHAINRUN_HOME", str(env["home"]))
+    try:
+        for name in ("local", "b"):  # the real caches; the models they train are removed below
+            r = run_cli("model", "refresh", "--cluster", name, "--no-tune", home=env["home"], env=env["extra"],
+                        timeout=600)
+            assert ingest.history_paths(name)[0].exists(), (name, r.returncode, r.stderr)
+    finally:
+        for name in ("local", "b"):  # the module's other chains place on Slurm's starts
+            shutil.rmtree(model_dir(name), ignore_errors=True)
+    hidden = not ingest.load_cache("b")[1].get("all_users", True)  # b's user may see only its own jobs
+    p = run_cli("model", "sites", "local,b", home=env["home"], env=env["extra"], timeout=600)
+    assert p.returncode == 0, p.stderr
+    said = "other users' jobs are hidden on b" if hidden else "history too short on "
+    first = p.stdout.splitlines()[0]
+    assert first.startswith("site margin for local,b: kept the shipped margin 1h: ") and said in first, p.stdout
+    assert "in force: 1h (shipped)" in p.stdout
+    print(first)
+    st = json.loads(run_cli("model", "sites", "local,b", "--show", "--json", home=env["home"]).stdout)["data"]
+    e = st["lists"]["local,b"]
+    assert e["in_force"]["margin_s"] == 3600 and e["in_force"]["source"] == "shipped"
+    assert said in e["last"]["reason"] and "\n" not in e["last"]["reason"]
+    s = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
+    assert s.returncode == 0, s.stderr
+    data = json.loads(s.stdout)["data"]
+    assert data["site_margin_s"] == 3600, data
+    assert data["site_margin_source"].startswith("shipped (choose one on the clusters' past: chainrun model sites local,b)")
+    st = json.loads(run_cli("status", data["chain"], "--json", home=env["home"]).stdout)["data"][0]
+    assert st["site_margin"] == {"margin_s": 3600, "source": data["site_margin_source"]}, st
+    assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0
+    # a margin in force (as a choice on a longer past would put it) is what the next submit records
+    site_tuned.record(["local", "b"], {"chosen": True, "margin_s": 3 * 3600.0, "reason": "test", "rows": {},
+                                       "window": {"from": "x", "until": "y", "finished": 12}})
+    try:
+        s = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
+    finally:
+        site_tuned.path().unlink()  # the module's other chains: the shipped margin
+    assert s.returncode == 0, s.stderr
+    data = json.loads(s.stdout)["data"]
+    assert data["site_margin_s"] == 3 * 3600 and data["site_margin_source"].startswith("chosen "), data
+    assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0

@@ -1,0 +1,158 @@
+"""The site margin in force for each ordered cluster list (a chain spanning ``a,b`` moves only to gain
+more than it): what `chainrun model sites a,b` chose on the past (chainrun/sim/site_selftune.py), else
+the shipped one (``site_choice.SHIPPED_MARGIN_S``). `submit --cluster a,b` reads it once and records it
+in the chain (``chain.extra["site_margin_s"]``, read by ``site_plan.margin_s`` only).
+
+Stored as JSON in the models folder (``<models>/site_margins.json``; never pickle):
+
+    {"version": 1, "lists": {"a,b": {
+        "in_force": {"margin_s", "source": "shipped" | "chosen", "since", "chosen_at", "as_of",
+                     "window", "rows"},              # when and on what it was chosen
+        "last": {"at", "chosen", "reason", "summary"},
+        "history": [ every choice's outcome, newest last, at most HISTORY_MAX ]}}}
+
+The order is part of the key: ``a,b`` and ``b,a`` prefer different clusters, so their chains differ.
+An unreadable file (not JSON, or not this shape) stops nothing: submit takes the shipped margin and
+logs it, `model sites --show` names it, and the next `model sites` sets it aside
+(``site_margins.json.corrupt-<time>``, kept) and starts afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+HISTORY_MAX = 20
+RECENT = 5  # the choices `model sites --show` lists (its --json has them all)
+FIX = "the next chainrun model sites CLUSTERS sets it aside (kept as site_margins.json.corrupt-<time>)"
+
+
+def key(names: list[str]) -> str:
+    return ",".join(names)
+
+
+def path() -> Path:
+    from chainrun.paths import models_dir
+
+    return models_dir() / "site_margins.json"
+
+
+def shipped() -> dict:
+    from chainrun.chain.site_choice import SHIPPED_MARGIN_S
+
+    return {"margin_s": float(SHIPPED_MARGIN_S), "source": "shipped", "since": None}
+
+
+def read(p: Path) -> tuple[dict | None, str | None]:
+    """``(document, None)`` (an empty one when there is no file), or ``(None, why)``."""
+    if not p.exists():
+        return {"version": VERSION, "lists": {}}, None
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as e:  # a folder, no permission, not UTF-8, not JSON
+        return None, str(e) or type(e).__name__
+    return (doc, None) if (why := _bad_doc(doc)) is None else (None, why)
+
+
+def _bad_doc(doc) -> str | None:
+    """What makes a parsed document unusable, or None: the checks are what the readers index."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("lists"), dict):
+        return "not a site margin document"
+    if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
+        return f"version {doc.get('version')!r} (this chainrun reads {VERSION})"
+    for k, e in doc["lists"].items():
+        if not isinstance(e, dict) or not isinstance(e.get("in_force"), dict):
+            return f"list {k!r} has no margin in force"
+        m = e["in_force"].get("margin_s")
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m < 0:
+            return f"list {k!r}: margin {m!r}"
+        if not isinstance(e.get("history") or [], list) or not all(isinstance(h, dict) for h in e.get("history") or []):
+            return f"list {k!r}: history is not a list of objects"
+    return None
+
+
+def set_aside() -> dict | None:
+    """An unreadable file renamed to ``site_margins.json.corrupt-<UTC time>`` beside it (one rename:
+    atomic, never over another file); what was done, or None when readable or absent."""
+    p = path()
+    _, why = read(p)
+    if why is None:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest, n = p.with_name(f"{p.name}.corrupt-{stamp}"), 1
+    while dest.exists() or dest.is_symlink():
+        dest, n = p.with_name(f"{p.name}.corrupt-{stamp}-{n}"), n + 1
+    os.replace(p, dest)
+    log.info("set aside the unreadable site margin file %s (%s) as %s", p, why, dest)
+    return {"file": str(p), "moved_to": str(dest), "why": why}
+
+
+def save(doc: dict) -> Path:
+    """Atomically (a submit may read it meanwhile)."""
+    p = path()
+    tmp = p.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(tmp, p)
+    return p
+
+
+def in_force(names: list[str]) -> dict:
+    """The margin in force for this ordered list (``margin_s``, ``source``, ``since``...): the stored one,
+    else the shipped one. Never raises: an unreadable file gives the shipped margin, logged."""
+    try:
+        p = path()
+        doc, why = read(p)
+    except Exception as e:  # noqa: BLE001 -- e.g. an unusable CHAINRUN_HOME: a submit is not stopped by it
+        doc, why, p = None, f"{type(e).__name__}: {e}", None
+    if why is not None:
+        log.warning("unreadable site margin file %s: %s; the shipped margin is used (%s)", p, why, FIX)
+        return shipped()
+    e = doc["lists"].get(key(names))
+    return dict(e["in_force"]) if e else shipped()
+
+
+def record(names: list[str], outcome: dict) -> dict:
+    """Store one choice's outcome (appended to the list's history); a chosen margin goes in force, a
+    choice that could not be made keeps what is in force. The caller sets an unreadable file aside first."""
+    from chainrun.errors import ModelError
+
+    doc, why = read(path())
+    if why is not None:
+        raise ModelError(f"unreadable {path()}: {why}", hint=FIX)
+    e = doc["lists"].setdefault(key(names), {"in_force": shipped(), "history": []})
+    now = time.time()
+    slim = {k: outcome.get(k) for k in ("chosen", "margin_s", "reason", "summary", "as_of", "window", "rows",
+                                        "shape", "fidelity", "thinned", "notes", "seconds")}
+    e["history"] = ((e.get("history") or []) + [{**slim, "at": now}])[-HISTORY_MAX:]
+    if outcome.get("chosen"):
+        e["in_force"] = {"margin_s": float(outcome["margin_s"]), "source": "chosen", "since": now, "chosen_at": now,
+                         "as_of": outcome.get("as_of"), "window": outcome.get("window"), "rows": outcome.get("rows")}
+    e["last"] = {"at": now, "chosen": bool(outcome.get("chosen")), "reason": outcome.get("reason"),
+                 "summary": outcome.get("summary")}
+    save(doc)
+    return e
+
+
+def status(names: list[str] | None = None) -> dict:
+    """What `model sites --show` prints: per list (every list, or ``names``) the margin in force, the
+    last choice and the RECENT latest choices (newest first). An unreadable file gives ``unreadable``."""
+    p = path()
+    doc, why = read(p)
+    out: dict = {"file": str(p), "lists": {}}
+    if why is not None:
+        return {**out, "unreadable": {"why": why, "hint": FIX}}
+    wanted = [key(names)] if names else sorted(doc["lists"])
+    for k in wanted:
+        e = doc["lists"].get(k) or {"in_force": shipped(), "history": []}
+        hist = e.get("history") or []
+        out["lists"][k] = {"in_force": e["in_force"], "last": e.get("last"),
+                           "recent": [{x: h.get(x) for x in ("at", "chosen", "margin_s", "reason", "window")}
+                                      for h in reversed(hist[-RECENT:])]}
+    return out
