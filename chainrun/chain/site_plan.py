@@ -84,8 +84,10 @@ def margin_s(c: Chain) -> float:
     return float(m) if m is not None else site_choice.SHIPPED_MARGIN_S
 
 
-def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float) -> WaitEstimate | None:
-    """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate."""
+def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float, *,
+                  bounded: bool = True) -> WaitEstimate | None:
+    """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate;
+    ``bounded``: no earlier than Slurm's recent plan for the chain's job pending there."""
     here = site.cluster == c.cluster
     view = span.site_view(c, site)
     probe = Segment(chain_id=c.id, idx=cur.idx + 1, time_limit_s=view.segment_s, cluster=site.cluster)
@@ -96,14 +98,16 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
             queue = t.queue if here else t.sites.queue(site.cluster)
             est = predictor(view, probe, queue)
             if est is not None:
-                return _at_least_planned(c, site.cluster, est, now)
+                return _at_least_planned(c, site.cluster, est, now) if bounded else est
         slurm = t.slurm if here else eng.slurm
         start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
         log.info("site %s: no wait estimate (%s)", site.cluster, e)
         return None
     est = test_only_wait(start, now)
-    return None if est is None else _at_least_planned(c, site.cluster, est, now)
+    if est is None or not bounded:
+        return est
+    return _at_least_planned(c, site.cluster, est, now)
 
 
 def test_only_wait(start: float | None, now: float) -> WaitEstimate | None:
@@ -266,9 +270,15 @@ def weigh_pending(current: site_choice.SiteOption, others: list[site_choice.Site
                                    ready_in_s=ready_in_s, segment_s=segment_s, boundary_s=boundary_s)
 
 
-def pending_wait_s(planned_start: float, now: float) -> float:
-    """A pending job's wait as Slurm plans it (squeue's expected start): from now, never negative."""
-    return max(0.0, planned_start - now)
+def pending_wait_s(planned_start: float, now: float, fresh_s: float | None = None) -> float:
+    """A pending job's wait: Slurm's plan for it (squeue's expected start, from now, never negative),
+    no longer than ``fresh_s``, the median wait of the same request submitted there now (the site's
+    model, as every other site is read). Slurm plans with every running job taking its whole time
+    limit, so its plan is an upper bound that real ends beat; read alone against the other sites'
+    medians it made a successor pending behind long-limit jobs look days late and moved chains to a
+    cluster 40 % slower (the replay, --pace 0.6). A job already queued is no later than a new one."""
+    w = max(0.0, planned_start - now)
+    return w if fresh_s is None else min(w, max(0.0, fresh_s))
 
 
 def plan_holds(planned: float, seen_at: float, now: float) -> bool:
@@ -291,7 +301,8 @@ def work_after_running(c: Chain, segs: list[Segment]) -> float:
 
 def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> bool:
     """A successor already pending on the chain's site, whose queue backed up since it was asked for:
-    Slurm's own expected start for it (squeue) against the other sites' waits, by the same rule. When
+    its wait there (``pending_wait_s``: Slurm's plan for it, squeue's expected start, no longer than the
+    site's median for the same request now) against the other sites' waits, by the same rule. When
     another site is expected to finish more than the margin sooner, the pending job is cancelled (it
     never trained) and the next tick plans the successor there. True when it cancelled."""
     from chainrun.chain.cancel import cancel_live
@@ -309,8 +320,11 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     handover = (running[0].end - c.signal_lead_s) if running and running[0].end else None
     sites = t.store.sites(c.id)
     paces = site_paces(c, segs, [s.cluster for s in sites])
-    here = pending_wait_s(row.start, now)
-    ests = {c.cluster: WaitEstimate(seconds=here, model=SQUEUE_START, p50=here)}
+    own = next((s for s in sites if s.cluster == c.cluster), None)
+    fresh = None if own is None else wait_estimate(t, c, own, succ, now, bounded=False)
+    here = pending_wait_s(row.start, now, None if fresh is None else median_s(fresh))
+    said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
+    ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
     others = []
     for s in sites:
         if s.cluster == c.cluster:

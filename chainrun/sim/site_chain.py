@@ -26,7 +26,8 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
 - A successor **pending** on the chain's site is reconsidered as the watcher does
   (``chainrun.chain.site_plan.reconsider``): on the watcher's tick grid, every ``RECONSIDER_EVERY_S`` at
   most, Slurm's expected start for it (what ``squeue --start`` shows: the replayed partition's backfill
-  plan over the running jobs' *limits* and the jobs ahead of it, expected_start.py) is weighed against the
+  plan over the running jobs' *limits* and the jobs ahead of it, expected_start.py), no longer than the
+  site's model median for the same request now (``site_plan.pending_wait_s``), is weighed against the
   other sites' model medians by ``site_plan.weigh_pending`` (``choose_site``, the same margin, segment and
   boundary as every choice here). When another site is expected to finish more than the margin sooner,
   the pending job is cancelled (it never trained: no GPU-hours) and the successor is planned again at
@@ -204,8 +205,8 @@ class _SiteChain:
         return choice
 
     def reconsider(self, seg: Seg, cur: Seg, h: float, left_after: float) -> SiteChoice | None:
-        """site_plan.reconsider on ``seg``, pending on ``cur``'s site: Slurm's expected start for it
-        against the other sites' medians now. None when Slurm has no plan for it (nothing to weigh)."""
+        """site_plan.reconsider on ``seg``, pending on ``cur``'s site: Slurm's expected start for it (no
+        later than the site's median for the same request now) against the other sites' medians now. None when Slurm has no plan for it (nothing to weigh)."""
         here = self.site_of[seg.jid]
         planned = self.sim(here).expected_start(seg.jid)
         if planned is None:
@@ -219,7 +220,9 @@ class _SiteChain:
             if est is not None:
                 others.append(SiteOption(name, {0.5: site_plan.median_s(est)}, self.rules.transfer_s, w.restart_s,
                                          self.sites[name].pace))
-        current = SiteOption(here, {0.5: site_plan.pending_wait_s(planned, self.now)}, 0.0, w.restart_s,
+        fresh = self.estimate(here, cur)  # the same request there now (site_plan.reconsider's bounded=False)
+        current = SiteOption(here, {0.5: site_plan.pending_wait_s(planned, self.now, None if fresh is None else
+                                                                  site_plan.median_s(fresh))}, 0.0, w.restart_s,
                              self.sites[here].pace)
         # the work left once cur trains to its hand-over point (site_plan.work_after_running); once cur
         # has ended, left_after is what is left after it too

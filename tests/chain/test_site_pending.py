@@ -54,3 +54,12 @@ def test_a_pending_successor_is_weighed_on_the_work_left_after_its_running_prede
     assert left < c.remaining_s - 40 * H  # the predecessor's ~48 h are not the successor's to do
     assert site_plan.work_after_running(c, [run]) == left  # the pending successor changes nothing
     assert site_plan.work_after_running(c, [succ]) == c.remaining_s  # nothing runs: all that is not credited
+
+
+def test_a_pending_jobs_wait_is_slurms_plan_no_longer_than_the_sites_median_now():
+    # Slurm plans with every running job taking its whole limit: an upper bound, read against the
+    # other sites' medians only up to this site's own median for the same request now
+    assert site_plan.pending_wait_s(1000.0 + 30 * H, 1000.0, fresh_s=H) == H
+    assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0, fresh_s=5 * H) == 2 * H  # Slurm knows better
+    assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0) == 2 * H  # no model there: the plan
+    assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0, fresh_s=-5.0) == 0.0

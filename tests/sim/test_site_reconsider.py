@@ -25,7 +25,17 @@ class QueueLength:
         return Prediction(w * 0.5, w, w * 1.5, "queue-length")
 
 
-def _a(flood_jobs: int, flood_limit_h: float) -> list[dict]:
+class Flat:
+    """A stand-in model that says an hour whatever the queue holds."""
+
+    def __init__(self, history, until) -> None:
+        pass
+
+    def predict(self, request, snapshot=None, history=None):
+        return Prediction(0.5 * H, H, 1.5 * H, "flat")
+
+
+def _a(flood_jobs: int, flood_limit_h: float, flood_run_h: float | None = None) -> list[dict]:
     """Cluster a (two nodes): quiet, then another user's job takes the chain's other node at 205 h (12 h
     limit, done in 11), so the chain's successor, asked for at 208.5 h, pends there behind the
     predecessor's limit (216 h: no later than the hand-over, nothing to gain elsewhere); at 209 h a new
@@ -34,17 +44,18 @@ def _a(flood_jobs: int, flood_limit_h: float) -> list[dict]:
     rows.append({"submit": 205 * H, "start": 205 * H, "end": 216 * H, "limit_s": 12 * H, "user": "blocker"})
     for i in range(flood_jobs):
         t = (209 + 2 * i) * H
-        rows.append({"submit": t, "start": t, "end": t + flood_limit_h * H, "limit_s": flood_limit_h * H,
+        run_h = flood_limit_h if flood_run_h is None else flood_run_h
+        rows.append({"submit": t, "start": t, "end": t + run_h * H, "limit_s": flood_limit_h * H,
                      "nodes": 2, "user": "flood"})
     return sorted(rows, key=lambda r: r["submit"])
 
 
-def _runs(tmp_path: Path, a_rows: list[dict], margin_s: float) -> dict:
+def _runs(tmp_path: Path, a_rows: list[dict], margin_s: float, predictor=QueueLength) -> dict:
     """One chain (segment 0 on a at 192 h) under every row at one margin: {policy: its run}."""
     paths = [tmp_path / "a.txt", tmp_path / "b.txt"]
     paths[0].write_text(sacct_dump(frame(a_rows)))
     paths[1].write_text(sacct_dump(frame(steady(20, every_s=12 * H, run_s=H))))  # b stays quiet
-    cfg = with_work(ChainsConfig(nodes=2, chains_every_s=DAY, workers=1, chain_nodes=(1,), predictor=QueueLength,
+    cfg = with_work(ChainsConfig(nodes=2, chains_every_s=DAY, workers=1, chain_nodes=(1,), predictor=predictor,
                                  retrain_every_s=H, inject_from=T0 + 8 * DAY, inject_until=T0 + 8.5 * DAY),
                     work_s=40 * H, segment_s=24 * H)
     traces = [str(p) for p in paths]
@@ -76,8 +87,21 @@ def test_a_successor_pending_on_a_cluster_that_fills_is_cancelled_and_moves(tmp_
     (at, jid, frm, to), = multi.cancelled
     assert (at, frm, to) == (T0 + 209 * H, "a", "b") and multi.pending_moves == 1
     assert {j for _, j, _, _ in multi.weighed} == {jid}  # the job weighed is the one cancelled
+    # a's wait is Slurm's plan (32 h from now) no longer than a's model for the same request now (the
+    # flood and the successor pending: 20 h): b finishes more than the margin sooner, by less than the plan says
     gain = multi.weighed[-1][3]["a"] - multi.weighed[-1][3]["b"]
-    assert 24 * H < gain < 26 * H
+    assert H < gain < 24 * H
+
+
+def test_slurms_plan_alone_never_moves_a_chain_its_model_says_will_start_soon(tmp_path):
+    # the flood's jobs ask for 24 h and end after one: Slurm plans the successor at 241 h (limits), a's
+    # model says an hour, as b's does. Read alone, the plan made b look 25 h sooner and moved the chain
+    # (to a cluster 40 % slower in the --pace 0.6 replay); no longer than a's median, nothing is gained
+    multi = _runs(tmp_path, _a(3, 24, flood_run_h=1), H, predictor=Flat)["predicted_multi"]
+    assert _at(multi)[209.0] == 241.0  # the plan is as pessimistic as before
+    assert multi.pending_moves == 0 and not multi.cancelled and multi.sites == ["a", "a"] and multi.moves == 0
+    at209 = next(w for w in multi.weighed if round((w[0] - T0) / H, 2) == 209.0)
+    assert at209[3]["a"] <= at209[3]["b"]  # the same hour's wait, and no transfer to pay
 
 
 def test_a_successor_whose_delay_is_within_the_margin_stays(tmp_path):
