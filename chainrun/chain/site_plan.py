@@ -273,7 +273,7 @@ def weigh_pending(current: site_choice.SiteOption, others: list[site_choice.Site
 def pending_wait_s(planned_start: float, now: float, fresh_s: float | None = None) -> float:
     """A pending job's wait: Slurm's plan for it (squeue's expected start, from now, never negative),
     no longer than ``fresh_s``, the median wait of the same request submitted there now (the site's
-    model, as every other site is read). Slurm plans with every running job taking its whole time
+    model, as every other site is read; not ``sbatch --test-only``, which ignores the jobs queued ahead). Slurm plans with every running job taking its whole time
     limit, so its plan is an upper bound that real ends beat; read alone against the other sites'
     medians it made a successor pending behind long-limit jobs look days late and moved chains to a
     cluster 40 % slower (the replay, --pace 0.6). A job already queued is no later than a new one."""
@@ -322,6 +322,8 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     paces = site_paces(c, segs, [s.cluster for s in sites])
     own = next((s for s in sites if s.cluster == c.cluster), None)
     fresh = None if own is None else wait_estimate(t, c, own, succ, now, bounded=False)
+    if fresh is not None and fresh.model == TEST_ONLY:  # it sees free nodes, not the jobs queued ahead: the plan does
+        fresh = None
     here = pending_wait_s(row.start, now, None if fresh is None else median_s(fresh))
     said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
     ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
