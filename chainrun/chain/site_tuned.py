@@ -19,10 +19,8 @@ logs it, `model sites --show` names it, and the next `model sites` sets it aside
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -52,13 +50,9 @@ def shipped() -> dict:
 
 def read(p: Path) -> tuple[dict | None, str | None]:
     """``(document, None)`` (an empty one when there is no file), or ``(None, why)``."""
-    if not p.exists():
-        return {"version": VERSION, "lists": {}}, None
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:  # a folder, no permission, not UTF-8, not JSON
-        return None, str(e) or type(e).__name__
-    return (doc, None) if (why := _bad_doc(doc)) is None else (None, why)
+    from chainrun.state import json_file
+
+    return json_file.read(p, {"version": VERSION, "lists": {}}, _bad_doc)
 
 
 def _bad_doc(doc) -> str | None:
@@ -85,22 +79,18 @@ def set_aside() -> dict | None:
     _, why = read(p)
     if why is None:
         return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = p.with_name(f"{p.name}.corrupt-{stamp}"), 1
-    while dest.exists() or dest.is_symlink():
-        dest, n = p.with_name(f"{p.name}.corrupt-{stamp}-{n}"), n + 1
-    os.replace(p, dest)
-    log.info("set aside the unreadable site margin file %s (%s) as %s", p, why, dest)
-    return {"file": str(p), "moved_to": str(dest), "why": why}
+    from chainrun.state import json_file
+
+    done = json_file.set_aside(p, why)
+    log.info("set aside the unreadable site margin file %s (%s) as %s", p, why, done["moved_to"])
+    return done
 
 
 def save(doc: dict) -> Path:
     """Atomically (a submit may read it meanwhile)."""
-    p = path()
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.replace(tmp, p)
-    return p
+    from chainrun.state import json_file
+
+    return json_file.save(path(), doc)
 
 
 def in_force(names: list[str]) -> dict:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
@@ -66,13 +65,9 @@ def load(cluster: str) -> dict:
 def read(p: Path) -> tuple[dict | None, str | None]:
     """``(document, None)`` (an empty one when there is no file), or ``(None, why)`` when the file
     cannot be used: not readable, not JSON, or a shape whose values `predicted` could not run with."""
-    if not p.exists():
-        return {"version": VERSION, "partitions": {}}, None
-    try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:  # a folder, no permission, not UTF-8, not JSON
-        return None, str(e) or type(e).__name__
-    return (doc, None) if (why := _bad_doc(doc)) is None else (None, why)
+    from chainrun.state import json_file
+
+    return json_file.read(p, {"version": VERSION, "partitions": {}}, _bad_doc)
 
 
 def _bad_doc(doc) -> str | None:
@@ -122,13 +117,11 @@ def set_aside(cluster: str) -> dict | None:
     _, why = read(p)
     if why is None:
         return None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    dest, n = p.with_name(f"{p.name}.corrupt-{stamp}"), 1
-    while dest.exists() or dest.is_symlink():
-        dest, n = p.with_name(f"{p.name}.corrupt-{stamp}-{n}"), n + 1
-    os.replace(p, dest)
-    log.info("set aside the unreadable tuning file %s (%s) as %s", p, why, dest)  # the command says it on screen
-    return {"file": str(p), "moved_to": str(dest), "why": why}
+    from chainrun.state import json_file
+
+    done = json_file.set_aside(p, why)
+    log.info("set aside the unreadable tuning file %s (%s) as %s", p, why, done["moved_to"])  # the command says it
+    return done
 
 
 def set_aside_text(aside: dict) -> str:
@@ -139,12 +132,9 @@ def set_aside_text(aside: dict) -> str:
 
 def save(cluster: str, doc: dict) -> Path:
     """Atomically (a watcher may read it meanwhile)."""
-    p = path(cluster)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    os.replace(tmp, p)
-    return p
+    from chainrun.state import json_file
+
+    return json_file.save(path(cluster), doc)
 
 
 def entry(doc: dict, partition: str) -> dict:

@@ -8,21 +8,10 @@ from chainrun.sim import two_sites
 from chainrun.sim.chain_replay import ChainsConfig, with_work
 from chainrun.traces import read_trace
 
+from .test_two_sites import QueueLength  # 10 h of wait per pending job: sees a quiet queue as quiet
 from .tracegen import T0, frame, sacct_dump, steady
 
 H, DAY = 3600.0, 86400.0
-
-
-class QueueLength:
-    """A stand-in model that reads the queue: 10 h of wait per pending job (sees a quiet queue as quiet)."""
-
-    def __init__(self, history, until) -> None:
-        pass
-
-    def predict(self, request, snapshot=None, history=None):
-        pend = int((snapshot["state"] == "PENDING").sum()) if snapshot is not None and len(snapshot) else 0
-        w = 10 * H * pend + 60.0
-        return Prediction(w * 0.5, w, w * 1.5, "queue-length")
 
 
 class Flat:
