@@ -53,6 +53,7 @@ class SubmitRequest:
     save_timeout_s: int | None = None  # --save-timeout: a hand-off's save may take this long (wrapper)
     site_margin_s: int | None = None  # --site-margin: a chain spanning clusters moves only to gain more (site_plan)
     site_margin_source: str | None = None  # where that margin came from (chain/sites.py with_site_margin)
+    race: bool = False  # --race: segment 0 on every site, the first to start kept (chain/site_race.py)
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,11 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
     store.add_chain(chain, sites)
     if placed.get("reason"):
         store.add_event(chain.id, 0, "site", f"segment 0: {placed['reason']}")
+    if chain.extra.get("race") is not None and site_clients is not None:  # --race: on every site, gated
+        from chainrun.chain import site_race
+
+        first = site_race.start(store, chain, sites, site_clients, time_min_s=req.time_min_s)
+        return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))
     first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s,
                           site=chain.cluster if sites else None)
     return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chainrun.chain import handoff_plan, reconcile, shape_plan, site_plan, sizing, span
+from chainrun.chain import handoff_plan, reconcile, shape_plan, site_plan, site_race, sizing, span
 from chainrun.chain.maintenance import fit_maintenance
 from chainrun.chain.pace import (
     chain_shape_rate, chain_shapes, expected_training, segment_overhead, segment_rate, total_tolerance, trained_so_far,
@@ -26,6 +26,8 @@ MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a ro
 def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> None:
     """The gate, the sizes and the slack come from chain/sizing.py, which the replay calls too."""
     now = t.clock()
+    if site_race.live(c):  # --race: segment 0 pends on every site; the race driver keeps one (chain/site_race.py)
+        return
     live = [s for s in segs if s.phase in LIVE_PHASES]
     if any(span.foreign(c, s) for s in live):  # a move to another site is under way: the driver's (chain/mover.py)
         return

@@ -287,7 +287,10 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
                 for s in sites if s.settings.preflight]
         for name, note in preflight.run_all(jobs).items():
             next(s for s in sites if s.name == name).notes["preflight"] = note
-        _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
+        if req.race:  # segment 0 is submitted on every site (chain/site_race.py): no site is chosen for it
+            chain.extra["race"] = {"phase": "racing", "sites": [s.name for s in sites]}
+        else:
+            _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
     except BaseException:
         for s in sites:
             if s.name in views:

@@ -90,6 +90,8 @@ class ChainView:
     sites: tuple = ()
     site_choice: dict | None = None
     site_margin: dict | None = None  # its margin (site_plan.margin_s) and where it came from
+    race: dict | None = None  # --race: segment 0's racers, the winner, what was cancelled (chain/site_race.py)
+    race_note: str = ""
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
         d = asdict(self)
@@ -133,12 +135,22 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
         pace=pace_view(chain, segs, now, done),
         retries_used=sum(1 for s in segs if s.is_retry), checkpoint_dir=chain.checkpoint_dir, run_dir=chain.run_dir,
         created=chain.created, finished=chain.finished, segment_views=views,
-        current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), ""),
+        current_note=next((v.note for v in views if v.phase in LIVE_PHASES and v.note), "")
+        or (_race_note(chain) if (chain.extra.get("race") or {}).get("phase") == "racing" else ""),
         shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
         untended=_untended(chain, segs, ticks, now),
         sites=tuple(chain.extra.get("sites") or ()), site_choice=chain.extra.get("site_choice"),
-        site_margin=_site_margin(chain),
+        site_margin=_site_margin(chain), race=chain.extra.get("race"),
+        race_note=_race_note(chain),
     )
+
+
+def _race_note(chain: Chain) -> str:
+    if not chain.extra.get("race"):
+        return ""
+    from chainrun.chain.site_race import summary
+
+    return summary(chain.extra["race"])
 
 
 def _site_margin(chain: Chain) -> dict | None:

@@ -56,6 +56,7 @@ def submit(
     gpu_mem: Annotated[Optional[str], typer.Option("--gpu-mem", metavar="SIZE", help="GPU memory the chain needs, e.g. 40G: checked at submit against each cluster's declared [clusters.NAME.gpu] memory.")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="A number format the GPUs must support, e.g. bf16: checked at submit against each cluster's declared [clusters.NAME.gpu] dtypes.")] = None,
     site_margin: Annotated[Optional[str], typer.Option("--site-margin", help=f"With several clusters: move the chain to another cluster only when it is expected to finish more than this much sooner there (default 1h); {DURATION_HELP}.")] = None,
+    race: Annotated[bool, typer.Option("--race", help="With several clusters: submit segment 0 on every cluster and keep the one that starts first, cancelling the others (later segments are placed by the rule; docs/multi-cluster.md).")] = False,
     filler: Annotated[Optional[float], typer.Option("--filler", metavar="BOUNDARIES", help="With --shapes: while the reference shape only queues, run a segment on fewer nodes when it gains at least this many segment boundaries of work, e.g. 6 (default: no filler, the replay's pick; docs/elastic.md).")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain
@@ -70,7 +71,9 @@ def submit(
                                 signal=signal, name=name, retries=retries, checkpoint_dir=checkpoint_dir,
                                 remote_script=remote_script, json_out=json_out, adapt=not no_adapt,
                                 elastic=_elastic_options(shapes, shape_efficiency, time_min, filler, save_timeout),
-                                site_margin=site_margin)
+                                site_margin=site_margin, race=race)
+    if race:
+        raise UsageError("--race needs several clusters", hint="e.g. --cluster a,b --race")
     if site_margin is not None:
         raise UsageError("--site-margin is for a chain spanning clusters", hint="e.g. --cluster a,b --site-margin 30m")
     name_of_cluster = names[0]
@@ -147,7 +150,7 @@ def _submit_remote(ctx, script, total, segment, policy, lead, signal, name, retr
 
 def _submit_spanning(ctx, script: Path, names: list[str], need, *, total, segment, policy, lead, signal, name,
                      retries, checkpoint_dir, remote_script: bool, json_out: bool, adapt: bool, elastic: dict,
-                     site_margin: str | None = None) -> None:
+                     site_margin: str | None = None, race: bool = False) -> None:
     """``--cluster a,b``: every site checked and prepared, the chain starts on the first (chain/sites.py)."""
     from chainrun import paths
     from chainrun.chain.create import SubmitRequest
@@ -165,7 +168,8 @@ def _submit_spanning(ctx, script: Path, names: list[str], need, *, total, segmen
         policy=policy, lead_s=parse_duration(lead, what="--lead") if lead else None, signal=signal, name=name,
         retries=retries, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
         sbatch_args=list(ctx.args), adapt=adapt,
-        site_margin_s=parse_duration(site_margin, what="--site-margin", minimum=0) if site_margin is not None else None, **elastic)
+        site_margin_s=parse_duration(site_margin, what="--site-margin", minimum=0) if site_margin is not None else None,
+        race=race, **elastic)
     store = Store(paths.state_db())
     try:
         res = submit_spanning(store, names, req, open_runner=open_runner, need=need)
@@ -233,7 +237,13 @@ def _print_submitted(res, json_out: bool) -> None:
     if res.policy_note:  # no --policy given: which default, and (for lead) how to get the model
         typer.echo(res.policy_note)
     sites = getattr(res, "sites", ())  # a chain spanning clusters (chain/sites.py)
-    typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if sites else ""))
+    race = ch.extra.get("race")
+    if race:  # --race: segment 0 pends on every site (chain/site_race.py)
+        jobs = [f"job {r['job_id']} on {n}" for n, r in (race.get("racers") or {}).items() if r.get("job_id")]
+        typer.echo(f"segment 0 raced: {', '.join(jobs)}; gated, each trains only once the watcher keeps it: the "
+                   "first to start is kept, the others are cancelled")
+    else:
+        typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if sites else ""))
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
     if sites:  # each site and what its checks found
         from chainrun.chain.sites import MOVES_NOTE
@@ -244,7 +254,8 @@ def _print_submitted(res, json_out: bool) -> None:
                        + "; ".join(checks[k] for k in ("reach", "gpu", "test_only", "wait", "preflight") if checks.get(k)))
         from chainrun.chain.site_plan import margin_s
 
-        typer.echo(MOVES_NOTE.format(first=ch.cluster, margin=format_duration(margin_s(ch))))
+        typer.echo(MOVES_NOTE.format(first="whichever cluster starts segment 0 first" if race else ch.cluster,
+                                     margin=format_duration(margin_s(ch))))
         if ch.extra.get("site_margin_source"):
             typer.echo(f"site margin {format_duration(margin_s(ch))}: {ch.extra['site_margin_source']}")
     typer.echo("keep `chainrun watch` running (or `chainrun watch --once` from cron) to move the chain forward")
@@ -260,7 +271,9 @@ def _sites_json(res) -> dict:
                        "checkpoint_dir": s.checkpoint_dir, "script": s.script, "sbatch_args": s.sbatch_args,
                        "segment_s": s.extra.get("segment_s"), "checks": s.extra.get("checks") or {}}
                       for s in res.sites], "moves": MOVES, "site_margin_s": margin_s(res.chain),
-            "site_margin_source": res.chain.extra.get("site_margin_source")}
+            "site_margin_source": res.chain.extra.get("site_margin_source"),
+            **({"race": {n: r.get("job_id") for n, r in (res.chain.extra["race"].get("racers") or {}).items()}}
+               if res.chain.extra.get("race") else {})}
 
 
 def status(
@@ -455,12 +468,34 @@ def cancel(
             ids = cancel_chain(store, c.slurm, ch)
         finally:
             c.runner.close()
+        _cancel_racers(store, ch)
     finally:
         store.close()
     if json_out:
         typer.echo(envelope("cancel", {"chain": ch.id, "cancelled_jobs": ids}))
     else:
         typer.echo(f"chain {ch.id} cancelled" + (f" (jobs {', '.join(ids)})" if ids else ""))
+
+
+def _cancel_racers(store, ch) -> None:
+    """--race: segment 0's racers on every site are cancelled too (chain/site_race.py)."""
+    from chainrun.chain import site_race
+
+    if not site_race.open_racers(ch):
+        return
+    from chainrun.context import open_context
+
+    opened = []
+
+    def open_site(name: str):
+        opened.append(open_context(name, store=store))
+        return opened[-1]
+
+    try:
+        site_race.cancel_racers(store, ch, open_site)
+    finally:
+        for o in opened:
+            o.runner.close()
 
 
 def unexclude(

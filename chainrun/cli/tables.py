@@ -317,6 +317,8 @@ def _chain_notes(v: ChainView, width: int) -> list[str]:
         out += wrap_text(err, width, first=INDENT)
     for line in placement_lines(v):
         out += wrap_text(line, width, first=INDENT)
+    if getattr(v, "race_note", ""):  # --race: what raced, which won, what was cancelled
+        out += wrap_text(v.race_note, width, first=INDENT + "race: ")
     note = v.reason or getattr(v, "current_note", "")
     if note:
         out += wrap_text(note, width, first=INDENT + "note: ")
