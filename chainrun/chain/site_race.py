@@ -67,8 +67,10 @@ def winner(racers: dict[str, dict], order: list[str]) -> str | None:
 
 
 def to_cancel(race: dict) -> list[str]:
-    """The racers to cancel: every live one but the winner (all of them once the chain is no longer
-    racing for a winner, e.g. cancelled: ``race["winner"]`` is None)."""
+    """The racers to cancel: none before a winner is recorded; then every live one but the winner; all
+    of them once the race is given up (the chain cancelled while racing)."""
+    if race.get("phase") == RACING and race.get("winner") is None:
+        return []  # no decision yet: every racer is still a candidate
     keep = race.get("winner") if race.get("phase") in (RACING, WON) else None
     return [n for n in race.get("sites") or [] if n != keep
             and (race.get("racers") or {}).get(n, {}).get("phase") in LIVE_PHASES]

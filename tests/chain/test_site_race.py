@@ -1,0 +1,163 @@
+"""--race (chain/site_race.py): which racer of segment 0 is kept, ties, what is cancelled, and the driver's
+order (the winner recorded before its go-ahead; the go-ahead on the winner's site only). Fast: a real
+store, each site a small stand-in for its Slurm client and runner. The real thing, on two Slurm clusters:
+tests/ssh/test_sites_slurm.py (test_race_*)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from chainrun.chain import site_race
+from chainrun.chain.planning import plan
+from chainrun.state.records import ACTIVE, CANCELLED, CANCELLED_OUT, ENDED, PENDING, RUNNING, Chain, ChainSite
+from chainrun.state.store import Store
+
+
+def test_the_first_started_is_kept_and_a_tie_goes_to_the_preferred_site():
+    order = ["a", "b", "c"]
+    assert site_race.winner({"a": {"phase": PENDING}, "b": {"phase": PENDING}}, order) is None
+    assert site_race.winner({"a": {"phase": PENDING}, "b": {"phase": RUNNING}}, order) == "b"
+    assert site_race.winner({"a": {"phase": RUNNING}, "b": {"phase": RUNNING}}, order) == "a"  # tie: --cluster order
+    assert site_race.winner({"c": {"phase": RUNNING}, "b": {"phase": RUNNING}}, order) == "b"
+    assert site_race.winner({"a": {"phase": ENDED}, "c": {"phase": RUNNING}}, order) == "c"
+
+
+def test_every_live_racer_but_the_winner_is_cancelled_and_all_of_them_without_one():
+    racers = {"a": {"phase": RUNNING}, "b": {"phase": PENDING}, "c": {"phase": ENDED}}
+    race = {"phase": site_race.WON, "winner": "a", "sites": ["a", "b", "c"], "racers": racers}
+    assert site_race.to_cancel(race) == ["b"]  # c ended by itself: nothing to cancel
+    assert site_race.to_cancel({**race, "phase": site_race.RACING, "winner": None}) == []  # b is not the winner
+    assert site_race.to_cancel({**race, "phase": site_race.NONE_STARTED, "winner": None}) == ["a", "b"]
+    assert site_race.held_s({"start": 100.0}, 160.0) == 60.0 and site_race.held_s({}, 160.0) == 0.0
+
+
+# ------------------------------------------------------------------ the driver, on stand-ins
+class Site:
+    """One cluster: its queue (what squeue shows), sacct, scancel and the files written there."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.rows, self.cancelled, self.files, self.fail_cancel = name, {}, [], {}, ""
+        self.slurm = SimpleNamespace(accounting=lambda ids, since=None: [], cancel=self._cancel)
+        self.runner = SimpleNamespace(write_file=lambda path, text, mode: self.files.__setitem__(path, text))
+
+    def _cancel(self, ids):
+        if self.fail_cancel:
+            return {j: self.fail_cancel for j in ids}
+        self.cancelled += list(ids)
+        for j in ids:
+            self.rows.pop(j, None)
+        return {}
+
+    def show(self, job: str, state: str, start: float | None = None) -> None:
+        self.rows[job] = SimpleNamespace(job_id=job, name="", state=state, start=start, end=None)
+
+
+@pytest.fixture
+def race(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    c = Chain(id="r-0001", name="r", cluster="a", script="/a/s", workdir="/a", run_dir="/a/run", checkpoint_dir="/a/ck",
+              total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=60, retries=1,
+              sbatch_args=[], partition="p", created=1.0,
+              extra={"sites": ["a", "b"], "race": {"phase": site_race.RACING, "sites": ["a", "b"], "racers": {
+                  "a": {"phase": PENDING, "job_id": "11", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3600},
+                  "b": {"phase": PENDING, "job_id": "21", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3000}}}})
+    store.add_chain(c, [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", f"/{n}/s", [], {"segment_s": 3600})
+                        for i, n in enumerate(["a", "b"])])
+    sites = {"a": Site("a"), "b": Site("b")}
+    for s, j in (("a", "11"), ("b", "21")):
+        sites[s].show(j, "PENDING")
+    clock = [100.0]
+    drv = site_race.Race(store, lambda n: sites[n], lambda n: list(sites[n].rows.values()), clock=lambda: clock[0])
+    yield SimpleNamespace(store=store, sites=sites, drv=drv, clock=clock, id=c.id)
+    store.close()
+
+
+def test_nothing_is_kept_while_every_racer_pends_and_planning_leaves_the_chain_alone(race):
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["phase"] == site_race.RACING and race.store.segments(c.id) == []
+    assert race.sites["a"].files == {} and race.sites["b"].files == {}  # no go-ahead anywhere
+    assert race.sites["a"].cancelled == [] and race.sites["b"].cancelled == []
+    t = SimpleNamespace(clock=lambda: 100.0)  # planning returns before reading anything else of the tick
+    plan(t, c, [], SimpleNamespace(submitted=0))
+
+
+def test_the_racer_that_started_is_kept_on_its_site_and_the_pending_one_cancelled(race):
+    race.sites["b"].show("21", "RUNNING", start=90.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["phase"] == site_race.WON and c.extra["race"]["winner"] == "b"
+    assert list(race.sites["b"].files) == ["/b/run/control/go.0"] and race.sites["a"].files == {}
+    assert "seg=0" in race.sites["b"].files["/b/run/control/go.0"]
+    seg, = race.store.segments(c.id)
+    assert (seg.idx, seg.job_id, seg.cluster, seg.phase, seg.start, seg.time_limit_s) == (0, "21", "b", RUNNING, 90.0, 3000)
+    assert (c.cluster, c.run_dir) == ("b", "/b/run")  # the chain's row takes the winner's site
+    assert race.sites["a"].cancelled == ["11"] and race.sites["b"].cancelled == []
+    a = c.extra["race"]["racers"]["a"]
+    assert (a["phase"], a["outcome"], a["held_s"]) == (ENDED, CANCELLED_OUT, 0.0)
+    assert not site_race.open_racers(c)
+    note = site_race.summary(c.extra["race"])
+    assert "b job 21 started first: kept as segment 0" in note and "a job 11 cancelled while pending" in note
+
+
+def test_both_started_by_the_same_tick_the_preferred_is_kept_the_other_held_its_nodes(race):
+    race.sites["a"].show("11", "RUNNING", start=80.0)
+    race.sites["b"].show("21", "RUNNING", start=40.0)  # earlier, but seen on the same tick: the tie rule
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["winner"] == "a" and c.cluster == "a"
+    assert list(race.sites["a"].files) == ["/a/run/control/go.0"] and race.sites["b"].files == {}
+    assert race.sites["b"].cancelled == ["21"]
+    assert c.extra["race"]["racers"]["b"]["held_s"] == 60.0 and c.extra["race"]["held_twice_s"] == 60.0
+    assert any("held its nodes 60s" in e.message for _, e in race.store.events(c.id))
+
+
+def test_a_scancel_that_fails_is_asked_again_and_the_decision_is_never_made_twice(race):
+    race.sites["a"].fail_cancel = "Access denied"
+    race.sites["b"].show("21", "RUNNING", start=90.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["racers"]["a"]["cancel_failed"] == "Access denied" and site_race.open_racers(c)
+    race.sites["a"].fail_cancel = ""
+    race.sites["a"].show("11", "RUNNING", start=120.0)  # it starts meanwhile: still the loser
+    race.clock[0] = 150.0
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["winner"] == "b" and race.sites["a"].files == {}
+    assert race.sites["a"].cancelled == ["11"] and not site_race.open_racers(c)
+    assert len(race.store.segments(c.id)) == 1
+
+
+def test_a_winner_recorded_by_a_watcher_that_died_before_its_go_ahead_stays_the_winner(race):
+    c = race.store.chain(race.id)
+    c.extra["race"]["winner"] = "b"  # recorded, then the watcher died before writing go.0
+    race.store.save(c)
+    race.sites["a"].show("11", "RUNNING", start=95.0)  # the preferred site starts meanwhile
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["winner"] == "b" and race.sites["a"].files == {} and "/b/run/control/go.0" in race.sites["b"].files
+    assert race.sites["a"].cancelled == ["11"]
+
+
+def test_a_chain_cancelled_while_racing_cancels_every_racer(race):
+    c = race.store.chain(race.id)
+    c.status = CANCELLED
+    race.store.save(c)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert sorted(race.sites["a"].cancelled + race.sites["b"].cancelled) == ["11", "21"]
+    assert race.sites["a"].files == {} and race.sites["b"].files == {}
+    assert c.extra["race"]["phase"] == site_race.NONE_STARTED and c.status == CANCELLED
+
+
+def test_every_racer_ended_before_starting_falls_back_to_the_rule(race):
+    race.sites["a"].rows.clear()
+    race.sites["b"].rows.clear()
+    final = lambda ids, since=None: [SimpleNamespace(job_id=j, state="CANCELLED", end=50.0) for j in ids]  # noqa: E731
+    race.sites["a"].slurm.accounting = race.sites["b"].slurm.accounting = final
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["phase"] == site_race.NONE_STARTED and c.status == ACTIVE
+    assert not site_race.live(c) and race.store.segments(c.id) == []
