@@ -161,3 +161,14 @@ def test_every_racer_ended_before_starting_falls_back_to_the_rule(race):
     c = race.store.chain(race.id)
     assert c.extra["race"]["phase"] == site_race.NONE_STARTED and c.status == ACTIVE
     assert not site_race.live(c) and race.store.segments(c.id) == []
+
+
+def test_race_without_several_clusters_is_one_line_and_exit_2(tmp_path):
+    from tests.conftest import run_cli
+
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    p = run_cli("submit", str(script), "--total", "1h", "--race", home=tmp_path / "home", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "chainrun: error: --race needs several clusters (e.g. --cluster a,b --race)"], p.stderr
+    assert "Traceback" not in p.stderr and not (tmp_path / "chainrun-runs").exists()
