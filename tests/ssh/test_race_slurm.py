@@ -1,0 +1,108 @@
+"""`chainrun submit --cluster local,b --race` on two real Slurm clusters (issue 26, the race of segment 0).
+
+``local`` is this process's Slurm cluster, ``b`` a second cluster with its own ClusterName reached through a
+real OpenSSH server (the fixtures of tests/ssh/test_sites_slurm.py). The chain's jobs may only use n4 on
+``local``, and another user's job holds n4 for an hour: segment 0 is submitted on both clusters, gated;
+b's starts, the watcher keeps it (go.0 on b), cancels local's while it still pends, and the chain runs
+to the end on b. Read from the trainer's own record on both clusters: nothing trained on local, one job
+at a time on b.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.ssh.conftest import TOY_DIR
+from tests.ssh.test_move_slurm import ONLY_N4, WHOLE, read, status, steps, wait_for, _watcher
+from tests.ssh.test_sites_slurm import configure, env, second_cluster, site_b  # noqa: F401 - fixtures
+
+pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
+
+SITES = f"""
+[clusters.b.sbatch]
+partition = "long"
+
+[clusters.b.job]
+script = "{TOY_DIR}/toy_train.sh"
+"""
+
+
+def _hold_n4() -> str:
+    """Another user's job on n4 of local for an hour, running (not just queued)."""
+    job = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive", "-t", "60",
+                          "--wrap", "sleep 3600"], capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    wait_for("the blocker to run", lambda: subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
+                                                          text=True).stdout.strip() == "RUNNING", 60)
+    return job
+
+
+def test_race_keeps_the_cluster_that_starts_first_and_cancels_the_other_while_it_pends(env, tmp_path):
+    configure(env, SITES)
+    script = tmp_path / "train.sh"
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    (tmp_path / "toy_trainer.py").write_text((Path(__file__).parents[2] / "templates" / "toy_trainer.py").read_text())
+    blocker = _hold_n4()
+    watch = None
+    try:
+        p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "3m", "--segment", "2m",
+                    "--signal", "USR2@40", "--policy", "lead", "--lead", "60s", "--json",
+                    "--", ONLY_N4, WHOLE, home=env["home"], cwd=tmp_path, env=env["extra"], timeout=600)
+        assert p.returncode == 0, p.stderr
+        data = json.loads(p.stdout)["data"]
+        chain, jobs = data["chain"], data["race"]
+        assert set(jobs) == {"local", "b"} and all(jobs.values()), data
+        c, segs, _ = read(env, chain)
+        assert segs == [] and c.extra["race"]["phase"] == "racing", c.extra  # no segment 0 until one is kept
+        here = subprocess.run(["squeue", "-h", "-j", jobs["local"], "-o", "%j %T"], capture_output=True, text=True)
+        assert here.stdout.split() == [f"cr.{chain}.0", "PENDING"], here.stdout  # n4 is held: it pends
+        watch = _watcher(env)
+        wait_for("segment 0 kept on b", lambda: read(env, chain)[0].extra["race"].get("phase") == "won", 300, watch)
+        c, segs, _ = read(env, chain)
+        assert c.cluster == "b" and segs[0].cluster == "b" and segs[0].job_id == jobs["b"], (c.extra, segs)
+        gone = subprocess.run(["squeue", "-h", "-j", jobs["local"], "-o", "%T"], capture_output=True, text=True)
+        assert gone.stdout.strip() in ("", "CANCELLED", "COMPLETING"), gone.stdout  # cancelled while pending
+        out, err = watch.communicate(timeout=900)
+        assert watch.returncode == 0, err
+    finally:
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+        subprocess.run(["scancel", blocker], capture_output=True, timeout=60)
+    st = status(env, chain)
+    assert st["status"] == "COMPLETED", (st, out)
+    c, segs, events = read(env, chain)
+    text = "\n".join(f"{e.idx} {e.kind} {e.message}" for e in events)
+    race = c.extra["race"]
+    assert race["winner"] == "b" and race["racers"]["local"]["outcome"] == "cancelled", race
+    assert race["racers"]["local"].get("held_s") == 0.0 and not race.get("held_twice_s"), race  # it never started
+    acct = subprocess.run(["sacct", "-n", "-X", "-j", jobs["local"], "-o", "State%20"], capture_output=True, text=True)
+    assert acct.stdout.split()[:1] == ["CANCELLED"], acct.stdout
+    for said in ("segment 0 raced on local, b", "segment 0 kept on b (job", "wrote go.0 there",
+                 f"racer on local (job {jobs['local']}) cancelled: segment 0 runs on b; it never started"):
+        assert said in text, (said, text)
+    assert all(s.cluster == "b" for s in segs), text  # the rule kept every later segment on b (local is full)
+    assert "b job " + jobs["b"] + " started first: kept as segment 0" in st["race_note"], st["race_note"]
+    # the trainer's record: nothing trained on local; on b one unbroken run of steps, one job at a time
+    a, b = data["sites"]
+    assert not Path(a["checkpoint_dir"], "steps.log").exists()
+    there = steps(env["server"].ssh(f"cat {b['checkpoint_dir']}/steps.log").stdout)
+    # b's racer waited, gated, for the watcher's go-ahead before it trained (the wrapper's own record)
+    seg0 = env["server"].ssh(f"cat {b['run_dir']}/control/seg-0.outcome").stdout
+    assert "go=0" in seg0.split() and f"job={jobs['b']}" in seg0.split(), seg0
+    trained = [(t, j) for k, _, t, j in there if k == "step"]
+    assert trained and trained[0][1] == jobs["b"], there[:3]
+    spans = {}
+    for t, j in trained:
+        lo, hi = spans.get(j, (t, t))
+        spans[j] = (min(lo, t), max(hi, t))
+    ordered = sorted(spans.values())
+    assert all(prev[1] < nxt[0] for prev, nxt in zip(ordered, ordered[1:])), ("two jobs trained at once", spans)
+    numbers = [s for k, s, _, _ in there if k == "step"]
+    assert sorted(set(numbers)) == list(range(1, max(numbers) + 1)), "a step was never trained"
+    # `status` (plain) says what raced, which won and what was cancelled
+    plain = run_cli("status", chain, "--plain", home=env["home"], env=env["extra"])
+    assert "race: segment 0 raced on local, b:" in plain.stdout and "cancelled while pending" in plain.stdout, plain.stdout
