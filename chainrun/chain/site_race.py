@@ -36,7 +36,7 @@ from chainrun.chain.segments import job_name, sbatch_args, wrapper_path
 from chainrun.errors import ChainrunError, SlurmError
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.state.records import (ACTIVE, CANCELLED_OUT, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING,
-                                    SUBMITTING, Chain, ChainSite, Segment)
+                                    SUBMITTING, UNSTARTED, Chain, ChainSite, Segment)
 from chainrun.state.store import Store
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,11 @@ def live(c: Chain) -> bool:
 
 
 def open_racers(c: Chain) -> bool:
-    """The race driver has something to do: no decision yet, or a loser not yet cancelled."""
+    """The race driver has something to do: no decision yet, a loser not yet cancelled, or a kept racer
+    not yet known to have claimed the chain (``_withdraw``)."""
     race = c.extra.get("race") or {}
-    return race.get("phase") == RACING or bool(to_cancel(race))
+    return race.get("phase") == RACING or bool(to_cancel(race)) or (race.get("phase") == WON
+                                                                      and not race.get("settled"))
 
 
 def winner(racers: dict[str, dict], order: list[str]) -> str | None:
@@ -195,8 +197,27 @@ class Race:
                 race["phase"] = NONE_STARTED
                 events.append((0, "race", "every racer of segment 0 ended before starting: segment 0 is placed "
                                           "by the rule"))
+        elif race.get("phase") == WON and not race.get("settled"):
+            self._withdraw(c, race, events)
         self.store.save(c, events=events)
         self._cancel_losers(c, race)
+
+    def _withdraw(self, c: Chain, race: dict, events: list) -> None:
+        """Segment 0 kept but ended without training (cancelled outside chainrun, or its node failed before
+        it claimed): its ``go.0`` would make every later segment on that site end ``stale`` (a go-ahead for
+        a generation nobody claimed is only a gated segment's to take), so it is removed; the job it named
+        has ended, nothing else there may claim by it. Settled once segment 0 has ended either way."""
+        seg = next((s for s in self.store.segments(c.id) if s.idx == 0), None)
+        if seg is None or seg.phase != ENDED:
+            return
+        if seg.outcome == UNSTARTED and c.status == ACTIVE:
+            site = next(s for s in self.store.sites(c.id) if s.cluster == race["winner"])
+            res = self._site(race["winner"]).runner.run(["rm", "-f", "--", f"{site.run_dir}/control/go.0"], 60)
+            if not res.ok:
+                raise ChainrunError(f"cannot remove go.0 on {race['winner']}: {res.first_error_line()}")
+            events.append((0, "race", f"segment 0 ended on {race['winner']} before it trained: its go.0 is removed, "
+                                      "the chain goes on by the rule"))
+        race["settled"] = True
 
     def _follow(self, c: Chain, name: str, r: dict, events: list) -> None:
         """One racer's phase from its site's squeue this tick; sacct only for one that left it."""

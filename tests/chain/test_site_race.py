@@ -40,7 +40,13 @@ class Site:
     def __init__(self, name: str) -> None:
         self.name, self.rows, self.cancelled, self.files, self.fail_cancel = name, {}, [], {}, ""
         self.slurm = SimpleNamespace(accounting=lambda ids, since=None: [], cancel=self._cancel)
-        self.runner = SimpleNamespace(write_file=lambda path, text, mode: self.files.__setitem__(path, text))
+        self.runner = SimpleNamespace(write_file=lambda path, text, mode: self.files.__setitem__(path, text),
+                                      run=self._run)
+
+    def _run(self, argv, timeout):
+        if argv[:2] == ["rm", "-f"]:
+            self.files.pop(argv[-1], None)
+        return SimpleNamespace(ok=True)
 
     def _cancel(self, ids):
         if self.fail_cancel:
@@ -97,7 +103,7 @@ def test_the_racer_that_started_is_kept_on_its_site_and_the_pending_one_cancelle
     assert race.sites["a"].cancelled == ["11"] and race.sites["b"].cancelled == []
     a = c.extra["race"]["racers"]["a"]
     assert (a["phase"], a["outcome"], a["held_s"]) == (ENDED, CANCELLED_OUT, 0.0)
-    assert not site_race.open_racers(c)
+    assert not site_race.to_cancel(c.extra["race"])
     note = site_race.summary(c.extra["race"])
     assert "b job 21 started first: kept as segment 0" in note and "a job 11 cancelled while pending" in note
 
@@ -126,7 +132,7 @@ def test_a_scancel_that_fails_is_asked_again_and_the_decision_is_never_made_twic
     race.drv.tick()
     c = race.store.chain(race.id)
     assert c.extra["race"]["winner"] == "b" and race.sites["a"].files == {}
-    assert race.sites["a"].cancelled == ["11"] and not site_race.open_racers(c)
+    assert race.sites["a"].cancelled == ["11"] and not site_race.to_cancel(c.extra["race"])
     assert len(race.store.segments(c.id)) == 1
 
 
@@ -172,3 +178,20 @@ def test_race_without_several_clusters_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2 and p.stderr.strip().splitlines() == [
         "chainrun: error: --race needs several clusters (e.g. --cluster a,b --race)"], p.stderr
     assert "Traceback" not in p.stderr and not (tmp_path / "chainrun-runs").exists()
+
+
+@pytest.mark.parametrize("outcome, go_left", [("unstarted", False), ("continue", True)])
+def test_a_kept_racer_that_ended_before_training_takes_its_go_ahead_with_it(race, outcome, go_left):
+    """Its go.0 would make every later segment there end `stale`; one that trained leaves it (it claimed)."""
+    race.sites["b"].show("21", "RUNNING", start=90.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    race.drv.tick()  # segment 0 still runs: nothing to settle
+    assert "/b/run/control/go.0" in race.sites["b"].files and site_race.open_racers(race.store.chain(race.id))
+    seg, = race.store.segments(c.id)
+    seg.phase, seg.outcome = ENDED, outcome
+    race.store.save(c, [seg])
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert ("/b/run/control/go.0" in race.sites["b"].files) == go_left
+    assert c.extra["race"]["settled"] and not site_race.open_racers(c)

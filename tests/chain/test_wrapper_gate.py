@@ -279,3 +279,33 @@ def test_owner_is_fenced_by_a_generation_claimed_by_a_go_ahead(sites):
     assert max(_steps_of(a, "950")) < claimed + 2 + 1  # one monitor period (2 s) + one step
     fenced = _file(a, "seg-0.fenced")
     assert fenced["by_job"] == "954" and fenced["by_gen"] == "4", fenced
+
+
+def test_race_of_segment_0_only_the_racer_given_go_0_trains_and_a_withdrawn_go_0_frees_the_site(sites):
+    """--race (chain/site_race.py), the wrapper's side: segment 0 gated on both sites. Neither trains until
+    the driver's go.0 (seg=0, no manifest: nothing to resume from) on one site; that one claims generation
+    0 there; the other never claims. A go.0 left by a kept racer that ended before training would make a
+    later non-gated segment end `stale`: once the driver removes it, that segment claims generation 0."""
+    a, b = sites
+    a.start(0, "400", **GATED)
+    b.start(0, "500", **GATED)
+    _wait_polls(a, 0)
+    _wait_polls(b, 0)
+    assert not a.training("400") and not b.training("500") and not _owners(a) and not _owners(b)
+    _go(b, 0, seg=0)
+    b.wait_for(lambda: b.training("500"), what="the kept racer to train after go.0")
+    assert _owners(b) == ["owner.0"] and _gens_of(b, "500") == {"0"}
+    _wait_polls(a, 0)  # the other racer looked again after b trained: it still waits, claims nothing
+    assert not a.training("400") and not _owners(a)
+    a.jobs["400"].send_signal(signal.SIGTERM)  # the driver's scancel
+    assert a.finish("400") == 0 and a.outcome(0)["outcome"] == "unstarted"
+    assert _stop(b, "500") == 0 and b.outcome(0)["go"] == "0"
+    _never_two_at_once(a, b)
+    # a kept racer that ended before it trained: its go.0 stays, and a later segment there cannot claim
+    _go(a, 0, seg=0)
+    a.start(1, "401")
+    assert a.finish("401") == 0
+    assert a.outcome(1)["reason"].startswith("stale: generation 0 moves here") and not _owners(a)
+    (_ctl(a) / "go.0").unlink()  # the driver withdraws it (site_race.Race._withdraw)
+    _train(a, 2, "402")
+    assert _owners(a) == ["owner.0"] and _file(a, "owner.0")["job"] == "402"
