@@ -320,7 +320,7 @@ def _chain_notes(v: ChainView, width: int) -> list[str]:
     if getattr(v, "race_note", ""):  # --race: what raced, which won, what was cancelled
         out += wrap_text(v.race_note, width, first=INDENT + "race: ")
     note = v.reason or getattr(v, "current_note", "")
-    if note:
+    if note and note != getattr(v, "race_note", ""):
         out += wrap_text(note, width, first=INDENT + "note: ")
     return out
 
@@ -487,6 +487,8 @@ class ChainDetail:
             yield Text(pace_line(v, now))
         for line in placement_lines(v):
             yield Text(line, style="yellow" if line.startswith("excluded") else "")
+        if getattr(v, "race_note", ""):  # --race: what raced, which won, what was cancelled
+            yield Text(f"race: {v.race_note}")
         if v.reason:
             yield Text(v.reason)
         if line := untended_line(v, now):
