@@ -52,6 +52,11 @@ def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> N
         # the last prediction made while the predecessor ran stays beside the actual wait
         last = segs[-1].extra.get("last_prediction") if segs else None
         est = WaitEstimate(seconds=last["wait_s"], model=last["model"]) if last else None
+        if segs and site_race.races(c):  # --race: a successor planned while nothing is live is raced too
+            raced = site_race.begin(t, c, segs, remaining)
+            if raced is not False:
+                report.submitted += int(bool(raced))
+                return
         move_to = _where(t, c, site_plan.last_trained(segs), remaining, None, now) if segs else None
         submit_next(t, c, segs, remaining, dependency="", note="", estimate=est, move_to=move_to)
         report.submitted += 1

@@ -41,6 +41,7 @@ from chainrun.state.store import Store
 
 log = logging.getLogger(__name__)
 
+PREPARING = "preparing"  # recorded at submit, its racers not yet submitted: nobody acts on it yet
 RACING = "racing"  # racers submitted, none recorded as started yet
 WON = "won"  # a racer was kept: segment 0 (the others are cancelled, or being cancelled)
 NONE_STARTED = "none-started"  # every racer ended before starting: the rule places segment 0
@@ -51,7 +52,12 @@ _RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED
 # ------------------------------------------------------------------ pure parts
 def live(c: Chain) -> bool:
     """The race of segment 0 is not decided: planning leaves the chain to the race driver."""
-    return (c.extra.get("race") or {}).get("phase") == RACING
+    return (c.extra.get("race") or {}).get("phase") in (PREPARING, RACING)
+
+
+def races(c: Chain) -> bool:
+    """Submitted with ``--race``."""
+    return c.extra.get("race") is not None
 
 
 def open_racers(c: Chain) -> bool:
@@ -86,13 +92,14 @@ def held_s(racer: dict, at: float) -> float:
 
 def summary(race: dict) -> str:
     """The race in one line, for events and `status`."""
+    i = int(race.get("idx") or 0)
     racers = race.get("racers") or {}
     parts = []
     for n in race.get("sites") or []:
         r = racers.get(n) or {}
         what = f"{n} job {r.get('job_id') or '?'}"
         if n == race.get("winner"):
-            what += " started first: kept as segment 0"
+            what += f" started first: kept as segment {i}"
         elif r.get("outcome") == CANCELLED_OUT:
             what += (f" cancelled after holding its nodes {int(r.get('held_s') or 0)}s (gated, trained nothing)"
                      if r.get("held_s") else " cancelled while pending")
@@ -102,7 +109,7 @@ def summary(race: dict) -> str:
         else:
             what += f" ended ({r.get('reason') or r.get('slurm_state') or 'before starting'})"
         parts.append(what)
-    head = {RACING: "racing segment 0", WON: "segment 0 raced", NONE_STARTED: "segment 0 raced, none started"}
+    head = {RACING: f"racing segment {i}", WON: f"segment {i} raced", NONE_STARTED: f"segment {i} raced, none started"}
     return f"{head.get(race.get('phase'), 'race')} on {', '.join(race.get('sites') or [])}: " + "; ".join(parts)
 
 
@@ -113,46 +120,99 @@ def start(store: Store, chain: Chain, sites: list[ChainSite],
     placement would submit there). Each racer's intent is in the store before its sbatch. Returns the first
     racer submitted as a Segment (not stored: segment 0's row is written when a racer wins). Every site
     refusing fails the chain, as a refused first segment does."""
+    def seg_for(view: Chain, site: ChainSite) -> Segment:
+        seg = Segment(chain_id=chain.id, idx=0, time_limit_s=view.segment_s, cluster=site.cluster)
+        if time_min_s:
+            seg.extra["time_min_s"] = min(int(time_min_s), view.segment_s)
+        return seg
+
+    chain.extra["race"] = {"idx": 0}
+    first, refusals = _submit_racers(store, chain, sites, lambda n: clients(n)[0], seg_for)
+    if len(refusals) == len(sites):
+        chain.status, chain.reason, chain.finished = FAILED, "first segment refused: " + "; ".join(refusals), time.time()
+        chain.extra["race"]["phase"] = NONE_STARTED
+        store.save(chain, [], [(0, "failed", chain.reason)])
+        raise SlurmRefused(chain.reason)
+    return first or Segment(chain_id=chain.id, idx=0, phase=SUBMITTING, cluster=chain.extra["race"]["sites"][0])
+
+
+def begin(t, c: Chain, segs: list[Segment], remaining_s: float) -> bool | None:
+    """Planning's first step for a chain submitted with ``--race`` and a segment already behind it (nothing
+    of the chain is live: its predecessor ended before a successor was asked for): the successor is raced
+    like segment 0, on every site, sized for the work left. True: raced; False: not raced (a race of this
+    same segment just ended with none started: this one goes by the rule); None: nothing this tick (the
+    last race still has a loser to cancel or a go-ahead to settle: the race driver's, after this tick)."""
+    from chainrun.chain import sizing
+
+    if c.extra.get("race") is None or getattr(t, "sites", None) is None:
+        return False
+    idx = max(s.idx for s in segs) + 1
+    last = c.extra["race"]
+    if open_racers(c):
+        return None
+    if last.get("phase") == NONE_STARTED and int(last.get("idx") or 0) == idx:
+        return False
+    c.extra.setdefault("races_done", []).append(
+        {k: last.get(k) for k in ("idx", "phase", "winner", "held_twice_s") if last.get(k) is not None})
+
+    def seg_for(view: Chain, site: ChainSite) -> Segment:
+        limit = sizing.segment_limit(remaining_s, segment_s=view.segment_s, signal_lead_s=c.signal_lead_s)
+        seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, cluster=site.cluster,
+                      is_retry=bool(segs) and segs[-1].outcome == "crash")
+        if c.extra.get("time_min_s"):
+            seg.extra["time_min_s"] = min(int(c.extra["time_min_s"]), limit)
+        return seg
+
+    c.extra["race"] = {"idx": idx, "pred": max((s.idx for s in segs if s.credit_s > 0 or s.outcome in (
+        "continue", "handoff", "checkpoint-crash")), default=segs[-1].idx)}
+    sites = t.store.sites(c.id)
+    _, refusals = _submit_racers(t.store, c, sites, lambda n: t.slurm if n == c.cluster else t.sites.engine(n).slurm,
+                                 seg_for)
+    if len(refusals) == len(sites):
+        c.extra["race"]["phase"] = NONE_STARTED
+        t.store.save(c)
+        raise SlurmRefused(f"segment {idx} refused on every cluster: " + "; ".join(refusals))
+    return True
+
+
+def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of: Callable[[str], SlurmClient],
+                   seg_for: Callable[[Chain, ChainSite], Segment]) -> tuple[Segment | None, list[str]]:
+    """One gated racer per site, in order of preference; each intent in the store before its sbatch."""
     race = chain.extra["race"]
+    i = int(race["idx"])
     race.update(phase=RACING, sites=[s.cluster for s in sorted(sites, key=lambda s: s.rank)], racers={})
     first: Segment | None = None
     refusals = []
     for site in sorted(sites, key=lambda s: s.rank):
-        slurm, _ = clients(site.cluster)
+        slurm = slurm_of(site.cluster)
         view = span.site_view(chain, site)
-        seg = Segment(chain_id=chain.id, idx=0, time_limit_s=view.segment_s, cluster=site.cluster)
-        if time_min_s:
-            seg.extra["time_min_s"] = min(int(time_min_s), view.segment_s)
+        seg = seg_for(view, site)
         fit_maintenance(view, seg, read_reservations(slurm), time.time())
         args = sbatch_args(view, seg)
         racer = race["racers"][site.cluster] = {"phase": SUBMITTING, "intent_at": time.time(),
                                                 "time_limit_s": seg.time_limit_s, "request": describe(args)}
         store.save(chain)  # the intent first: a job sbatch made but we did not record is adopted by name
         try:
-            job_id, cluster = slurm.submit(wrapper_path(view), args, script_args=["0", "gated"])
+            job_id, cluster = slurm.submit(wrapper_path(view), args, script_args=[str(i), "gated"])
         except SlurmRefused as e:
             racer.update(phase=ENDED, reason=f"sbatch refused: {e}")
             refusals.append(f"{site.cluster}: {e}")
-            store.save(chain, events=[(0, "race", f"segment 0 not raced on {site.cluster}: sbatch refused ({e})")])
+            store.save(chain, events=[(i, "race", f"segment {i} not raced on {site.cluster}: sbatch refused ({e})")])
             continue
         except SlurmError as e:  # may have made the job: the watcher adopts it by name, or gives it up
-            store.save(chain, events=[(0, "warning", f"sbatch for segment 0 on {site.cluster} did not answer "
+            store.save(chain, events=[(i, "warning", f"sbatch for segment {i} on {site.cluster} did not answer "
                                                      f"({e}); the watcher looks for the job")])
             continue
         racer.update(phase=PENDING, job_id=job_id, slurm_cluster=cluster, submit=time.time())
-        store.save(chain, events=[(0, "submitted", f"segment 0 submitted as job {job_id} on {site.cluster} "
+        store.save(chain, events=[(i, "submitted", f"segment {i} submitted as job {job_id} on {site.cluster} "
                                                    "(racing: gated until it is kept)")])
         if first is None:
-            first = Segment(chain_id=chain.id, idx=0, phase=PENDING, job_id=job_id, slurm_cluster=cluster,
+            first = Segment(chain_id=chain.id, idx=i, phase=PENDING, job_id=job_id, slurm_cluster=cluster,
                             time_limit_s=seg.time_limit_s, cluster=site.cluster, submit=racer["submit"])
-    if len(refusals) == len(sites):
-        chain.status, chain.reason, chain.finished = FAILED, "first segment refused: " + "; ".join(refusals), time.time()
-        race["phase"] = NONE_STARTED
-        store.save(chain, [], [(0, "failed", chain.reason)])
-        raise SlurmRefused(chain.reason)
-    store.save(chain, events=[(0, "race", f"segment 0 raced on {', '.join(race['sites'])}: the first to start "
-                                          "trains, the others are cancelled")])
-    return first or Segment(chain_id=chain.id, idx=0, phase=SUBMITTING, cluster=race["sites"][0])
+    if len(refusals) < len(sites):
+        store.save(chain, events=[(i, "race", f"segment {i} raced on {', '.join(race['sites'])}: the first to "
+                                              "start trains, the others are cancelled")])
+    return first, refusals
 
 
 # ------------------------------------------------------------------ the watcher's driver
@@ -180,59 +240,83 @@ class Race:
 
     def step(self, c: Chain) -> None:
         race = c.extra["race"]
+        i = int(race.get("idx") or 0)
         events: list[tuple[int | None, str, str]] = []
         if c.status != ACTIVE and race.get("phase") == RACING:  # cancelled (or failed) while racing: all go
             race["phase"], race["winner"] = NONE_STARTED, None
-            events.append((0, "race", f"the chain is {c.status.lower()}: every racer is cancelled"))
+            events.append((i, "race", f"the chain is {c.status.lower()}: every racer is cancelled"))
         if race.get("phase") == RACING:
             for n in race["sites"]:
                 if race["racers"].get(n, {}).get("phase") in LIVE_PHASES:
-                    self._follow(c, n, race["racers"][n], events)
+                    self._follow(c, i, n, race["racers"][n], events)
             if race.get("winner") is None and (w := winner(race["racers"], race["sites"])) is not None:
                 race["winner"], race["decided_at"] = w, self.clock()
+                race["gen"] = self._generation(c, i, w)
                 self.store.save(c)  # the choice is kept before the go-ahead: a next watcher never chooses twice
             if race.get("winner") is not None:
                 self._keep(c, race, events)
             elif not any(r.get("phase") in LIVE_PHASES for r in race["racers"].values()):
                 race["phase"] = NONE_STARTED
-                events.append((0, "race", "every racer of segment 0 ended before starting: segment 0 is placed "
-                                          "by the rule"))
+                events.append((i, "race", f"every racer of segment {i} ended before starting: segment {i} is "
+                                          "placed by the rule"))
         elif race.get("phase") == WON and not race.get("settled"):
             self._withdraw(c, race, events)
         self.store.save(c, events=events)
         self._cancel_losers(c, race)
 
+    def _generation(self, c: Chain, i: int, w: str) -> int:
+        """The generation the kept racer claims. Segment 0: 0. A successor on the chain's site: above every
+        generation claimed or named there. On another site: a move's (site_plan.next_generation): above
+        every generation claimed where the chain trains, and above the last move away from that site."""
+        if i == 0:
+            return 0
+        sites = {s.cluster: s for s in self.store.sites(c.id)}
+
+        def names(n: str) -> set[str]:
+            got = span.control_names(self._site(n).runner, sites[n].run_dir)
+            if got is None:
+                raise ChainrunError(f"cannot list {sites[n].run_dir}/control on {n}")
+            return got
+
+        here = names(c.cluster)
+        if w == c.cluster:
+            return max(span.highest(here, k) for k in ("owner", "go", "moved")) + 1
+        return max(span.highest(here, "owner") + 1, span.highest(names(w), "moved") + 1)
+
     def _withdraw(self, c: Chain, race: dict, events: list) -> None:
-        """Segment 0 kept but ended without training (cancelled outside chainrun, or its node failed before
-        it claimed): its ``go.0`` would make every later segment on that site end ``stale`` (a go-ahead for
-        a generation nobody claimed is only a gated segment's to take), so it is removed; the job it named
-        has ended, nothing else there may claim by it. Settled once segment 0 has ended either way."""
-        seg = next((s for s in self.store.segments(c.id) if s.idx == 0), None)
+        """The kept racer ended without training (cancelled outside chainrun, or its node failed before it
+        claimed): a ``go.<G>`` of ours on its site would make every later segment there end ``stale`` (a
+        go-ahead for a generation nobody claimed is only a gated segment's to take), so it is removed; the
+        job it named has ended, nothing else there may claim by it. Settled once the segment ended either
+        way; a kept racer on another site than the checkpoint's is a move, whose driver writes the go-ahead."""
+        i = int(race.get("idx") or 0)
+        seg = next((s for s in self.store.segments(c.id) if s.idx == i), None)
         if seg is None or seg.phase != ENDED:
             return
-        if seg.outcome == UNSTARTED and c.status == ACTIVE:
+        if seg.outcome == UNSTARTED and c.status == ACTIVE and race.get("go_written"):
+            g = int(race.get("gen") or 0)
             site = next(s for s in self.store.sites(c.id) if s.cluster == race["winner"])
-            res = self._site(race["winner"]).runner.run(["rm", "-f", "--", f"{site.run_dir}/control/go.0"], 60)
+            res = self._site(race["winner"]).runner.run(["rm", "-f", "--", f"{site.run_dir}/control/go.{g}"], 60)
             if not res.ok:
-                raise ChainrunError(f"cannot remove go.0 on {race['winner']}: {res.first_error_line()}")
-            events.append((0, "race", f"segment 0 ended on {race['winner']} before it trained: its go.0 is removed, "
-                                      "the chain goes on by the rule"))
+                raise ChainrunError(f"cannot remove go.{g} on {race['winner']}: {res.first_error_line()}")
+            events.append((i, "race", f"segment {i} ended on {race['winner']} before it trained: its go.{g} is "
+                                      "removed, the chain goes on by the rule"))
         race["settled"] = True
 
-    def _follow(self, c: Chain, name: str, r: dict, events: list) -> None:
+    def _follow(self, c: Chain, i: int, name: str, r: dict, events: list) -> None:
         """One racer's phase from its site's squeue this tick; sacct only for one that left it."""
         rows = self._queue(name)
         row = next((q for q in rows if (r.get("job_id") and q.job_id == r["job_id"])
-                    or (not r.get("job_id") and q.name == job_name(c.id, 0))), None)
+                    or (not r.get("job_id") and q.name == job_name(c.id, i))), None)
         now = self.clock()
         if row is not None:
             if not r.get("job_id"):
-                events.append((0, "adopted", f"found job {row.job_id} for segment 0 on {name}"))
+                events.append((i, "adopted", f"found job {row.job_id} for segment {i} on {name}"))
             r["job_id"], r["slurm_state"] = row.job_id, row.state
             if row.state in _RUNNING_STATES:
                 if r.get("phase") != RUNNING:
                     r["start"] = row.start or now
-                    events.append((0, "started", f"segment 0 (job {row.job_id}) started on {name}"))
+                    events.append((i, "started", f"segment {i} (job {row.job_id}) started on {name}"))
                 r["phase"], r["end"] = RUNNING, row.end
             else:
                 r["phase"] = PENDING
@@ -243,34 +327,48 @@ class Race:
             if acct and outcomes.is_final(acct[-1].state):
                 r.update(phase=ENDED, slurm_state=acct[-1].state, end=acct[-1].end or now,
                          reason=f"ended {acct[-1].state} before it was kept")
-                events.append((0, "race", f"racer on {name} (job {r['job_id']}) {r['reason']}"))
+                events.append((i, "race", f"racer on {name} (job {r['job_id']}) {r['reason']}"))
         elif now - float(r["intent_at"]) > LOST_AFTER_S:
             r.update(phase=ENDED, reason="sbatch was never confirmed")
-            events.append((0, "race", f"racer on {name}: {r['reason']}"))
+            events.append((i, "race", f"racer on {name}: {r['reason']}"))
 
     def _keep(self, c: Chain, race: dict, events: list) -> None:
-        """The winner: its go-ahead on its own site, then segment 0's row there (and the chain's row)."""
-        w = race["winner"]
+        """The winner's segment row, and what lets it train: on the site the chain's checkpoint is on (or for
+        segment 0, anywhere: nothing to carry) its go-ahead, written now; on another site a move, whose
+        driver (chain/mover.py) fences the old site, copies and verifies the checkpoint, then writes it."""
+        i, w, g = int(race.get("idx") or 0), race["winner"], int(race.get("gen") or 0)
         site = next(s for s in self.store.sites(c.id) if s.cluster == w)
         r = race["racers"][w]
-        self._site(w).runner.write_file(f"{site.run_dir}/control/go.0",
-                                        go_text(c.id, 0, seg=0, at=self.clock()), 0o600)
-        seg = Segment(chain_id=c.id, idx=0, phase=RUNNING, job_id=r["job_id"], slurm_cluster=r.get("slurm_cluster"),
+        seg = Segment(chain_id=c.id, idx=i, phase=RUNNING, job_id=r["job_id"], slurm_cluster=r.get("slurm_cluster"),
                       slurm_state=r.get("slurm_state", ""), time_limit_s=int(r["time_limit_s"]),
                       intent_at=float(r["intent_at"]), submit=r.get("submit"), start=r.get("start"), end=r.get("end"),
                       cluster=w, extra={"request": r.get("request", ""), "race": {"sites": race["sites"], "winner": w}})
-        if w != c.cluster:
-            span.move_to(c, site)  # not a move: nothing ran anywhere yet
+        moving = i > 0 and w != c.cluster
+        if moving:
+            from chainrun.chain.move_steps import AHEAD
+
+            seg.extra["move"] = {"from": c.cluster, "to": w, "gen": g, "pred": int(race.get("pred") or 0),
+                                 "phase": AHEAD, "at": self.clock(), "decided": {"race": True}}
+            said = f"moving the chain there (generation {g}: its checkpoint is copied and verified first)"
+        else:
+            self._site(w).runner.write_file(f"{site.run_dir}/control/go.{g}",
+                                            go_text(c.id, g, seg=i, at=self.clock()), 0o600)
+            race["go_written"] = True
+            said = f"wrote go.{g} there"
+            if w != c.cluster:
+                span.move_to(c, site)  # segment 0: not a move, nothing ran anywhere yet
         race["phase"], race["won_at"] = WON, self.clock()
-        events.append((0, "race", f"segment 0 kept on {w} (job {r['job_id']}, started first"
-                                  + (", preferred of those started" if sum(
-                                      1 for x in race["racers"].values() if x.get("phase") == RUNNING) > 1 else "")
-                                  + f"): wrote go.0 there; cancelling the racers on "
-                                  + (", ".join(to_cancel(race)) or "no other site")))
+        tie = sum(1 for x in race["racers"].values() if x.get("phase") == RUNNING) > 1
+        events.append((i, "race", f"segment {i} kept on {w} (job {r['job_id']}, started first"
+                                  + (", preferred of those started" if tie else "")
+                                  + f"): {said}; cancelling the racers on " + (", ".join(to_cancel(race)) or "no other site")))
+        if moving:
+            race["settled"] = True  # the move's driver owns the go-ahead (and abandons it if the segment ends first)
         self.store.save(c, [seg])
 
     def _cancel_losers(self, c: Chain, race: dict) -> None:
         """scancel every live racer but the winner, one call per site; one that fails is asked again next tick."""
+        i = int(race.get("idx") or 0)
         events = []
         by_site: dict[str, list[str]] = {}
         for n in to_cancel(race):
@@ -283,7 +381,7 @@ class Race:
             now = self.clock()
             if r["job_id"] in failed:
                 if r.get("cancel_failed") != failed[r["job_id"]]:
-                    events.append((0, "warning", f"racer on {n} (job {r['job_id']}) could not be cancelled: "
+                    events.append((i, "warning", f"racer on {n} (job {r['job_id']}) could not be cancelled: "
                                                  f"{failed[r['job_id']]}; trying again every watcher tick"))
                 r["cancel_failed"] = failed[r["job_id"]]
                 continue
@@ -292,8 +390,8 @@ class Race:
             r.update(phase=ENDED, outcome=CANCELLED_OUT, cancelled_at=now, held_s=round(held, 1))
             why = (f"it started before the watcher noticed and held its nodes {int(held)}s, gated (GPU time held "
                    "twice; it trained nothing)" if held else "it never started")
-            events.append((0, "race", f"racer on {n} (job {r['job_id']}) cancelled: "
-                                      + (f"segment 0 runs on {race['winner']}; " if race.get("winner") else "")
+            events.append((i, "race", f"racer on {n} (job {r['job_id']}) cancelled: "
+                                      + (f"segment {i} runs on {race['winner']}; " if race.get("winner") else "")
                                       + why))
             race["held_twice_s"] = round(float(race.get("held_twice_s") or 0) + held, 1)
         if events:

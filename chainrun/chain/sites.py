@@ -288,7 +288,7 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
         for name, note in preflight.run_all(jobs).items():
             next(s for s in sites if s.name == name).notes["preflight"] = note
         if req.race:  # segment 0 is submitted on every site (chain/site_race.py): no site is chosen for it
-            chain.extra["race"] = {"phase": "racing", "sites": [s.name for s in sites]}
+            chain.extra["race"] = {"phase": "preparing", "idx": 0, "sites": [s.name for s in sites], "racers": {}}
         else:
             _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
     except BaseException:

@@ -39,13 +39,25 @@ class Site:
 
     def __init__(self, name: str) -> None:
         self.name, self.rows, self.cancelled, self.files, self.fail_cancel = name, {}, [], {}, ""
-        self.slurm = SimpleNamespace(accounting=lambda ids, since=None: [], cancel=self._cancel)
+        self.names: set[str] = set()
+        self.submitted: list[tuple[list, list]] = []
+        self.slurm = SimpleNamespace(accounting=lambda ids, since=None: [], cancel=self._cancel, submit=self._submit,
+                                     reservations=lambda: [])
         self.runner = SimpleNamespace(write_file=lambda path, text, mode: self.files.__setitem__(path, text),
                                       run=self._run)
+
+    def _submit(self, path, args, script_args=()):
+        self.submitted.append((list(args), list(script_args)))
+        job = f"{self.name}{len(self.submitted)}"
+        self.show(job, "PENDING")
+        return job, None
 
     def _run(self, argv, timeout):
         if argv[:2] == ["rm", "-f"]:
             self.files.pop(argv[-1], None)
+        if argv[:2] == ["ls", "-1"]:  # the control folder: the files written there, and those given
+            names = self.names | {f.rsplit("/", 1)[1] for f in self.files}
+            return SimpleNamespace(ok=True, stdout="\n".join(sorted(names)))
         return SimpleNamespace(ok=True)
 
     def _cancel(self, ids):
@@ -66,7 +78,7 @@ def race(tmp_path):
     c = Chain(id="r-0001", name="r", cluster="a", script="/a/s", workdir="/a", run_dir="/a/run", checkpoint_dir="/a/ck",
               total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=60, retries=1,
               sbatch_args=[], partition="p", created=1.0,
-              extra={"sites": ["a", "b"], "race": {"phase": site_race.RACING, "sites": ["a", "b"], "racers": {
+              extra={"sites": ["a", "b"], "race": {"phase": site_race.RACING, "idx": 0, "sites": ["a", "b"], "racers": {
                   "a": {"phase": PENDING, "job_id": "11", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3600},
                   "b": {"phase": PENDING, "job_id": "21", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3000}}}})
     store.add_chain(c, [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", f"/{n}/s", [], {"segment_s": 3600})
@@ -195,3 +207,92 @@ def test_a_kept_racer_that_ended_before_training_takes_its_go_ahead_with_it(race
     c = race.store.chain(race.id)
     assert ("/b/run/control/go.0" in race.sites["b"].files) == go_left
     assert c.extra["race"]["settled"] and not site_race.open_racers(c)
+
+
+# ------------------------------------------------------------------ a successor raced (planning's first step)
+def _after_segment_0(race, outcome="continue"):
+    """Segment 0 kept on a, trained, ended: nothing of the chain is live."""
+    race.sites["a"].show("11", "RUNNING", start=90.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    seg, = race.store.segments(c.id)
+    seg.phase, seg.outcome, seg.credit_s = ENDED, outcome, 3000.0
+    race.store.save(c, [seg])
+    race.drv.tick()  # settles segment 0's race
+    race.sites["a"].names |= {"owner.0", "released.0"}
+    return race.store.chain(race.id), race.store.segments(race.id)
+
+
+def _tick_context(race):
+    slurm_of = {n: SimpleNamespace(**{**vars(s.slurm)}) for n, s in race.sites.items()}
+    return SimpleNamespace(store=race.store, slurm=slurm_of["a"],
+                           sites=SimpleNamespace(engine=lambda n: SimpleNamespace(slurm=slurm_of[n])))
+
+
+def test_a_successor_planned_while_nothing_is_live_is_raced_on_every_site(race, monkeypatch):
+    import chainrun.chain.site_race as sr
+
+    monkeypatch.setattr(sr, "read_reservations", lambda slurm: [])
+    c, segs = _after_segment_0(race)
+    assert not site_race.open_racers(c)
+    assert site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0) is True
+    c = race.store.chain(race.id)
+    r = c.extra["race"]
+    assert (r["idx"], r["phase"], r["sites"], r["pred"]) == (1, site_race.RACING, ["a", "b"], 0)
+    assert c.extra["races_done"] == [{"idx": 0, "phase": site_race.WON, "winner": "a", "held_twice_s": 0.0}]
+    for n in ("a", "b"):
+        (args, script_args), = race.sites[n].submitted
+        assert script_args == ["1", "gated"] and f"--job-name=cr.{c.id}.1" in args, args
+    assert r["racers"]["a"]["time_limit_s"] < 3600  # sized for the work left, not a whole segment
+    assert site_race.live(c) and race.store.segments(c.id) == segs  # no row for segment 1 until one is kept
+    assert site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0) is None  # the race is open
+
+
+def test_a_successor_kept_where_the_checkpoint_is_gets_the_next_generation(race, monkeypatch):
+    import chainrun.chain.site_race as sr
+
+    monkeypatch.setattr(sr, "read_reservations", lambda slurm: [])
+    c, segs = _after_segment_0(race)
+    site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0)
+    race.sites["a"].show("a1", "RUNNING", start=200.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["winner"] == "a" and c.extra["race"]["gen"] == 1 and c.cluster == "a"
+    assert "go.1" in {f.rsplit("/", 1)[1] for f in race.sites["a"].files}
+    assert "seg=1" in race.sites["a"].files["/a/run/control/go.1"]
+    seg1 = [s for s in race.store.segments(c.id) if s.idx == 1][0]
+    assert (seg1.cluster, seg1.job_id, seg1.phase) == ("a", "a1", RUNNING) and "move" not in seg1.extra
+    assert race.sites["b"].cancelled == ["21", "b1"]  # segment 0's racer there, then segment 1's
+
+
+def test_a_successor_kept_on_another_site_is_a_move_whose_driver_writes_the_go_ahead(race, monkeypatch):
+    import chainrun.chain.site_race as sr
+
+    monkeypatch.setattr(sr, "read_reservations", lambda slurm: [])
+    c, segs = _after_segment_0(race)
+    race.sites["b"].names |= {"moved.3"}  # the chain left b at generation 3 once: it claims only above
+    site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0)
+    race.sites["b"].show("b1", "RUNNING", start=200.0)
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    seg1 = [s for s in race.store.segments(c.id) if s.idx == 1][0]
+    mv = seg1.extra["move"]
+    assert (seg1.cluster, mv["from"], mv["to"], mv["gen"], mv["pred"], mv["phase"]) == ("b", "a", "b", 4, 0, "ahead")
+    assert race.sites["b"].files == {} and c.cluster == "a"  # no go-ahead before the copy; the row stays on a
+    assert race.sites["a"].cancelled == ["a1"] and not site_race.open_racers(c)
+
+
+def test_a_successor_race_where_none_started_leaves_that_segment_to_the_rule(race, monkeypatch):
+    import chainrun.chain.site_race as sr
+
+    monkeypatch.setattr(sr, "read_reservations", lambda slurm: [])
+    c, segs = _after_segment_0(race)
+    site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0)
+    for n in ("a", "b"):
+        race.sites[n].rows.clear()
+        race.sites[n].slurm.accounting = lambda ids, since=None: [SimpleNamespace(job_id=j, state="CANCELLED", end=1.0)
+                                                                  for j in ids]
+    race.drv.tick()
+    c = race.store.chain(race.id)
+    assert c.extra["race"]["phase"] == site_race.NONE_STARTED
+    assert site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0) is False
