@@ -1,25 +1,28 @@
-"""Racing segment 0 of a chain spanning clusters: ``chainrun submit --cluster a,b --race`` (issue 26).
+"""Racing segments of a chain spanning clusters: ``chainrun submit --cluster a,b --race`` (issue 26).
 
 The replay (chainrun/sim/site_chain.py, row ``predicted_multi_race``) races a segment whenever nothing of
 the chain is live: it is submitted on every site, the first to start is kept, the others are cancelled.
-It takes the real first wait instead of the predicted one, and its evidence favours it at every load
-level (docs/multi-cluster.md). The product races **segment 0 only**, opt-in; every later segment is
-placed by the rule (chain/site_plan.py), as without ``--race``.
+It takes the real first wait instead of the predicted one (docs/multi-cluster.md: the evidence). The
+product does the same, opt-in: segment 0 at submit (``start``), and a successor planned while nothing of
+the chain is live (planning's first step with a segment behind it: ``begin``). A successor asked for while
+a segment runs is placed by the rule (chain/site_plan.py), as without ``--race``.
 
 Never two copies training: every racer is submitted *gated* (templates/wrapper.sh: it waits for
-``control/go.0`` in its own site's run folder, and ends ``unstarted`` at its limit without one). The
-watcher, on the tick its one squeue per site shows a racer started, records that racer as the winner
-(before anything else, so a watcher that dies and a next one that sees another racer started too never
-chooses twice), writes ``go.0`` on the winner's site only, records it as segment 0 there (the chain's row
-takes that site's folders: nothing ran yet, there is nothing to carry), then cancels the others: pending
-ones never held a node; one that started before the watcher noticed held its nodes, gated, until the
-scancel (``held_s``: GPU time held twice). Ties (several started by the same tick): the preferred site,
-the order of ``--cluster``.
+``control/go.<G>`` in its own site's run folder, and ends ``unstarted`` at its limit without one). The
+watcher, on the tick its one squeue per site shows a racer started, records that racer as the winner and
+the generation it will claim (before anything else, so a watcher that dies and a next one that sees
+another racer started too never chooses twice), records it as the segment on its site, and cancels the
+others: pending ones never held a node; one that started before the watcher noticed held its nodes,
+gated, until the scancel (``held_s``: GPU time held twice). Ties (several started by the same tick): the
+preferred site, the order of ``--cluster``. What lets the winner train: segment 0, or a successor on the
+site where the chain's checkpoint is, gets ``go.<G>`` there at once (segment 0 anywhere: nothing to carry;
+the chain's row takes that site's folders); a successor kept on another site is a move, and the mover
+(chain/mover.py) fences the old site, copies and verifies the checkpoint, and only then writes ``go.<G>``.
 
-Until a winner is recorded the chain has no segment row (segments are keyed by (chain, idx); the racers
-are all "segment 0"): the racers live in ``chain.extra["race"]`` and planning leaves the chain alone
-(``live``). A race in which every racer ended without starting falls back to the rule: planning's first
-step submits segment 0 on the chain's site, as a chain submitted without ``--race``.
+Until a winner is recorded the raced segment has no row (segments are keyed by (chain, idx) and every
+racer is that segment): the racers live in ``chain.extra["race"]`` (earlier races in ``races_done``), and
+planning leaves the chain alone (``live``). A race in which every racer ended without starting falls back
+to the rule for that segment.
 """
 
 from __future__ import annotations
@@ -43,15 +46,15 @@ log = logging.getLogger(__name__)
 
 PREPARING = "preparing"  # recorded at submit, its racers not yet submitted: nobody acts on it yet
 RACING = "racing"  # racers submitted, none recorded as started yet
-WON = "won"  # a racer was kept: segment 0 (the others are cancelled, or being cancelled)
-NONE_STARTED = "none-started"  # every racer ended before starting: the rule places segment 0
+WON = "won"  # a racer was kept as the segment (the others are cancelled, or being cancelled)
+NONE_STARTED = "none-started"  # every racer ended before starting: the rule places the segment
 LOST_AFTER_S = 900.0  # a racer whose sbatch was never confirmed, found in no squeue this long: never made
 _RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING"}
 
 
 # ------------------------------------------------------------------ pure parts
 def live(c: Chain) -> bool:
-    """The race of segment 0 is not decided: planning leaves the chain to the race driver."""
+    """A race is not decided: planning leaves the chain to the race driver."""
     return (c.extra.get("race") or {}).get("phase") in (PREPARING, RACING)
 
 
@@ -234,7 +237,7 @@ class Race:
             try:
                 self.step(c)
             except ChainrunError as e:  # a site did not answer: the race waits, nothing was half-done
-                warnings.append(f"{c.id}: race of segment 0: {e.message}")
+                warnings.append(f"{c.id}: race of segment {(c.extra.get('race') or {}).get('idx', 0)}: {e.message}")
                 log.info("race of %s: %s", c.id, e, exc_info=True)
         return warnings
 

@@ -11,6 +11,7 @@ at a time on b.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -106,3 +107,76 @@ def test_race_keeps_the_cluster_that_starts_first_and_cancels_the_other_while_it
     # `status` (plain) says what raced, which won and what was cancelled
     plain = run_cli("status", chain, "--plain", home=env["home"], env=env["extra"])
     assert "race: segment 0 raced on local, b:" in plain.stdout and "cancelled while pending" in plain.stdout, plain.stdout
+
+
+def _state_here(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_successor_raced_after_its_predecessor_ended_moves_the_chain_with_its_checkpoint(env, tmp_path):
+    """`--policy reactive`: every successor is asked for once its predecessor ended, nothing live: raced.
+    Segment 0: both racers started before the watcher looks (a tie): the preferred, local, is kept and b's
+    cancelled after holding its nodes. While it trains another job queues for local's n4: segment 1's
+    racer on local pends, b's starts and is kept, which is a move: local fenced, the final checkpoint
+    copied and verified on b, then go.<G> there; the chain completes on b from the step local saved."""
+    configure(env, SITES)
+    script = tmp_path / "train.sh"
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    (tmp_path / "toy_trainer.py").write_text((Path(__file__).parents[2] / "templates" / "toy_trainer.py").read_text())
+    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "3m", "--segment", "2m",
+                "--signal", "USR2@40", "--policy", "reactive", "--json",
+                "--", ONLY_N4, WHOLE, home=env["home"], cwd=tmp_path, env=env["extra"], timeout=600)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, jobs = data["chain"], data["race"]
+    blocker, watch = None, None
+    try:
+        wait_for("both racers of segment 0 to start", lambda: _state_here(jobs["local"]) == "RUNNING" and env["server"].ssh(
+            f"squeue -h -j {jobs['b']} -o %T").stdout.strip() == "RUNNING", 180)
+        watch = _watcher(env)
+        wait_for("segment 0 kept", lambda: read(env, chain)[0].extra["race"].get("phase") == "won", 120, watch)
+        # another user's job queues for local's n4 behind segment 0: segment 1's racer there will pend
+        blocker = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive",
+                                  "-t", "60", "--wrap", "sleep 3600"], capture_output=True, text=True,
+                                 check=True).stdout.strip().split(";")[0]
+        wait_for("the chain to move to b", lambda: read(env, chain)[0].cluster == "b", 600, watch)
+        out, err = watch.communicate(timeout=900)
+        assert watch.returncode == 0, err
+    finally:
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+        if blocker:
+            subprocess.run(["scancel", blocker], capture_output=True, timeout=60)
+    st = status(env, chain)
+    assert st["status"] == "COMPLETED", (st, out)
+    c, segs, events = read(env, chain)
+    text = "\n".join(f"{e.idx} {e.kind} {e.message}" for e in events)
+    # segment 0: a tie, the preferred cluster kept, b's racer cancelled after holding its nodes
+    first = c.extra["races_done"][0]
+    assert first["idx"] == 0 and first["winner"] == "local" and first["held_twice_s"] > 0, c.extra
+    assert f"segment 0 kept on local (job {jobs['local']}, started first, preferred of those started)" in text, text
+    assert re.search(rf"racer on b \(job {jobs['b']}\) cancelled: segment 0 runs on local; it started before the "
+                     r"watcher noticed and held its nodes \d+s", text), text
+    # segment 1: raced, kept on b, a move
+    assert segs[0].cluster == "local" and segs[0].outcome == "continue", (segs[0], text)
+    s1 = segs[1]
+    assert s1.cluster == "b" and s1.extra["move"]["phase"] == "done" and s1.extra["move"]["from"] == "local", s1.extra
+    assert "segment 1 raced on local, b" in text and "segment 1 kept on b (job" in text, text
+    raced1 = [r for r in c.extra.get("races_done", []) + [c.extra["race"]] if r.get("idx") == 1]
+    assert raced1 and raced1[0].get("winner") == "b", c.extra
+    gen = s1.extra["move"]["gen"]
+    for said in (f"wrote moved.{gen} on local", "copied to b and verified", f"wrote go.{gen} on b",
+                 "the chain moved from local to b"):
+        assert said in text, (said, text)
+    assert all(s.cluster == "b" for s in segs[1:]), text
+    # the trainer's record on both clusters: one unbroken run, one job at a time, resumed from local's save
+    a, b = data["sites"]
+    here = steps(Path(a["checkpoint_dir"], "steps.log").read_text())
+    there = steps(env["server"].ssh(f"cat {b['checkpoint_dir']}/steps.log").stdout)
+    saved = [s for k, s, _, _ in here if k == "save"]
+    first_b = [s for k, s, _, _ in there if k == "step"][0]
+    assert saved and first_b == saved[-1] + 1, (saved, there[:3])
+    assert {j for k, _, _, j in here if k == "step"} == {jobs["local"]}  # b's segment-0 racer trained nothing
+    assert max(t for _, _, t, _ in here) < min(t for _, _, t, _ in there), "two jobs trained at once"
+    trained = [s for k, s, _, _ in here + there if k == "step"]
+    assert sorted(set(trained)) == list(range(1, max(trained) + 1)), "a step was never trained"
