@@ -180,3 +180,25 @@ def test_a_successor_raced_after_its_predecessor_ended_moves_the_chain_with_its_
     assert max(t for _, _, t, _ in here) < min(t for _, _, t, _ in there), "two jobs trained at once"
     trained = [s for k, s, _, _ in here + there if k == "step"]
     assert sorted(set(trained)) == list(range(1, max(trained) + 1)), "a step was never trained"
+
+
+def test_cancelling_a_chain_while_it_races_cancels_every_racer_on_its_own_cluster(env, tmp_path):
+    configure(env, SITES)
+    script = tmp_path / "train.sh"
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "2m", "--signal", "USR2@40",
+                "--policy", "lead", "--json", "--", ONLY_N4, "--hold", home=env["home"], cwd=tmp_path, env=env["extra"], timeout=600)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, jobs = data["chain"], data["race"]
+    st = status(env, chain)
+    assert st["race"]["phase"] == "racing" and "racing segment 0 on local, b" in st["race_note"], st
+    assert _state_here(jobs["local"]) == "PENDING"
+    assert env["server"].ssh(f"squeue -h -j {jobs['b']} -o %T").stdout.strip() == "PENDING"
+    q = run_cli("cancel", chain, home=env["home"], env=env["extra"], timeout=300)
+    assert q.returncode == 0, q.stderr
+    assert _state_here(jobs["local"]) in ("", "CANCELLED")
+    assert env["server"].ssh(f"squeue -h -j {jobs['b']} -o %T").stdout.strip() in ("", "CANCELLED")
+    c, segs, events = read(env, chain)
+    assert c.status == "CANCELLED" and segs == [] and not c.extra["race"].get("winner"), c.extra
+    assert all(r["outcome"] == "cancelled" for r in c.extra["race"]["racers"].values()), c.extra["race"]
