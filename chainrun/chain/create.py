@@ -53,7 +53,7 @@ class SubmitRequest:
     save_timeout_s: int | None = None  # --save-timeout: a hand-off's save may take this long (wrapper)
     site_margin_s: int | None = None  # --site-margin: a chain spanning clusters moves only to gain more (site_plan)
     site_margin_source: str | None = None  # where that margin came from (chain/sites.py with_site_margin)
-    race: bool = False  # --race: segment 0 on every site, the first to start kept (chain/site_race.py)
+    race: bool = False  # --race: segment 0 (and successors planned while nothing runs) on every site (site_race.py)
 
 
 @dataclass(frozen=True)

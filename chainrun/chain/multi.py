@@ -66,7 +66,7 @@ class MultiEngine:
         # chains spanning clusters: planning sees the other sites, the mover carries moves out (chain/span.py)
         self.sites = SiteAccess(self.engine)
         self.mover = Mover(self.store, self.engine)
-        self.race = Race(self.store, self.engine, self.sites.queue)  # --race: segment 0 on every site
+        self.race = Race(self.store, self.engine, self.sites.queue)  # --race: a segment on every site
 
     def engine(self, cluster: str) -> Engine:
         if cluster not in self.engines:
@@ -106,7 +106,7 @@ class MultiEngine:
             for k, v in report.slurm_calls.items():
                 key = k if name == LOCAL else f"{name}:{k}"
                 total.slurm_calls[key] = total.slurm_calls.get(key, 0) + v
-        if self.race.racing():  # segment 0 raced on every site: keep the first started, cancel the others
+        if self.race.racing():  # a segment raced on every site: keep the first started, cancel the others
             total.warnings += self.race.tick()
         if self.mover.moving():  # moves between clusters: after every site's tick, with what it recorded
             total.warnings += self.mover.tick()

@@ -26,7 +26,7 @@ MAX_UNCONFIRMED = 6  # sbatch failed (or never answered) this many times in a ro
 def plan(t: TickContext, c: Chain, segs: list[Segment], report: TickReport) -> None:
     """The gate, the sizes and the slack come from chain/sizing.py, which the replay calls too."""
     now = t.clock()
-    if site_race.live(c):  # --race: segment 0 pends on every site; the race driver keeps one (chain/site_race.py)
+    if site_race.live(c):  # --race: a segment pends on every site; the race driver keeps one (chain/site_race.py)
         return
     live = [s for s in segs if s.phase in LIVE_PHASES]
     if any(span.foreign(c, s) for s in live):  # a move to another site is under way: the driver's (chain/mover.py)

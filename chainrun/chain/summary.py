@@ -90,7 +90,7 @@ class ChainView:
     sites: tuple = ()
     site_choice: dict | None = None
     site_margin: dict | None = None  # its margin (site_plan.margin_s) and where it came from
-    race: dict | None = None  # --race: segment 0's racers, the winner, what was cancelled (chain/site_race.py)
+    race: dict | None = None  # --race: the last race's racers, the winner, what was cancelled (chain/site_race.py)
     race_note: str = ""
 
     def to_dict(self, *, with_segments: bool = True) -> dict:
