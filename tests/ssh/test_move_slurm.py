@@ -70,6 +70,13 @@ def read(env, chain: str):
         store.close()
 
 
+def queue_on_n4() -> str:
+    """Another user's hour-long job for n4 of local (it runs once n4 is free); its job id."""
+    return subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive", "-t",
+                           "60", "--wrap", "sleep 3600"], capture_output=True, text=True,
+                          check=True).stdout.strip().split(";")[0]
+
+
 def wait_for(what: str, cond, timeout: float, watch: subprocess.Popen | None = None):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -123,8 +130,7 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     try:
         # segment 0 runs on n4 of local; then another job is queued for n4, for an hour after it
         wait_for("segment 0 to run", lambda: read(env, chain)[1][0].phase == "RUNNING", 300, watch)
-        blocker = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive", "-t", "60",
-                                  "--wrap", "sleep 3600"], capture_output=True, text=True, check=True).stdout.strip()
+        blocker = queue_on_n4()
         # a copy to b runs: the watcher is killed mid-copy, then started again
         copying = wait_for("a copy to b to run", lambda: _copy_running(env, chain), 420, watch)
         watch.kill()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.ssh.conftest import TOY_DIR
-from tests.ssh.test_move_slurm import ONLY_N4, WHOLE, read, status, steps, wait_for, _watcher
+from tests.ssh.test_move_slurm import ONLY_N4, WHOLE, queue_on_n4, read, status, steps, wait_for, _watcher
 from tests.ssh.test_sites_slurm import configure, env, second_cluster, site_b  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.slurm, pytest.mark.ssh]
@@ -35,8 +35,7 @@ script = "{TOY_DIR}/toy_train.sh"
 
 def _hold_n4() -> str:
     """Another user's job on n4 of local for an hour, running (not just queued)."""
-    job = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive", "-t", "60",
-                          "--wrap", "sleep 3600"], capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    job = queue_on_n4()
     wait_for("the blocker to run", lambda: subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
                                                           text=True).stdout.strip() == "RUNNING", 60)
     return job
@@ -140,9 +139,7 @@ def test_a_successor_raced_after_its_predecessor_ended_moves_the_chain_with_its_
         watch = _watcher(env)
         wait_for("segment 0 kept", lambda: read(env, chain)[0].extra["race"].get("phase") == "won", 120, watch)
         # another user's job queues for local's n4 behind segment 0: segment 1's racer there will pend
-        blocker = subprocess.run(["sbatch", "--parsable", "-J", "other-user", "-p", "long", "-w", "n4", "--exclusive",
-                                  "-t", "60", "--wrap", "sleep 3600"], capture_output=True, text=True,
-                                 check=True).stdout.strip().split(";")[0]
+        blocker = queue_on_n4()
         wait_for("the chain to move to b", lambda: read(env, chain)[0].cluster == "b", 600, watch)
         out, err = watch.communicate(timeout=900)
         assert watch.returncode == 0, err
