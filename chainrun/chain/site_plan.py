@@ -85,9 +85,10 @@ def margin_s(c: Chain) -> float:
 
 
 def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float, *,
-                  bounded: bool = True) -> WaitEstimate | None:
+                  bounded: bool = True, model_only: bool = False) -> WaitEstimate | None:
     """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate;
-    ``bounded``: no earlier than Slurm's recent plan for the chain's job pending there."""
+    ``bounded``: no earlier than Slurm's recent plan for the chain's job pending there; ``model_only``:
+    None where the model gives no answer (no ``sbatch --test-only`` call)."""
     here = site.cluster == c.cluster
     view = span.site_view(c, site)
     probe = Segment(chain_id=c.id, idx=cur.idx + 1, time_limit_s=view.segment_s, cluster=site.cluster)
@@ -99,6 +100,8 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
             est = predictor(view, probe, queue)
             if est is not None:
                 return _at_least_planned(c, site.cluster, est, now) if bounded else est
+        if model_only:
+            return None
         slurm = t.slurm if here else eng.slurm
         start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
@@ -321,9 +324,8 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     sites = t.store.sites(c.id)
     paces = site_paces(c, segs, [s.cluster for s in sites])
     own = next((s for s in sites if s.cluster == c.cluster), None)
-    fresh = None if own is None else wait_estimate(t, c, own, succ, now, bounded=False)
-    if fresh is not None and fresh.model == TEST_ONLY:  # it sees free nodes, not the jobs queued ahead: the plan does
-        fresh = None
+    # the model's answer only: `sbatch --test-only` sees free nodes, not the jobs queued ahead (the plan does)
+    fresh = None if own is None else wait_estimate(t, c, own, succ, now, bounded=False, model_only=True)
     here = pending_wait_s(row.start, now, None if fresh is None else median_s(fresh))
     said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
     ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
