@@ -16,6 +16,10 @@ def model_status(cluster: str = "default", user: str | None = None) -> dict:
     from chainrun.predict import service
 
     out = service.status(cluster, user)
+    if out["model"] is None and cluster not in ("local", "default"):
+        from chainrun import clusters
+
+        clusters.get(cluster)  # a typo says "no cluster", not "run a refresh" of a cluster that is not there
     if out["model"] is not None:
         out["live_error"] = live_error(cluster)
     out["tuning"] = tuned.status(cluster)  # predicted's values in force per partition

@@ -207,3 +207,13 @@ def test_tune_on_an_unknown_partition_refuses_before_anything_is_set_aside_or_wr
     assert main(["model", "tune", "--cluster", "local", "--partition", "short", "--json"]) == 0  # a known one tunes
     assert "short" in json.loads(capsys.readouterr().out)["data"]
     assert tuned.status("local")["partitions"]["short"]["last"]
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_status_of_a_cluster_that_is_not_configured_says_so_not_run_a_refresh(json_out, chainrun_home):
+    out = run_cli("model", "status", "--cluster", "nope", *(["--json"] if json_out else []), home=chainrun_home)
+    assert out.returncode == 3 and out.stdout == "", out.stderr
+    assert no_traceback(out) == [
+        "chainrun: error: no cluster 'nope' (clusters: local; add one with `chainrun cluster add`)"]
+    local = run_cli("model", "status", home=chainrun_home)  # `local` always exists: no model yet, how to get one
+    assert local.returncode == 3 and "model refresh --cluster local" in local.stderr
