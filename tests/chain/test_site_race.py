@@ -1,7 +1,7 @@
-"""--race (chain/site_race.py): which racer of segment 0 is kept, ties, what is cancelled, and the driver's
-order (the winner recorded before its go-ahead; the go-ahead on the winner's site only). Fast: a real
-store, each site a small stand-in for its Slurm client and runner. The real thing, on two Slurm clusters:
-tests/ssh/test_sites_slurm.py (test_race_*)."""
+"""--race (chain/site_race.py; its driver chain/race_driver.py): which racer of segment 0 is kept, ties, what
+is cancelled, and the driver's order (the winner recorded before its go-ahead; the go-ahead on the winner's
+site only). Fast: a real store, each site a small stand-in for its Slurm client and runner. The real thing,
+on two Slurm clusters: tests/ssh/test_race_slurm.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from chainrun.chain import site_race
+from chainrun.chain import race_driver, site_race
 from chainrun.chain.planning import plan
 from chainrun.state.records import ACTIVE, CANCELLED, CANCELLED_OUT, ENDED, PENDING, RUNNING, Chain, ChainSite
 from chainrun.state.store import Store
@@ -87,7 +87,7 @@ def race(tmp_path):
     for s, j in (("a", "11"), ("b", "21")):
         sites[s].show(j, "PENDING")
     clock = [100.0]
-    drv = site_race.Race(store, lambda n: sites[n], lambda n: list(sites[n].rows.values()), clock=lambda: clock[0])
+    drv = race_driver.Race(store, lambda n: sites[n], lambda n: list(sites[n].rows.values()), clock=lambda: clock[0])
     yield SimpleNamespace(store=store, sites=sites, drv=drv, clock=clock, id=c.id)
     store.close()
 
