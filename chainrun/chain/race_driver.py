@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from chainrun.chain import outcomes, span
 from chainrun.chain.contract import go_text
@@ -21,9 +22,22 @@ from chainrun.state.records import (ACTIVE, CANCELLED_OUT, ENDED, LIVE_PHASES, P
                                     Segment)
 from chainrun.state.store import Store
 
+if TYPE_CHECKING:
+    from chainrun.slurm.parsers import AcctRow
+
 log = logging.getLogger(__name__)
 
 _RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING"}
+
+
+@dataclass
+class Gone:
+    """How the racers that left their site's squeue ended: one sacct per site for every racing chain's
+    racers there (the house rule: one batched squeue and sacct per cluster and tick, never one per job)."""
+
+    rows: dict[str, dict[str, AcctRow]] = field(default_factory=dict)  # site -> job id -> its last sacct row
+    queue_failed: dict[str, ChainrunError] = field(default_factory=dict)  # its squeue failed: the chain waits
+    acct_failed: dict[str, ChainrunError] = field(default_factory=dict)  # its sacct failed: those racers wait
 
 
 class Race:
@@ -40,25 +54,71 @@ class Race:
 
     def tick(self) -> list[str]:
         warnings = []
-        for c in self.racing():
+        chains = self.racing()
+        gone = self.sacct(chains)
+        for c in chains:
+            head = f"{c.id}: race of segment {(c.extra.get('race') or {}).get('idx', 0)}: "
             try:
-                self.step(c)
+                waited = self.step(c, gone)
             except ChainrunError as e:  # a site did not answer: the race waits, nothing was half-done
-                warnings.append(f"{c.id}: race of segment {(c.extra.get('race') or {}).get('idx', 0)}: {e.message}")
+                warnings.append(head + e.message)
                 log.info("race of %s: %s", c.id, e, exc_info=True)
+                continue
+            if waited:  # a site's sacct failed: its racers wait for the next tick, the other sites' went on
+                warnings.append(head + "; ".join(f"{n}: {gone.acct_failed[n].message}" for n in waited))
         return warnings
 
-    def step(self, c: Chain) -> None:
+    def sacct(self, chains: list[Chain]) -> Gone:
+        """One sacct per site, for every racer of these chains (live, its job id known) that its site's
+        squeue no longer shows this tick, since the earliest of their submissions (job ids are reused after
+        a controller reset, as SlurmClient.accounting's ``since``). A site whose squeue or sacct fails is
+        recorded as such: ``step`` treats its racers as the failure requires."""
+        out = Gone()
+        left: dict[str, list[dict]] = {}
+        for c in chains:
+            race = c.extra.get("race") or {}
+            if c.status != ACTIVE or race.get("phase") != RACING:
+                continue  # step follows no racer of it (a chain no longer active cancels them all)
+            for n in race.get("sites") or []:
+                r = (race.get("racers") or {}).get(n) or {}
+                if r.get("phase") not in LIVE_PHASES or not r.get("job_id") or n in out.queue_failed:
+                    continue
+                try:
+                    rows = self._queue(n)
+                except ChainrunError as e:
+                    out.queue_failed[n] = e
+                    continue
+                if not any(q.job_id == r["job_id"] for q in rows):
+                    left.setdefault(n, []).append(r)
+        for n, rs in left.items():
+            try:
+                rows = self._site(n).slurm.accounting([r["job_id"] for r in rs],
+                                                      since=min(r.get("submit") or r["intent_at"] for r in rs))
+            except ChainrunError as e:
+                out.acct_failed[n] = e
+                log.info("race: sacct on %s: %s", n, e, exc_info=True)
+                continue
+            out.rows[n] = {x.job_id: x for x in rows}  # the last row of a job: its latest run (sacct -D)
+        return out
+
+    def step(self, c: Chain, gone: Gone | None = None) -> list[str]:
+        """One chain's race, this tick. ``gone``: the tick's sacct of the racers that left their squeue (made
+        here, for this chain alone, when not given). Returns the sites whose sacct failed with a racer of this
+        chain to follow there: those racers wait for the next tick."""
+        if gone is None:
+            gone = self.sacct([c])
         race = c.extra["race"]
         i = int(race.get("idx") or 0)
         events: list[tuple[int | None, str, str]] = []
+        waited: list[str] = []
         if c.status != ACTIVE and race.get("phase") == RACING:  # cancelled (or failed) while racing: all go
             race["phase"], race["winner"] = NONE_STARTED, None
             events.append((i, "race", f"the chain is {c.status.lower()}: every racer is cancelled"))
         if race.get("phase") == RACING:
             for n in race["sites"]:
                 if race["racers"].get(n, {}).get("phase") in LIVE_PHASES:
-                    self._follow(c, i, n, race["racers"][n], events)
+                    if not self._follow(c, i, n, race["racers"][n], gone, events):
+                        waited.append(n)
             if race.get("winner") is None and (w := winner(race["racers"], race["sites"])) is not None:
                 race["winner"], race["decided_at"] = w, self.clock()
                 race["gen"] = self._generation(c, i, w)
@@ -73,6 +133,7 @@ class Race:
             self._withdraw(c, race, events)
         self.store.save(c, events=events)
         self._cancel_losers(c, race)
+        return waited
 
     def _generation(self, c: Chain, i: int, w: str) -> int:
         """The generation the kept racer claims. Segment 0: 0. A successor on the chain's site: above every
@@ -113,8 +174,12 @@ class Race:
                                       "removed, the chain goes on by the rule"))
         race["settled"] = True
 
-    def _follow(self, c: Chain, i: int, name: str, r: dict, events: list) -> None:
-        """One racer's phase from its site's squeue this tick; sacct only for one that left it."""
+    def _follow(self, c: Chain, i: int, name: str, r: dict, gone: Gone, events: list) -> bool:
+        """One racer's phase from its site's squeue this tick; from the tick's one sacct of that site for one
+        that left it. False: that sacct failed, the racer waits (it is in no squeue: it runs nowhere, it
+        cannot be kept)."""
+        if name in gone.queue_failed:
+            raise gone.queue_failed[name]  # the whole chain waits: a racer there may have started
         rows = self._queue(name)
         row = next((q for q in rows if (r.get("job_id") and q.job_id == r["job_id"])
                     or (not r.get("job_id") and q.name == job_name(c.id, i))), None)
@@ -130,17 +195,19 @@ class Race:
                 r["phase"], r["end"] = RUNNING, row.end
             else:
                 r["phase"] = PENDING
-            return
+            return True
         if r.get("job_id"):
-            acct = [x for x in self._site(name).slurm.accounting([r["job_id"]], since=r.get("submit") or r["intent_at"])
-                    if x.job_id == r["job_id"]]
-            if acct and outcomes.is_final(acct[-1].state):
-                r.update(phase=ENDED, slurm_state=acct[-1].state, end=acct[-1].end or now,
-                         reason=f"ended {acct[-1].state} before it was kept")
+            if name in gone.acct_failed:
+                return False
+            last = gone.rows.get(name, {}).get(r["job_id"])
+            if last is not None and outcomes.is_final(last.state):
+                r.update(phase=ENDED, slurm_state=last.state, end=last.end or now,
+                         reason=f"ended {last.state} before it was kept")
                 events.append((i, "race", f"racer on {name} (job {r['job_id']}) {r['reason']}"))
         elif now - float(r["intent_at"]) > LOST_AFTER_S:
             r.update(phase=ENDED, reason="sbatch was never confirmed")
             events.append((i, "race", f"racer on {name}: {r['reason']}"))
+        return True
 
     def _keep(self, c: Chain, race: dict, events: list) -> None:
         """The winner's segment row, and what lets it train: on the site the chain's checkpoint is on (or for
@@ -219,4 +286,5 @@ def cancel_racers(store: Store, c: Chain, open_site: Callable[[str], object]) ->
             opened[name] = open_site(name)
         return opened[name]
 
+    # the chain's row is cancelled: no racer is followed (no sacct), every live one is cancelled
     Race(store, site, lambda name: []).step(c)
