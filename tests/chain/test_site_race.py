@@ -79,8 +79,8 @@ def _racing(store, cid="r-0001", jobs=("11", "21"), submit=1.0):
               total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=60, retries=1,
               sbatch_args=[], partition="p", created=1.0,
               extra={"sites": ["a", "b"], "race": {"phase": site_race.RACING, "idx": 0, "sites": ["a", "b"], "racers": {
-                  "a": {"phase": PENDING, "job_id": jobs[0], "intent_at": submit, "submit": submit, "time_limit_s": 3600},
-                  "b": {"phase": PENDING, "job_id": jobs[1], "intent_at": submit, "submit": submit, "time_limit_s": 3000}}}})
+                  n: {"phase": PENDING, "job_id": j, "intent_at": submit, "submit": submit, "time_limit_s": limit}
+                  for n, j, limit in (("a", jobs[0], 3600), ("b", jobs[1], 3000))}}})
     store.add_chain(c, [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", f"/{n}/s", [], {"segment_s": 3600})
                         for i, n in enumerate(["a", "b"])])
 
