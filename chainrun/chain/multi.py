@@ -17,8 +17,8 @@ from typing import Callable
 from chainrun.chain import untended
 from chainrun.chain.engine import Engine, TickReport
 from chainrun.chain.mover import Mover
+from chainrun.chain.race_driver import Race
 from chainrun.chain.settle import needs_tick
-from chainrun.chain.site_race import Race
 from chainrun.chain.site_plan import SiteAccess
 from chainrun.clusters import LOCAL
 from chainrun.errors import ChainrunError

@@ -9,15 +9,16 @@ a segment runs is placed by the rule (chain/site_plan.py), as without ``--race``
 
 Never two copies training: every racer is submitted *gated* (templates/wrapper.sh: it waits for
 ``control/go.<G>`` in its own site's run folder, and ends ``unstarted`` at its limit without one). The
-watcher, on the tick its one squeue per site shows a racer started, records that racer as the winner and
-the generation it will claim (before anything else, so a watcher that dies and a next one that sees
-another racer started too never chooses twice), records it as the segment on its site, and cancels the
-others: pending ones never held a node; one that started before the watcher noticed held its nodes,
-gated, until the scancel (``held_s``: GPU time held twice). Ties (several started by the same tick): the
-preferred site, the order of ``--cluster``. What lets the winner train: segment 0, or a successor on the
-site where the chain's checkpoint is, gets ``go.<G>`` there at once (segment 0 anywhere: nothing to carry;
-the chain's row takes that site's folders); a successor kept on another site is a move, and the mover
-(chain/mover.py) fences the old site, copies and verifies the checkpoint, and only then writes ``go.<G>``.
+watcher (its driver: chain/race_driver.py), on the tick its one squeue per site shows a racer started,
+records that racer as the winner and the generation it will claim (before anything else, so a watcher that
+dies and a next one that sees another racer started too never chooses twice), records it as the segment on
+its site, and cancels the others: pending ones never held a node; one that started before the watcher
+noticed held its nodes, gated, until the scancel (``held_s``: GPU time held twice). Ties (several started by
+the same tick): the preferred site, the order of ``--cluster``. What lets the winner train: segment 0, or a
+successor on the site where the chain's checkpoint is, gets ``go.<G>`` there at once (segment 0 anywhere:
+nothing to carry; the chain's row takes that site's folders); a successor kept on another site is a move,
+and the mover (chain/mover.py) fences the old site, copies and verifies the checkpoint, and only then writes
+``go.<G>``.
 
 Until a winner is recorded the raced segment has no row (segments are keyed by (chain, idx) and every
 racer is that segment): the racers live in ``chain.extra["race"]`` (earlier races in ``races_done``), and
@@ -27,29 +28,24 @@ to the rule for that segment.
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Callable
 
-from chainrun.chain import outcomes, span
-from chainrun.chain.contract import go_text
+from chainrun.chain import span
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import describe
-from chainrun.chain.segments import job_name, sbatch_args, wrapper_path
-from chainrun.errors import ChainrunError, SlurmError
+from chainrun.chain.segments import sbatch_args, wrapper_path
+from chainrun.errors import SlurmError
 from chainrun.slurm.client import SlurmClient, SlurmRefused
-from chainrun.state.records import (ACTIVE, CANCELLED_OUT, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING,
-                                    SUBMITTING, UNSTARTED, Chain, ChainSite, Segment)
+from chainrun.state.records import (CANCELLED_OUT, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, Chain,
+                                    ChainSite, Segment)
 from chainrun.state.store import Store
-
-log = logging.getLogger(__name__)
 
 PREPARING = "preparing"  # recorded at submit, its racers not yet submitted: nobody acts on it yet
 RACING = "racing"  # racers submitted, none recorded as started yet
 WON = "won"  # a racer was kept as the segment (the others are cancelled, or being cancelled)
 NONE_STARTED = "none-started"  # every racer ended before starting: the rule places the segment
 LOST_AFTER_S = 900.0  # a racer whose sbatch was never confirmed, found in no squeue this long: never made
-_RUNNING_STATES = {"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING"}
 
 
 # ------------------------------------------------------------------ pure parts
@@ -216,200 +212,3 @@ def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of:
         store.save(chain, events=[(i, "race", f"segment {i} raced on {', '.join(race['sites'])}: the first to "
                                               "start trains, the others are cancelled")])
     return first, refusals
-
-
-# ------------------------------------------------------------------ the watcher's driver
-class Race:
-    """Follows the racers once per watcher tick. ``site(name)``: that site's Engine (Slurm client, runner),
-    as MultiEngine keeps them; ``queue(name)``: that site's squeue for this tick (SiteAccess: one per site
-    and tick, shared with site planning)."""
-
-    def __init__(self, store: Store, site: Callable[[str], object], queue: Callable[[str], list],
-                 clock: Callable[[], float] = time.time) -> None:
-        self.store, self._site, self._queue, self.clock = store, site, queue, clock
-
-    def racing(self) -> list[Chain]:
-        return [c for c in self.store.chains() if span.spans(c) and open_racers(c)]
-
-    def tick(self) -> list[str]:
-        warnings = []
-        for c in self.racing():
-            try:
-                self.step(c)
-            except ChainrunError as e:  # a site did not answer: the race waits, nothing was half-done
-                warnings.append(f"{c.id}: race of segment {(c.extra.get('race') or {}).get('idx', 0)}: {e.message}")
-                log.info("race of %s: %s", c.id, e, exc_info=True)
-        return warnings
-
-    def step(self, c: Chain) -> None:
-        race = c.extra["race"]
-        i = int(race.get("idx") or 0)
-        events: list[tuple[int | None, str, str]] = []
-        if c.status != ACTIVE and race.get("phase") == RACING:  # cancelled (or failed) while racing: all go
-            race["phase"], race["winner"] = NONE_STARTED, None
-            events.append((i, "race", f"the chain is {c.status.lower()}: every racer is cancelled"))
-        if race.get("phase") == RACING:
-            for n in race["sites"]:
-                if race["racers"].get(n, {}).get("phase") in LIVE_PHASES:
-                    self._follow(c, i, n, race["racers"][n], events)
-            if race.get("winner") is None and (w := winner(race["racers"], race["sites"])) is not None:
-                race["winner"], race["decided_at"] = w, self.clock()
-                race["gen"] = self._generation(c, i, w)
-                self.store.save(c)  # the choice is kept before the go-ahead: a next watcher never chooses twice
-            if race.get("winner") is not None:
-                self._keep(c, race, events)
-            elif not any(r.get("phase") in LIVE_PHASES for r in race["racers"].values()):
-                race["phase"] = NONE_STARTED
-                events.append((i, "race", f"every racer of segment {i} ended before starting: segment {i} is "
-                                          "placed by the rule"))
-        elif race.get("phase") == WON and not race.get("settled"):
-            self._withdraw(c, race, events)
-        self.store.save(c, events=events)
-        self._cancel_losers(c, race)
-
-    def _generation(self, c: Chain, i: int, w: str) -> int:
-        """The generation the kept racer claims. Segment 0: 0. A successor on the chain's site: above every
-        generation claimed or named there. On another site: a move's (site_plan.next_generation): above
-        every generation claimed where the chain trains, and above the last move away from that site."""
-        if i == 0:
-            return 0
-        sites = {s.cluster: s for s in self.store.sites(c.id)}
-
-        def names(n: str) -> set[str]:
-            got = span.control_names(self._site(n).runner, sites[n].run_dir)
-            if got is None:
-                raise ChainrunError(f"cannot list {sites[n].run_dir}/control on {n}")
-            return got
-
-        here = names(c.cluster)
-        if w == c.cluster:
-            return max(span.highest(here, k) for k in ("owner", "go", "moved")) + 1
-        return max(span.highest(here, "owner") + 1, span.highest(names(w), "moved") + 1)
-
-    def _withdraw(self, c: Chain, race: dict, events: list) -> None:
-        """The kept racer ended without training (cancelled outside chainrun, or its node failed before it
-        claimed): a ``go.<G>`` of ours on its site would make every later segment there end ``stale`` (a
-        go-ahead for a generation nobody claimed is only a gated segment's to take), so it is removed; the
-        job it named has ended, nothing else there may claim by it. Settled once the segment ended either
-        way; a kept racer on another site than the checkpoint's is a move, whose driver writes the go-ahead."""
-        i = int(race.get("idx") or 0)
-        seg = next((s for s in self.store.segments(c.id) if s.idx == i), None)
-        if seg is None or seg.phase != ENDED:
-            return
-        if seg.outcome == UNSTARTED and c.status == ACTIVE and race.get("go_written"):
-            g = int(race.get("gen") or 0)
-            site = next(s for s in self.store.sites(c.id) if s.cluster == race["winner"])
-            res = self._site(race["winner"]).runner.run(["rm", "-f", "--", f"{site.run_dir}/control/go.{g}"], 60)
-            if not res.ok:
-                raise ChainrunError(f"cannot remove go.{g} on {race['winner']}: {res.first_error_line()}")
-            events.append((i, "race", f"segment {i} ended on {race['winner']} before it trained: its go.{g} is "
-                                      "removed, the chain goes on by the rule"))
-        race["settled"] = True
-
-    def _follow(self, c: Chain, i: int, name: str, r: dict, events: list) -> None:
-        """One racer's phase from its site's squeue this tick; sacct only for one that left it."""
-        rows = self._queue(name)
-        row = next((q for q in rows if (r.get("job_id") and q.job_id == r["job_id"])
-                    or (not r.get("job_id") and q.name == job_name(c.id, i))), None)
-        now = self.clock()
-        if row is not None:
-            if not r.get("job_id"):
-                events.append((i, "adopted", f"found job {row.job_id} for segment {i} on {name}"))
-            r["job_id"], r["slurm_state"] = row.job_id, row.state
-            if row.state in _RUNNING_STATES:
-                if r.get("phase") != RUNNING:
-                    r["start"] = row.start or now
-                    events.append((i, "started", f"segment {i} (job {row.job_id}) started on {name}"))
-                r["phase"], r["end"] = RUNNING, row.end
-            else:
-                r["phase"] = PENDING
-            return
-        if r.get("job_id"):
-            acct = [x for x in self._site(name).slurm.accounting([r["job_id"]], since=r.get("submit") or r["intent_at"])
-                    if x.job_id == r["job_id"]]
-            if acct and outcomes.is_final(acct[-1].state):
-                r.update(phase=ENDED, slurm_state=acct[-1].state, end=acct[-1].end or now,
-                         reason=f"ended {acct[-1].state} before it was kept")
-                events.append((i, "race", f"racer on {name} (job {r['job_id']}) {r['reason']}"))
-        elif now - float(r["intent_at"]) > LOST_AFTER_S:
-            r.update(phase=ENDED, reason="sbatch was never confirmed")
-            events.append((i, "race", f"racer on {name}: {r['reason']}"))
-
-    def _keep(self, c: Chain, race: dict, events: list) -> None:
-        """The winner's segment row, and what lets it train: on the site the chain's checkpoint is on (or for
-        segment 0, anywhere: nothing to carry) its go-ahead, written now; on another site a move, whose
-        driver (chain/mover.py) fences the old site, copies and verifies the checkpoint, then writes it."""
-        i, w, g = int(race.get("idx") or 0), race["winner"], int(race.get("gen") or 0)
-        site = next(s for s in self.store.sites(c.id) if s.cluster == w)
-        r = race["racers"][w]
-        seg = Segment(chain_id=c.id, idx=i, phase=RUNNING, job_id=r["job_id"], slurm_cluster=r.get("slurm_cluster"),
-                      slurm_state=r.get("slurm_state", ""), time_limit_s=int(r["time_limit_s"]),
-                      intent_at=float(r["intent_at"]), submit=r.get("submit"), start=r.get("start"), end=r.get("end"),
-                      cluster=w, extra={"request": r.get("request", ""), "race": {"sites": race["sites"], "winner": w}})
-        moving = i > 0 and w != c.cluster
-        if moving:
-            from chainrun.chain.move_steps import AHEAD
-
-            seg.extra["move"] = {"from": c.cluster, "to": w, "gen": g, "pred": int(race.get("pred") or 0),
-                                 "phase": AHEAD, "at": self.clock(), "decided": {"race": True}}
-            said = f"moving the chain there (generation {g}: its checkpoint is copied and verified first)"
-        else:
-            self._site(w).runner.write_file(f"{site.run_dir}/control/go.{g}",
-                                            go_text(c.id, g, seg=i, at=self.clock()), 0o600)
-            race["go_written"] = True
-            said = f"wrote go.{g} there"
-            if w != c.cluster:
-                span.move_to(c, site)  # segment 0: not a move, nothing ran anywhere yet
-        race["phase"], race["won_at"] = WON, self.clock()
-        tie = sum(1 for x in race["racers"].values() if x.get("phase") == RUNNING) > 1
-        events.append((i, "race", f"segment {i} kept on {w} (job {r['job_id']}, started first"
-                                  + (", preferred of those started" if tie else "")
-                                  + f"): {said}; cancelling the racers on " + (", ".join(to_cancel(race)) or "no other site")))
-        if moving:
-            race["settled"] = True  # the move's driver owns the go-ahead (and abandons it if the segment ends first)
-        self.store.save(c, [seg])
-
-    def _cancel_losers(self, c: Chain, race: dict) -> None:
-        """scancel every live racer but the winner, one call per site; one that fails is asked again next tick."""
-        i = int(race.get("idx") or 0)
-        events = []
-        by_site: dict[str, list[str]] = {}
-        for n in to_cancel(race):
-            r = race["racers"][n]
-            if r.get("job_id"):
-                by_site.setdefault(n, []).append(r["job_id"])
-        for n, ids in by_site.items():
-            failed = self._site(n).slurm.cancel(ids)
-            r = race["racers"][n]
-            now = self.clock()
-            if r["job_id"] in failed:
-                if r.get("cancel_failed") != failed[r["job_id"]]:
-                    events.append((i, "warning", f"racer on {n} (job {r['job_id']}) could not be cancelled: "
-                                                 f"{failed[r['job_id']]}; trying again every watcher tick"))
-                r["cancel_failed"] = failed[r["job_id"]]
-                continue
-            r.pop("cancel_failed", None)
-            held = held_s(r, now)
-            r.update(phase=ENDED, outcome=CANCELLED_OUT, cancelled_at=now, held_s=round(held, 1))
-            why = (f"it started before the watcher noticed and held its nodes {int(held)}s, gated (GPU time held "
-                   "twice; it trained nothing)" if held else "it never started")
-            events.append((i, "race", f"racer on {n} (job {r['job_id']}) cancelled: "
-                                      + (f"segment {i} runs on {race['winner']}; " if race.get("winner") else "")
-                                      + why))
-            race["held_twice_s"] = round(float(race.get("held_twice_s") or 0) + held, 1)
-        if events:
-            self.store.save(c, events=events)
-
-
-def cancel_racers(store: Store, c: Chain, open_site: Callable[[str], object]) -> None:
-    """`chainrun cancel` of a chain whose racers are still live (the chain's row is already cancelled):
-    every racer is cancelled now, on its own site (``open_site(name)``: a context with .slurm, .runner;
-    the caller closes them). One Slurm would not cancel is asked again by every watcher tick."""
-    opened: dict[str, object] = {}
-
-    def site(name: str):
-        if name not in opened:
-            opened[name] = open_site(name)
-        return opened[name]
-
-    Race(store, site, lambda name: []).step(c)

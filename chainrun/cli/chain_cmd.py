@@ -478,8 +478,8 @@ def cancel(
 
 
 def _cancel_racers(store, ch) -> None:
-    """--race: segment 0's racers on every site are cancelled too (chain/site_race.py)."""
-    from chainrun.chain import site_race
+    """--race: segment 0's racers on every site are cancelled too (chain/race_driver.py)."""
+    from chainrun.chain import race_driver, site_race
 
     if not site_race.open_racers(ch):
         return
@@ -492,7 +492,7 @@ def _cancel_racers(store, ch) -> None:
         return opened[-1]
 
     try:
-        site_race.cancel_racers(store, ch, open_site)
+        race_driver.cancel_racers(store, ch, open_site)
     finally:
         for o in opened:
             o.runner.close()

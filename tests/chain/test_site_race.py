@@ -1,7 +1,7 @@
-"""--race (chain/site_race.py): which racer of segment 0 is kept, ties, what is cancelled, and the driver's
-order (the winner recorded before its go-ahead; the go-ahead on the winner's site only). Fast: a real
-store, each site a small stand-in for its Slurm client and runner. The real thing, on two Slurm clusters:
-tests/ssh/test_sites_slurm.py (test_race_*)."""
+"""--race (chain/site_race.py; its driver chain/race_driver.py): which racer of segment 0 is kept, ties, what
+is cancelled, and the driver's order (the winner recorded before its go-ahead; the go-ahead on the winner's
+site only). Fast: a real store, each site a small stand-in for its Slurm client and runner. The real thing,
+on two Slurm clusters: tests/ssh/test_race_slurm.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from chainrun.chain import site_race
+from chainrun.chain import race_driver, site_race
 from chainrun.chain.planning import plan
+from chainrun.errors import SlurmError
 from chainrun.state.records import ACTIVE, CANCELLED, CANCELLED_OUT, ENDED, PENDING, RUNNING, Chain, ChainSite
 from chainrun.state.store import Store
 
@@ -72,22 +73,28 @@ class Site:
         self.rows[job] = SimpleNamespace(job_id=job, name="", state=state, start=start, end=None)
 
 
-@pytest.fixture
-def race(tmp_path):
-    store = Store(tmp_path / "s.sqlite")
-    c = Chain(id="r-0001", name="r", cluster="a", script="/a/s", workdir="/a", run_dir="/a/run", checkpoint_dir="/a/ck",
+def _racing(store, cid="r-0001", jobs=("11", "21"), submit=1.0):
+    """A chain racing segment 0 on a and b, its racers pending there as jobs ``jobs``."""
+    c = Chain(id=cid, name="r", cluster="a", script="/a/s", workdir="/a", run_dir="/a/run", checkpoint_dir="/a/ck",
               total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2", signal_lead_s=60, retries=1,
               sbatch_args=[], partition="p", created=1.0,
               extra={"sites": ["a", "b"], "race": {"phase": site_race.RACING, "idx": 0, "sites": ["a", "b"], "racers": {
-                  "a": {"phase": PENDING, "job_id": "11", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3600},
-                  "b": {"phase": PENDING, "job_id": "21", "intent_at": 1.0, "submit": 1.0, "time_limit_s": 3000}}}})
+                  n: {"phase": PENDING, "job_id": j, "intent_at": submit, "submit": submit, "time_limit_s": limit}
+                  for n, j, limit in (("a", jobs[0], 3600), ("b", jobs[1], 3000))}}})
     store.add_chain(c, [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", f"/{n}/s", [], {"segment_s": 3600})
                         for i, n in enumerate(["a", "b"])])
+
+
+@pytest.fixture
+def race(tmp_path):
+    store = Store(tmp_path / "s.sqlite")
+    _racing(store)
+    c = store.chain("r-0001")
     sites = {"a": Site("a"), "b": Site("b")}
     for s, j in (("a", "11"), ("b", "21")):
         sites[s].show(j, "PENDING")
     clock = [100.0]
-    drv = site_race.Race(store, lambda n: sites[n], lambda n: list(sites[n].rows.values()), clock=lambda: clock[0])
+    drv = race_driver.Race(store, lambda n: sites[n], lambda n: list(sites[n].rows.values()), clock=lambda: clock[0])
     yield SimpleNamespace(store=store, sites=sites, drv=drv, clock=clock, id=c.id)
     store.close()
 
@@ -179,6 +186,63 @@ def test_every_racer_ended_before_starting_falls_back_to_the_rule(race):
     c = race.store.chain(race.id)
     assert c.extra["race"]["phase"] == site_race.NONE_STARTED and c.status == ACTIVE
     assert not site_race.live(c) and race.store.segments(c.id) == []
+
+
+def _sacct(site, calls, state="CANCELLED", fail=""):
+    """The site's sacct: each call recorded (ids, since); every job asked for ended ``state``, or the call fails."""
+    def accounting(ids, since=None):
+        calls.append((site, sorted(ids), since))
+        if fail:
+            raise SlurmError(f"sacct failed: {fail}")
+        return [SimpleNamespace(job_id=j, state=state, end=50.0) for j in ids]
+    return accounting
+
+
+def test_racers_of_several_chains_that_left_squeue_cost_one_sacct_per_site_per_tick(race):
+    """The house rule: one batched sacct per cluster and tick, never one per job (issue 26 follow-up)."""
+    _racing(race.store, "r-0002", ("12", "22"), submit=0.5)  # submitted earlier: sacct looks back to it
+    calls = []
+    for n in ("a", "b"):
+        race.sites[n].rows.clear()  # every racer of both chains left its squeue
+        race.sites[n].slurm.accounting = _sacct(n, calls)
+    assert race.drv.tick() == []
+    assert sorted(calls) == [("a", ["11", "12"], 0.5), ("b", ["21", "22"], 0.5)]
+    for cid, jobs in (("r-0001", ("11", "21")), ("r-0002", ("12", "22"))):
+        r = race.store.chain(cid).extra["race"]
+        assert r["phase"] == site_race.NONE_STARTED, cid  # as before: every racer ended, the rule places it
+        for n, j in zip("ab", jobs):
+            got = r["racers"][n]
+            assert (got["job_id"], got["phase"], got["slurm_state"], got["end"]) == (j, ENDED, "CANCELLED", 50.0)
+            assert got["reason"] == "ended CANCELLED before it was kept"
+
+
+def test_a_site_whose_sacct_fails_leaves_the_other_sites_racers_handled(race):
+    """a's sacct fails: a's racers wait for the next tick (one warning line per chain), b's are handled, and
+    a chain whose racer started on b is kept there and a's racer cancelled."""
+    _racing(race.store, "r-0002", ("12", "22"))
+    calls = []
+    race.sites["a"].rows.clear()
+    race.sites["b"].rows.clear()
+    race.sites["b"].show("22", "RUNNING", start=95.0)  # r-0002's racer started on b
+    race.sites["a"].slurm.accounting = _sacct("a", calls, fail="slurmdbd down")
+    race.sites["b"].slurm.accounting = _sacct("b", calls)
+    warnings = race.drv.tick()
+    assert sorted(calls) == [("a", ["11", "12"], 1.0), ("b", ["21"], 1.0)]
+    r1 = race.store.chain("r-0001").extra["race"]
+    assert r1["phase"] == site_race.RACING  # a's racer is not known to have ended: no fallback yet
+    assert (r1["racers"]["a"]["phase"], r1["racers"]["b"]["phase"], r1["racers"]["b"]["slurm_state"]) == (
+        PENDING, ENDED, "CANCELLED")
+    c2 = race.store.chain("r-0002")
+    assert c2.extra["race"]["winner"] == "b" and "/b/run/control/go.0" in race.sites["b"].files
+    assert race.sites["a"].cancelled == ["12"]  # in no squeue: it runs nowhere, cancelling it is safe
+    assert warnings == ["r-0001: race of segment 0: a: sacct failed: slurmdbd down",
+                        "r-0002: race of segment 0: a: sacct failed: slurmdbd down"]
+    race.sites["a"].slurm.accounting = _sacct("a", calls)  # a answers again: its racer is followed
+    calls.clear()
+    assert race.drv.tick() == []
+    assert calls == [("a", ["11"], 1.0)]
+    r1 = race.store.chain("r-0001").extra["race"]
+    assert r1["phase"] == site_race.NONE_STARTED and r1["racers"]["a"]["slurm_state"] == "CANCELLED"
 
 
 def test_race_without_several_clusters_is_one_line_and_exit_2(tmp_path):

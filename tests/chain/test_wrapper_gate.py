@@ -306,6 +306,6 @@ def test_race_of_segment_0_only_the_racer_given_go_0_trains_and_a_withdrawn_go_0
     a.start(1, "401")
     assert a.finish("401") == 0
     assert a.outcome(1)["reason"].startswith("stale: generation 0 moves here") and not _owners(a)
-    (_ctl(a) / "go.0").unlink()  # the driver withdraws it (site_race.Race._withdraw)
+    (_ctl(a) / "go.0").unlink()  # the driver withdraws it (race_driver.Race._withdraw)
     _train(a, 2, "402")
     assert _owners(a) == ["owner.0"] and _file(a, "owner.0")["job"] == "402"
