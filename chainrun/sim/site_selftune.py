@@ -207,17 +207,22 @@ def choose_now(names: list[str], *, workers: int = 1, now: float | None = None, 
     from chainrun.sim.jsonsafe import finite
 
     out = finite(out)  # a NaN fidelity (too few jobs to rank) must not reach the JSON file
-    out["summary"] = summary_line(out, before)
+    out["summary"] = summary_line(out, before, pinned=site_tuned.is_pinned(names))
     entry = site_tuned.record(names, out)
-    return {**out, "in_force": entry["in_force"]}
+    return {**out, "in_force": entry["in_force"], "pinned": bool(entry.get("pinned")),
+            "put_in_force": entry["last"]["put_in_force"]}
 
 
-def summary_line(res: dict, before: dict) -> str:
-    """``chosen 3h: <reason>`` or ``kept the shipped margin 1h: <reason>``."""
-    if res.get("chosen"):
+def summary_line(res: dict, before: dict, pinned: bool = False) -> str:
+    """``chosen 3h: <reason>``, ``kept the shipped margin 1h: <reason>``, or on a pinned list
+    ``chosen 3h, recorded; kept the pinned margin 1h (...): <reason>``."""
+    if res.get("chosen") and not pinned:
         return f"chosen {_h(res['margin_s'])}: {res['reason']}"
-    kept = "the shipped margin" if before.get("source") == "shipped" else "the margin in force"
-    return f"kept {kept} {_h(before['margin_s'])}: {res['reason']}"
+    kept = "the pinned margin" if pinned else "the shipped margin" if before.get("source") == "shipped" \
+        else "the margin in force"
+    head = f"chosen {_h(res['margin_s'])}, recorded; " if res.get("chosen") else ""
+    unpin = f" (chainrun model sites {','.join(res['clusters'])} --unpin lets choices in)" if pinned else ""
+    return f"{head}kept {kept} {_h(before['margin_s'])}{unpin}: {res['reason']}"
 
 
 def _h(s: float) -> str:
