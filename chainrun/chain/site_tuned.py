@@ -148,7 +148,8 @@ def record(names: list[str], outcome: dict) -> dict:
     slim = {k: outcome.get(k) for k in ("chosen", "margin_s", "reason", "summary", "as_of", "window", "rows",
                                         "shape", "fidelity", "thinned", "notes", "seconds")}
     prev = {k: e["in_force"].get(k) for k in ("margin_s", "source", "since")}
-    e["history"] = ((e.get("history") or []) + [{**slim, "at": now, "put_in_force": put, "previous": prev}])[-HISTORY_MAX:]
+    h = {**slim, "at": now, "put_in_force": put, "previous": prev}
+    e["history"] = ((e.get("history") or []) + [h])[-HISTORY_MAX:]
     if put:
         e["in_force"] = {"margin_s": float(outcome["margin_s"]), "source": "chosen", "since": now, "chosen_at": now,
                          "as_of": outcome.get("as_of"), "window": outcome.get("window"), "rows": outcome.get("rows")}
