@@ -6,15 +6,23 @@ in the chain (``chain.extra["site_margin_s"]``, read by ``site_plan.margin_s`` o
 Stored as JSON in the models folder (``<models>/site_margins.json``; never pickle):
 
     {"version": 1, "lists": {"a,b": {
-        "in_force": {"margin_s", "source": "shipped" | "chosen", "since", "chosen_at", "as_of",
+        "in_force": {"margin_s", "source": "shipped" | "chosen" | "rollback", "since", "chosen_at", "as_of",
                      "window", "rows"},              # when and on what it was chosen
-        "last": {"at", "chosen", "reason", "summary"},
-        "history": [ every choice's outcome, newest last, at most HISTORY_MAX ]}}}
+        "pinned": false,                             # pinned: choices are recorded, change nothing
+        "last": {"at", "chosen", "put_in_force", "reason", "summary"},
+        "history": [ every choice's outcome ("put_in_force", "previous": the margin in force before),
+                     newest last, at most HISTORY_MAX ]}}}
 
 The order is part of the key: ``a,b`` and ``b,a`` prefer different clusters, so their chains differ.
+``pin`` and ``rollback`` are `model tune`'s (chain/tuned.py) for a cluster list: `model sites a,b --pin`
+keeps the margin in force (a later choice, by hand or by `model refresh`, is recorded and changes
+nothing), ``--rollback`` puts the margin in force before the current one back (the shipped one when
+there was none) and pins it.
+
 An unreadable file (not JSON, or not this shape) stops nothing: submit takes the shipped margin and
-logs it, `model sites --show` names it, and the next `model sites` sets it aside
-(``site_margins.json.corrupt-<time>``, kept) and starts afresh.
+logs it, `model sites --show` names it, and the next `model sites` (or `model sites a,b --rollback`:
+the shipped margin, pinned) sets it aside (``site_margins.json.corrupt-<time>``, kept) and starts afresh;
+`model refresh` leaves it alone and says so.
 """
 
 from __future__ import annotations
@@ -29,7 +37,8 @@ log = logging.getLogger(__name__)
 VERSION = 1
 HISTORY_MAX = 20
 RECENT = 5  # the choices `model sites --show` lists (its --json has them all)
-FIX = "the next chainrun model sites CLUSTERS sets it aside (kept as site_margins.json.corrupt-<time>)"
+FIX = ("the next chainrun model sites CLUSTERS (or model sites CLUSTERS --rollback: the shipped margin, pinned) "
+       "sets it aside (kept as site_margins.json.corrupt-<time>)")
 
 
 def key(names: list[str]) -> str:
@@ -108,31 +117,103 @@ def in_force(names: list[str]) -> dict:
     return dict(e["in_force"]) if e else shipped()
 
 
-def record(names: list[str], outcome: dict) -> dict:
-    """Store one choice's outcome (appended to the list's history); a chosen margin goes in force, a
-    choice that could not be made keeps what is in force. The caller sets an unreadable file aside first."""
+def _load() -> dict:
+    """The stored document (an empty one when there is none); an unreadable file is an error."""
     from chainrun.errors import ModelError
 
     doc, why = read(path())
     if why is not None:
         raise ModelError(f"unreadable {path()}: {why}", hint=FIX)
-    e = doc["lists"].setdefault(key(names), {"in_force": shipped(), "history": []})
+    return doc
+
+
+def _entry(doc: dict, names: list[str]) -> dict:
+    return doc["lists"].setdefault(key(names), {"in_force": shipped(), "pinned": False, "history": []})
+
+
+def is_pinned(names: list[str]) -> bool:
+    """Whether this list's margin is pinned (False when unreadable: nothing is pinned in a file no one reads)."""
+    doc, why = read(path())
+    return why is None and bool((doc["lists"].get(key(names)) or {}).get("pinned"))
+
+
+def record(names: list[str], outcome: dict) -> dict:
+    """Store one choice's outcome (appended to the list's history); a chosen margin goes in force unless
+    the list is pinned, a choice that could not be made keeps what is in force. The caller sets an
+    unreadable file aside first."""
+    doc = _load()
+    e = _entry(doc, names)
     now = time.time()
+    put = bool(outcome.get("chosen")) and not e.get("pinned")
     slim = {k: outcome.get(k) for k in ("chosen", "margin_s", "reason", "summary", "as_of", "window", "rows",
                                         "shape", "fidelity", "thinned", "notes", "seconds")}
-    e["history"] = ((e.get("history") or []) + [{**slim, "at": now}])[-HISTORY_MAX:]
-    if outcome.get("chosen"):
+    prev = {k: e["in_force"].get(k) for k in ("margin_s", "source", "since")}
+    h = {**slim, "at": now, "put_in_force": put, "previous": prev}
+    e["history"] = ((e.get("history") or []) + [h])[-HISTORY_MAX:]
+    if put:
         e["in_force"] = {"margin_s": float(outcome["margin_s"]), "source": "chosen", "since": now, "chosen_at": now,
                          "as_of": outcome.get("as_of"), "window": outcome.get("window"), "rows": outcome.get("rows")}
-    e["last"] = {"at": now, "chosen": bool(outcome.get("chosen")), "reason": outcome.get("reason"),
-                 "summary": outcome.get("summary")}
+    e["last"] = {"at": now, "chosen": bool(outcome.get("chosen")), "put_in_force": put,
+                 "reason": outcome.get("reason"), "summary": outcome.get("summary")}
     save(doc)
     return e
 
 
+def pin(names: list[str], on: bool = True) -> dict:
+    """Pin the margin in force (a later choice is still recorded, but changes nothing), or unpin. Refused,
+    with nothing written, on an unreadable file (``FIX``). The caller checks the names."""
+    doc = _load()
+    e = _entry(doc, names)
+    e["pinned"] = bool(on)
+    save(doc)
+    return e
+
+
+def rollback(names: list[str]) -> dict:
+    """Put the margin in force before the current one back in force (the shipped one when there was
+    none) and pin it, so the next choice does not put back what was just rolled back. A list with
+    nothing stored is refused (nothing to roll back), nothing written. An unreadable file is set aside
+    first (its margins are unknown: the shipped one, pinned); the returned entry's ``set_aside`` says so."""
+    from chainrun.errors import NotFoundError
+
+    doc, why = read(path())
+    if why is None and key(names) not in doc["lists"]:
+        raise NotFoundError(f"no site margin stored for {key(names)}: nothing to roll back; nothing written",
+                            hint=f"it runs on the shipped margin; choose one: chainrun model sites {key(names)}")
+    aside = set_aside() if why is not None else None
+    doc = doc if why is None else {"version": VERSION, "lists": {}}
+    e = _entry(doc, names)
+    cur = e["in_force"].get("margin_s")
+    prev = _previous(e.get("history") or [], cur)
+    e["in_force"] = {"margin_s": prev, "source": "rollback", "since": time.time(), "rolled_back_from": cur}
+    e["pinned"] = True
+    save(doc)
+    return {**e, "set_aside": aside}
+
+
+def _previous(hist: list[dict], cur) -> float:
+    """The margin in force before the latest choice that put ``cur`` in force; the shipped one when none
+    did. Choices recorded before pins existed (no ``put_in_force``/``previous``) were all put in force:
+    their previous margin is the one the choice before them put in force."""
+    before, found = float(shipped()["margin_s"]), None
+    for h in hist:
+        put = h.get("put_in_force", bool(h.get("chosen")))
+        p = (h.get("previous") or {}).get("margin_s", before)
+        if put and _margin(h.get("margin_s")) and _margin(p):
+            if float(h["margin_s"]) == cur:
+                found = float(p)
+            before = float(h["margin_s"])
+    return float(shipped()["margin_s"]) if found is None else found
+
+
+def _margin(m) -> bool:
+    return not isinstance(m, bool) and isinstance(m, (int, float)) and math.isfinite(m) and m >= 0
+
+
 def status(names: list[str] | None = None) -> dict:
-    """What `model sites --show` prints: per list (every list, or ``names``) the margin in force, the
-    last choice and the RECENT latest choices (newest first). An unreadable file gives ``unreadable``."""
+    """What `model sites --show` prints: per list (every list, or ``names``) the margin in force, its
+    ``source``, ``pinned``, the last choice and the RECENT latest choices (newest first, each with
+    ``put_in_force``). An unreadable file gives ``unreadable``."""
     p = path()
     doc, why = read(p)
     out: dict = {"file": str(p), "lists": {}}
@@ -142,7 +223,9 @@ def status(names: list[str] | None = None) -> dict:
     for k in wanted:
         e = doc["lists"].get(k) or {"in_force": shipped(), "history": []}
         hist = e.get("history") or []
-        out["lists"][k] = {"in_force": e["in_force"], "last": e.get("last"),
-                           "recent": [{x: h.get(x) for x in ("at", "chosen", "margin_s", "reason", "window")}
+        out["lists"][k] = {"in_force": e["in_force"], "pinned": bool(e.get("pinned")),
+                           "source": e["in_force"].get("source"), "last": e.get("last"),
+                           "recent": [{**{x: h.get(x) for x in ("at", "chosen", "margin_s", "reason", "window")},
+                                       "put_in_force": h.get("put_in_force", bool(h.get("chosen")))}
                                       for h in reversed(hist[-RECENT:])]}
     return out

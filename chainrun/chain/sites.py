@@ -267,6 +267,9 @@ def with_site_margin(req: SubmitRequest, names: list[str]) -> SubmitRequest:
     if f.get("source") == "chosen":
         when = time.strftime("%Y-%m-%d", time.gmtime(f.get("chosen_at") or 0))
         src = f"chosen {when} on the clusters' past (chainrun model sites {site_tuned.key(names)})"
+    elif f.get("source") == "rollback":
+        when = time.strftime("%Y-%m-%d", time.gmtime(f.get("since") or 0))
+        src = f"rolled back {when} (chainrun model sites {site_tuned.key(names)} --rollback)"
     else:
         src = f"shipped (choose one on the clusters' past: chainrun model sites {site_tuned.key(names)})"
     return replace(req, site_margin_s=int(round(f["margin_s"])), site_margin_source=src)

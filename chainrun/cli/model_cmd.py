@@ -51,7 +51,7 @@ def refresh(
     install_cron: Annotated[bool, typer.Option("--install-cron", help="Also put a refresh entry (every 6 h) in your crontab (your scrontab where cron is barred; the same code as `watch --install-schedule`); safe to repeat.")] = False,
     print_cron: Annotated[bool, typer.Option("--print-cron", help="Only print the crontab line, change nothing.")] = False,
     lookback: Annotated[Optional[str], typer.Option("--lookback", help="History to read on the first refresh, e.g. 60d.")] = None,
-    no_tune: Annotated[bool, typer.Option("--no-tune", help="Only the model: do not choose `predicted`'s values for this cluster (docs/self-tuning.md).")] = False,
+    no_tune: Annotated[bool, typer.Option("--no-tune", help="Only the model: do not choose `predicted`'s values for this cluster (docs/self-tuning.md), nor re-choose the site margins of the cluster lists holding it (docs/multi-cluster.md).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun.cli.render import envelope
@@ -77,6 +77,10 @@ def refresh(
             res = service.refresh(runner, cluster=cluster, lookback_days=lookback_days, tuner=tuner)
     finally:
         runner.close()
+    if not no_tune:  # the model is saved: re-choose the site margins of the lists holding this cluster (never raises)
+        from chainrun.sim import site_selftune
+
+        res["site_margins"] = site_selftune.refresh_margins(cluster, workers=workers)
     if install_cron:  # the refresh runs here (it reaches a remote cluster by itself): our crontab (chainrun/schedule.py)
         line, changed = service.install_cron(_runner(), cluster)
         res["cron"] = {"line": line, "changed": changed}
@@ -93,6 +97,7 @@ def refresh(
                f"per-user models: {', '.join(res['user_models']) or 'none'}")
     typer.echo(f"saved to {res['model_dir']}")
     _echo_tuning(res.get("tuning"), cluster)
+    _echo_site_margins(res.get("site_margins"))
     if install_cron:
         typer.echo(("installed cron line: " if res["cron"]["changed"] else "cron line already there: ") + res["cron"]["line"])
     else:
@@ -169,6 +174,17 @@ def _echo_tuning(tuning: dict | None, cluster: str) -> None:
     if tuning:
         typer.echo(f"see: chainrun model status --cluster {cluster}; pin or roll back: chainrun model tune "
                    f"--cluster {cluster} --partition P --pin | --unpin | --rollback")
+
+
+def _echo_site_margins(sm: dict | None) -> None:
+    """One line per cluster list re-chosen (nothing when no stored list holds this cluster)."""
+    if not sm:
+        return
+    if sm.get("unreadable"):
+        typer.echo(f"site margins: not re-chosen: unreadable site margin file {sm['file']} ({sm['unreadable']['why']}); "
+                   f"submit uses the shipped margin; {sm['unreadable']['hint']}")
+    for k, r in sm["lists"].items():
+        typer.echo(f"site margin for {k}: {r['summary']}")
 
 
 @model_app.command("tune", help="Choose `predicted`'s values for this cluster now (from the cached history), or pin / unpin / roll back the values in force.")

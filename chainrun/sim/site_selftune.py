@@ -20,6 +20,9 @@ week's start, on the clusters' own cached sacct histories:
    too short on one cluster, or other users' jobs hidden: the margin in force is kept, and the
    outcome's ``reason`` says why in one line.
 
+``refresh_margins(cluster)`` is `chainrun model refresh`'s last step: ``choose_now`` again for every
+cluster list already stored that holds the refreshed cluster (pins respected; never raises).
+
 Nothing here changes the procedure: it calls site_tune's, site_rolling's and two_sites' functions.
 """
 
@@ -207,17 +210,56 @@ def choose_now(names: list[str], *, workers: int = 1, now: float | None = None, 
     from chainrun.sim.jsonsafe import finite
 
     out = finite(out)  # a NaN fidelity (too few jobs to rank) must not reach the JSON file
-    out["summary"] = summary_line(out, before)
+    out["summary"] = summary_line(out, before, pinned=site_tuned.is_pinned(names))
     entry = site_tuned.record(names, out)
-    return {**out, "in_force": entry["in_force"]}
+    return {**out, "in_force": entry["in_force"], "pinned": bool(entry.get("pinned")),
+            "put_in_force": entry["last"]["put_in_force"]}
 
 
-def summary_line(res: dict, before: dict) -> str:
-    """``chosen 3h: <reason>`` or ``kept the shipped margin 1h: <reason>``."""
-    if res.get("chosen"):
+def summary_line(res: dict, before: dict, pinned: bool = False) -> str:
+    """``chosen 3h: <reason>``, ``kept the shipped margin 1h: <reason>``, or on a pinned list
+    ``chosen 3h, recorded; kept the pinned margin 1h (...): <reason>``."""
+    if res.get("chosen") and not pinned:
         return f"chosen {_h(res['margin_s'])}: {res['reason']}"
-    kept = "the shipped margin" if before.get("source") == "shipped" else "the margin in force"
-    return f"kept {kept} {_h(before['margin_s'])}: {res['reason']}"
+    kept = "the pinned margin" if pinned else "the shipped margin" if before.get("source") == "shipped" \
+        else "the margin in force"
+    head = f"chosen {_h(res['margin_s'])}, recorded; " if res.get("chosen") else ""
+    unpin = f" (chainrun model sites {','.join(res['clusters'])} --unpin lets choices in)" if pinned else ""
+    return f"{head}kept {kept} {_h(before['margin_s'])}{unpin}: {res['reason']}"
+
+
+def refresh_margins(cluster: str, *, workers: int = 1, **test_knobs) -> dict:
+    """`model refresh --cluster X`'s last step: re-choose (``choose_now``) the margin of every cluster
+    list stored in site_margins.json that holds ``cluster``, pins respected. Never raises (the refresh
+    has saved its model): a list whose choice fails keeps its margin and its outcome says why; an
+    unreadable file is left alone (``model sites`` sets it aside) and named. Returns ``{"file",
+    "lists": {"a,b": outcome with ``summary``}, "unreadable"?}``; ``test_knobs`` go to ``choose_now``."""
+    import logging
+
+    from chainrun.chain import site_tuned
+
+    p = site_tuned.path()
+    out: dict = {"file": str(p), "lists": {}}
+    try:
+        doc, why = site_tuned.read(p)
+    except Exception as e:  # noqa: BLE001 -- e.g. an unusable CHAINRUN_HOME: the refresh stands
+        doc, why = None, f"{type(e).__name__}: {e}"
+    if why is not None:
+        return {**out, "unreadable": {"why": why, "hint": site_tuned.FIX}}
+    for k in sorted(doc["lists"]):
+        names = k.split(",")
+        if cluster not in names:
+            continue
+        try:
+            out["lists"][k] = choose_now(names, workers=workers, **dict(test_knobs))
+        except Exception as err:  # noqa: BLE001 -- e.g. a cluster gone from config.toml: this list keeps its margin
+            logging.getLogger(__name__).warning("site margin re-choice for %s failed", k, exc_info=True)
+            f = site_tuned.in_force(names)
+            res = {"clusters": names, "chosen": False, "margin_s": None, "error": True,
+                   "reason": f"not re-chosen ({type(err).__name__}: {err})"}
+            out["lists"][k] = {**res, "summary": summary_line(res, f, pinned=site_tuned.is_pinned(names)),
+                               "in_force": f, "pinned": site_tuned.is_pinned(names), "put_in_force": False}
+    return out
 
 
 def _h(s: float) -> str:

@@ -144,3 +144,27 @@ def test_bad_input_is_one_line_exit_2(chainrun_home, args, words):
     p = run_cli("model", "sites", *args, home=chainrun_home)
     assert p.returncode == 2 and words in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not site_tuned.path().exists()
+
+
+def test_refresh_re_chooses_the_stored_lists_holding_the_cluster_pins_respected_others_untouched(chainrun_home):
+    """`model refresh --cluster local`'s last step (SS.refresh_margins): both lists holding local are
+    re-chosen on the caches; the pinned one records its choice and keeps its margin; b,c is not touched."""
+    _config(chainrun_home, "b", "c")
+    a, b = histories()
+    _cache("local", a)
+    _cache("b", b)
+    _cache("c", b)
+    for names in (["local", "b"], ["local", "c"], ["b", "c"]):
+        site_tuned.record(names, {"chosen": False, "reason": "stored before"})
+    site_tuned.pin(["local", "c"])
+    untouched = json.loads(site_tuned.path().read_text())["lists"]["b,c"]
+    out = SS.refresh_margins("local", **KNOBS)
+    assert sorted(out["lists"]) == ["local,b", "local,c"] and "unreadable" not in out
+    ab, ac = out["lists"]["local,b"], out["lists"]["local,c"]
+    assert ab["chosen"] and ab["put_in_force"] and site_tuned.in_force(["local", "b"])["margin_s"] == ab["margin_s"]
+    assert ac["chosen"] and not ac["put_in_force"] and ac["pinned"]
+    assert site_tuned.in_force(["local", "c"]) == site_tuned.shipped()
+    assert ac["summary"].startswith(f"chosen {ac['margin_s'] / 3600:g}h, recorded; kept the pinned margin")
+    doc = json.loads(site_tuned.path().read_text())["lists"]
+    assert doc["b,c"] == untouched
+    assert [len(doc[k]["history"]) for k in ("local,b", "local,c")] == [2, 2]

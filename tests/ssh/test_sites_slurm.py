@@ -393,8 +393,9 @@ def test_a_site_that_asks_for_a_login_or_has_an_unknown_host_key(env, tmp_path, 
 def test_the_site_margin_is_chosen_on_both_clusters_history_and_a_chain_takes_it(env, tmp_path, monkeypatch):
     """`chainrun model sites local,b` on the two real clusters' histories, read by `model refresh` (sacct
     here and over SSH on b): too little past there, so the shipped margin is kept with its one-line reason,
-    recorded; a chain submitted after it records that margin and where it came from; a margin put in force
-    in the store is what the next real submit takes."""
+    recorded; pinned, b's real `model refresh` re-chooses it, records and keeps it; a chain submitted after
+    it records that margin and where it came from; a margin put in force in the store is what the next real
+    submit takes."""
     from chainrun.chain import site_tuned
     from chainrun.predict import ingest
     from chainrun.predict.service import model_dir
@@ -421,6 +422,20 @@ def test_the_site_margin_is_chosen_on_both_clusters_history_and_a_chain_takes_it
     e = st["lists"]["local,b"]
     assert e["in_force"]["margin_s"] == 3600 and e["in_force"]["source"] == "shipped"
     assert said in e["last"]["reason"] and "\n" not in e["last"]["reason"]
+    # pinned, then b's real refresh (what cron runs, tuning included) re-chooses the stored list holding b:
+    # recorded, the pinned margin kept, the refresh successful
+    assert run_cli("model", "sites", "local,b", "--pin", home=env["home"]).returncode == 0
+    try:
+        r = run_cli("model", "refresh", "--cluster", "b", "--json", home=env["home"], env=env["extra"], timeout=600)
+    finally:
+        shutil.rmtree(model_dir("b"), ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)["data"]["site_margins"]["lists"]
+    assert list(got) == ["local,b"] and got["local,b"]["pinned"] and said in got["local,b"]["reason"], got
+    assert got["local,b"]["summary"].startswith("kept the pinned margin 1h"), got
+    print("refresh b:", got["local,b"]["summary"])
+    assert len(json.loads(site_tuned.path().read_text())["lists"]["local,b"]["history"]) == 2
+    assert run_cli("model", "sites", "local,b", "--unpin", home=env["home"]).returncode == 0
     s = submit(env, tmp_path, "--cluster", "local,b", "--", N4, "--hold")
     assert s.returncode == 0, s.stderr
     data = json.loads(s.stdout)["data"]
