@@ -32,6 +32,8 @@ import math
 import time
 from pathlib import Path
 
+from chainrun.state import json_file
+
 log = logging.getLogger(__name__)
 
 VERSION = 1
@@ -59,8 +61,6 @@ def shipped() -> dict:
 
 def read(p: Path) -> tuple[dict | None, str | None]:
     """``(document, None)`` (an empty one when there is no file), or ``(None, why)``."""
-    from chainrun.state import json_file
-
     return json_file.read(p, {"version": VERSION, "lists": {}}, _bad_doc)
 
 
@@ -88,8 +88,6 @@ def set_aside() -> dict | None:
     _, why = read(p)
     if why is None:
         return None
-    from chainrun.state import json_file
-
     done = json_file.set_aside(p, why)
     log.info("set aside the unreadable site margin file %s (%s) as %s", p, why, done["moved_to"])
     return done
@@ -97,8 +95,6 @@ def set_aside() -> dict | None:
 
 def save(doc: dict) -> Path:
     """Atomically (a submit may read it meanwhile)."""
-    from chainrun.state import json_file
-
     return json_file.save(path(), doc)
 
 
@@ -141,32 +137,35 @@ def record(names: list[str], outcome: dict) -> dict:
     """Store one choice's outcome (appended to the list's history); a chosen margin goes in force unless
     the list is pinned, a choice that could not be made keeps what is in force. The caller sets an
     unreadable file aside first."""
-    doc = _load()
-    e = _entry(doc, names)
-    now = time.time()
-    put = bool(outcome.get("chosen")) and not e.get("pinned")
-    slim = {k: outcome.get(k) for k in ("chosen", "margin_s", "reason", "summary", "as_of", "window", "rows",
-                                        "shape", "fidelity", "thinned", "notes", "seconds")}
-    prev = {k: e["in_force"].get(k) for k in ("margin_s", "source", "since")}
-    h = {**slim, "at": now, "put_in_force": put, "previous": prev}
-    e["history"] = ((e.get("history") or []) + [h])[-HISTORY_MAX:]
-    if put:
-        e["in_force"] = {"margin_s": float(outcome["margin_s"]), "source": "chosen", "since": now, "chosen_at": now,
-                         "as_of": outcome.get("as_of"), "window": outcome.get("window"), "rows": outcome.get("rows")}
-    e["last"] = {"at": now, "chosen": bool(outcome.get("chosen")), "put_in_force": put,
-                 "reason": outcome.get("reason"), "summary": outcome.get("summary")}
-    save(doc)
-    return e
+    with json_file.locked(path()):
+        doc = _load()
+        e = _entry(doc, names)
+        now = time.time()
+        put = bool(outcome.get("chosen")) and not e.get("pinned")
+        slim = {k: outcome.get(k) for k in ("chosen", "margin_s", "reason", "summary", "as_of", "window", "rows",
+                                            "shape", "fidelity", "thinned", "notes", "seconds")}
+        prev = {k: e["in_force"].get(k) for k in ("margin_s", "source", "since")}
+        h = {**slim, "at": now, "put_in_force": put, "previous": prev}
+        e["history"] = ((e.get("history") or []) + [h])[-HISTORY_MAX:]
+        if put:
+            e["in_force"] = {"margin_s": float(outcome["margin_s"]), "source": "chosen", "since": now,
+                             "chosen_at": now, "as_of": outcome.get("as_of"), "window": outcome.get("window"),
+                             "rows": outcome.get("rows")}
+        e["last"] = {"at": now, "chosen": bool(outcome.get("chosen")), "put_in_force": put,
+                     "reason": outcome.get("reason"), "summary": outcome.get("summary")}
+        save(doc)
+        return e
 
 
 def pin(names: list[str], on: bool = True) -> dict:
     """Pin the margin in force (a later choice is still recorded, but changes nothing), or unpin. Refused,
     with nothing written, on an unreadable file (``FIX``). The caller checks the names."""
-    doc = _load()
-    e = _entry(doc, names)
-    e["pinned"] = bool(on)
-    save(doc)
-    return e
+    with json_file.locked(path()):
+        doc = _load()
+        e = _entry(doc, names)
+        e["pinned"] = bool(on)
+        save(doc)
+        return e
 
 
 def rollback(names: list[str]) -> dict:
@@ -176,19 +175,20 @@ def rollback(names: list[str]) -> dict:
     first (its margins are unknown: the shipped one, pinned); the returned entry's ``set_aside`` says so."""
     from chainrun.errors import NotFoundError
 
-    doc, why = read(path())
-    if why is None and key(names) not in doc["lists"]:
-        raise NotFoundError(f"no site margin stored for {key(names)}: nothing to roll back; nothing written",
-                            hint=f"it runs on the shipped margin; choose one: chainrun model sites {key(names)}")
-    aside = set_aside() if why is not None else None
-    doc = doc if why is None else {"version": VERSION, "lists": {}}
-    e = _entry(doc, names)
-    cur = e["in_force"].get("margin_s")
-    prev = _previous(e.get("history") or [], cur)
-    e["in_force"] = {"margin_s": prev, "source": "rollback", "since": time.time(), "rolled_back_from": cur}
-    e["pinned"] = True
-    save(doc)
-    return {**e, "set_aside": aside}
+    with json_file.locked(path()):
+        doc, why = read(path())
+        if why is None and key(names) not in doc["lists"]:
+            raise NotFoundError(f"no site margin stored for {key(names)}: nothing to roll back; nothing written",
+                                hint=f"it runs on the shipped margin; choose one: chainrun model sites {key(names)}")
+        aside = set_aside() if why is not None else None
+        doc = doc if why is None else {"version": VERSION, "lists": {}}
+        e = _entry(doc, names)
+        cur = e["in_force"].get("margin_s")
+        prev = _previous(e.get("history") or [], cur)
+        e["in_force"] = {"margin_s": prev, "source": "rollback", "since": time.time(), "rolled_back_from": cur}
+        e["pinned"] = True
+        save(doc)
+        return {**e, "set_aside": aside}
 
 
 def _previous(hist: list[dict], cur) -> float:

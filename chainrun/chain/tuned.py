@@ -26,6 +26,8 @@ import math
 import time
 from pathlib import Path
 
+from chainrun.state import json_file
+
 log = logging.getLogger(__name__)
 
 VERSION = 1
@@ -65,8 +67,6 @@ def load(cluster: str) -> dict:
 def read(p: Path) -> tuple[dict | None, str | None]:
     """``(document, None)`` (an empty one when there is no file), or ``(None, why)`` when the file
     cannot be used: not readable, not JSON, or a shape whose values `predicted` could not run with."""
-    from chainrun.state import json_file
-
     return json_file.read(p, {"version": VERSION, "partitions": {}}, _bad_doc)
 
 
@@ -117,8 +117,6 @@ def set_aside(cluster: str) -> dict | None:
     _, why = read(p)
     if why is None:
         return None
-    from chainrun.state import json_file
-
     done = json_file.set_aside(p, why)
     log.info("set aside the unreadable tuning file %s (%s) as %s", p, why, done["moved_to"])  # the command says it
     return done
@@ -132,8 +130,6 @@ def set_aside_text(aside: dict) -> str:
 
 def save(cluster: str, doc: dict) -> Path:
     """Atomically (a watcher may read it meanwhile)."""
-    from chainrun.state import json_file
-
     return json_file.save(path(cluster), doc)
 
 
@@ -182,35 +178,37 @@ def _warn_once(p: Path | None, why: str) -> None:
 def record(cluster: str, partition: str, outcome: dict, *, default_partition: str | None = None) -> dict:
     """Store one refresh's outcome: appended to the history; when adopted and not pinned, its values
     go in force. Returns the partition's entry."""
-    doc = load(cluster)
-    if default_partition:
-        doc["default_partition"] = default_partition
-    e = entry(doc, partition)
-    now = time.time()
-    adopted = bool(outcome.get("adopted")) and not e.get("pinned")
-    e["history"] = (e.get("history") or []) + [{**outcome, "at": now, "put_in_force": adopted,
-                                                "previous": outcome.get("previous") or {k: (e.get("in_force") or {}).get(k)
-                                                                                        for k in KEYS}}]
-    e["history"] = e["history"][-HISTORY_MAX:]
-    if adopted:
-        e["in_force"] = {**{k: outcome["chosen"][k] for k in KEYS}, "source": "chosen", "since": now,
-                         "chosen_at": now, "window": outcome.get("window"), "check": outcome.get("check"),
-                         "fidelity": outcome.get("fidelity")}
-    e["last"] = {"at": now, "adopted": adopted, "reason": outcome.get("reason"), "summary": outcome.get("summary")}
-    save(cluster, doc)
-    return e
+    with json_file.locked(path(cluster)):
+        doc = load(cluster)
+        if default_partition:
+            doc["default_partition"] = default_partition
+        e = entry(doc, partition)
+        now = time.time()
+        adopted = bool(outcome.get("adopted")) and not e.get("pinned")
+        was = outcome.get("previous") or {k: (e.get("in_force") or {}).get(k) for k in KEYS}
+        e["history"] = (e.get("history") or []) + [{**outcome, "at": now, "put_in_force": adopted, "previous": was}]
+        e["history"] = e["history"][-HISTORY_MAX:]
+        if adopted:
+            e["in_force"] = {**{k: outcome["chosen"][k] for k in KEYS}, "source": "chosen", "since": now,
+                             "chosen_at": now, "window": outcome.get("window"), "check": outcome.get("check"),
+                             "fidelity": outcome.get("fidelity")}
+        e["last"] = {"at": now, "adopted": adopted, "reason": outcome.get("reason"),
+                     "summary": outcome.get("summary")}
+        save(cluster, doc)
+        return e
 
 
 def pin(cluster: str, partition: str, on: bool = True) -> dict:
     """Pin the values in force (a refresh still chooses and records, but changes nothing), or unpin.
     Refused, with nothing written, on an unreadable file (``FIX``) or a partition this cluster does
     not know (``check_partition``)."""
-    doc = load(cluster)
-    check_partition(cluster, partition, doc)
-    e = entry(doc, partition)
-    e["pinned"] = bool(on)
-    save(cluster, doc)
-    return e
+    with json_file.locked(path(cluster)):
+        doc = load(cluster)
+        check_partition(cluster, partition, doc)
+        e = entry(doc, partition)
+        e["pinned"] = bool(on)
+        save(cluster, doc)
+        return e
 
 
 def rollback(cluster: str, partition: str) -> dict:
@@ -218,24 +216,25 @@ def rollback(cluster: str, partition: str) -> dict:
     were none) and pin them, so the next refresh does not adopt again what was just rolled back.
     An unreadable file is set aside first (its values are unknown: the shipped ones, pinned); the
     returned entry's ``set_aside`` says so. A partition this cluster does not know writes nothing."""
-    doc, why = read(path(cluster))
-    check_partition(cluster, partition, doc or {"partitions": {}})
-    aside = set_aside(cluster) if why is not None else None
-    doc = doc if why is None else {"version": VERSION, "partitions": {}}
-    e = entry(doc, partition)
-    cur = {k: (e.get("in_force") or {}).get(k) for k in KEYS}
-    prev = None
-    for h in reversed(e.get("history") or []):
-        if h.get("put_in_force") and bad_values(h.get("previous")) is None and \
-                {k: h["chosen"][k] for k in KEYS} == cur:
-            prev = h["previous"]
-            break
-    prev = prev or shipped()
-    e["in_force"] = {**{k: prev[k] for k in KEYS}, "source": "rollback", "since": time.time(),
-                     "rolled_back_from": cur}
-    e["pinned"] = True
-    save(cluster, doc)
-    return {**e, "set_aside": aside}
+    with json_file.locked(path(cluster)):
+        doc, why = read(path(cluster))
+        check_partition(cluster, partition, doc or {"partitions": {}})
+        aside = set_aside(cluster) if why is not None else None
+        doc = doc if why is None else {"version": VERSION, "partitions": {}}
+        e = entry(doc, partition)
+        cur = {k: (e.get("in_force") or {}).get(k) for k in KEYS}
+        prev = None
+        for h in reversed(e.get("history") or []):
+            if h.get("put_in_force") and bad_values(h.get("previous")) is None and \
+                    {k: h["chosen"][k] for k in KEYS} == cur:
+                prev = h["previous"]
+                break
+        prev = prev or shipped()
+        e["in_force"] = {**{k: prev[k] for k in KEYS}, "source": "rollback", "since": time.time(),
+                         "rolled_back_from": cur}
+        e["pinned"] = True
+        save(cluster, doc)
+        return {**e, "set_aside": aside}
 
 
 def known_partitions(cluster: str, doc: dict) -> list[str] | None:

@@ -7,11 +7,13 @@ watcher or a submit would stop over it), and nothing a user or an older chainrun
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def read(p: Path, empty: dict, bad: Callable[[object], "str | None"]) -> tuple[dict | None, str | None]:
@@ -44,3 +46,18 @@ def set_aside(p: Path, why: str) -> dict:
         dest, n = p.with_name(f"{p.name}.corrupt-{stamp}-{n}"), n + 1
     os.replace(p, dest)
     return {"file": str(p), "moved_to": str(dest), "why": why}
+
+
+@contextmanager
+def locked(p: Path) -> Iterator[None]:
+    """One read-modify-write of ``p`` at a time: an exclusive lock on ``<name>.lock`` beside it, held until
+    the new document is in place. Two crons refreshing two clusters both record into the one site margin
+    file; without it the later write would drop the earlier one's entry. (A lock file, not ``p`` itself:
+    ``save`` replaces ``p``, and a lock on a replaced inode holds nothing.)"""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p.with_name(p.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
