@@ -18,7 +18,8 @@ cd -- "$1" 2>/dev/null || exit 0
 [ -f "$2" ] || exit 0
 echo "current $(sha256sum < "$2" | cut -d' ' -f1)"
 for r in .chainrun-copied.*.json; do
-  [ -f "$r" ] && sed -n 's/.*"sha256": *"\([0-9a-f]*\)".*/ours \1/p' "$r"
+  # echo: a record has no final newline (json.dumps), and sed then prints none: two records would run together
+  [ -f "$r" ] && { sed -n 's/.*"sha256": *"\([0-9a-f]*\)".*/ours \1/p' "$r"; echo; }
 done
 exit 0
 """
@@ -92,4 +93,4 @@ def land(dst: CopySite, man: cm.Manifest, partial: str, *, source: str = "") -> 
     record = {"source": source, "kind": man.kind, "name": man.name, "marker": man.marker,
               "generation": man.generation, "step": man.step, "bytes": man.total_bytes, "time": time.time(),
               "sha256": cm.content_sha256(man)}
-    dst.runner.write_file(f"{dst.ckpt_dir}/{COPIED}{man.name}.json", json.dumps(record), 0o600)
+    dst.runner.write_file(f"{dst.ckpt_dir}/{COPIED}{man.name}.json", json.dumps(record) + "\n", 0o600)

@@ -22,6 +22,7 @@ from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import move_steps as ms
 from chainrun.chain import outcomes, span
 from chainrun.chain.contract import go_text, handoff_text, moved_text
+from chainrun.chain.move_cleanup import Asked, Cleanups
 from chainrun.chain.engine import LOST_AFTER_S  # a submission never confirmed this long: never made
 from chainrun.chain.segments import job_name
 from chainrun.errors import ChainrunError
@@ -62,6 +63,7 @@ class Mover:
         self._progress: dict[tuple[str, int], dict] = {}
         self._manifests: dict[tuple[str, int], cm.Manifest] = {}
         self._queues: dict[str, list] = {}
+        self._cleanups = Cleanups()  # unused copies removed when a move ends (move_cleanup.py)
 
     # ------------------------------------------------------------------ the tick
     def moving(self) -> list[Chain]:
@@ -71,6 +73,7 @@ class Mover:
     def tick(self) -> list[str]:
         warnings: list[str] = []
         self._queues = {}
+        self._cleanups.harvest(self.store)
         for c in self.moving():
             segs = self.store.segments(c.id)
             for s in segs:
@@ -93,6 +96,8 @@ class Mover:
                 pass
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        self._cleanups.close(max(60.0, deadline - time.monotonic()))  # an rm on scratch: at least a minute
+        self._cleanups.harvest(self.store)
 
     def _step(self, c: Chain, segs: list[Segment], s: Segment, mv: dict) -> None:
         sites = {x.cluster: x for x in self.store.sites(c.id)}
@@ -133,9 +138,12 @@ class Mover:
             mv["phase"] = step.phase
         if step.phase == ms.ABANDONED:
             self._abandon(c, s, mv)
+            self._cleanups.ask(Asked(c.id, s.idx, b.cluster, "abandoned"), innermost(eb.runner), b.checkpoint_dir)
             events.append(f"segment {s.idx} on {b.cluster} ended before its go-ahead: the chain plans again")
         elif step.phase == ms.GO and pred is not None and pred.phase == ENDED:
             self._arrive(c, segs, s, mv, b)
+            self._cleanups.ask(Asked(c.id, s.idx, b.cluster, "done"), innermost(eb.runner), b.checkpoint_dir,
+                               keep=(mv["copied"]["name"],))  # by name: older copies share its marker
             events.append(f"the chain moved from {a.cluster} to {b.cluster}: segment {s.idx} trains there "
                           f"from step {(mv.get('go') or {}).get('step')}")
         self.store.save(c, [s], [(s.idx, "move", e) for e in events if e])

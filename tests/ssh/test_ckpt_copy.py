@@ -241,6 +241,7 @@ def test_one_line_errors_rsync_missing_permission_denied_disk_full(sites, tmp_pa
 
 
 def test_a_copied_template_checkpoint_resumes_the_template_and_unused_copies_are_cleaned_up(sites, tmp_path):
+    pytest.importorskip("torch")  # the templates extra (scripts/test.sh installs it; `--core` does not)
     here = Path(sites["here"].ckpt_dir)
     env = {**os.environ, "CHAINRUN_CHECKPOINT_DIR": str(here), "CHAINRUN_GENERATION": "3", "MAX_STEPS": "30",
            "SAVE_EVERY": "10", "CHAINRUN_DONE_FILE": str(tmp_path / "done")}
