@@ -10,7 +10,8 @@ nor the wrapper can keep the two apart: the driver does, in this order (docs/rem
    ``moved.<G>`` into A's control folder: no run below generation G starts training there again
    (a requeued or late predecessor);
 3. if the predecessor still trains, ask it to hand off (``handoff.<G-1>`` on its site), as a successor
-   on its own site would;
+   on its own site would; not while copies to B fail (none verified since the last failure): a broken
+   route must not stop training for a move that cannot complete (asked once a copy works again);
 4. once the predecessor has released (``released.<G-1>``) or its job has ended: copy its final
    checkpoint, or resume from the copy ahead and redo the steps since, whichever is expected to cost
    less; verify the copy on B;
@@ -62,6 +63,10 @@ class Seen:
     # what the expected-cost choice needs: seconds per step (measured on A), throughput A->B (bytes/s)
     step_s: float = 0.0
     throughput_bps: float = 0.0
+    # the last copy to B failed (and none verified since): the route may be broken, so the predecessor is
+    # not asked to stop training for a move that may never complete; asked: handoff.<G-1> is written on A
+    copy_failing: bool = False
+    asked: bool = False
 
 
 @dataclass
@@ -83,12 +88,15 @@ def next_step(phase: str, seen: Seen) -> Step:
         if seen.successor != "RUNNING" and not stopped:
             return Step(AHEAD, _copy_ahead(seen), "copying ahead while the predecessor trains")
         actions = [(FENCE, None)]
-        if not stopped:
+        if not stopped and not seen.copy_failing:
             actions.append((ASK_HANDOFF, None))
-        return Step(FENCED, actions + _copy_ahead(seen), "the successor runs" if not stopped
-                    else "the predecessor has stopped")
+        why = ("the predecessor has stopped" if stopped else "the successor runs" if not seen.copy_failing
+               else "the successor runs; copies to the new site fail, so the predecessor trains on until one works")
+        return Step(FENCED, actions + _copy_ahead(seen), why)
     # FENCED: wait for the predecessor to stop; then the checkpoint to resume from, verified, then go
     if not stopped:
+        if not seen.asked and not seen.copy_failing and seen.successor == "RUNNING":  # a copy works again
+            return Step(FENCED, [(ASK_HANDOFF, None)] + _copy_ahead(seen), "a copy to the new site works again")
         return Step(FENCED, _copy_ahead(seen), "waiting for the predecessor to release")
     target = resume_from(seen)
     if target is None:

@@ -128,7 +128,8 @@ class Mover:
             copying = True
         seen = ms.Seen(successor=s.phase, predecessor_live=pred_live, released=released,
                        newest=_ck(mv.get("newest")), copied=_ck(mv.get("copied")), copying=copying,
-                       step_s=float(c.extra.get("step_s") or 0.0), throughput_bps=float(mv.get("copy_Bps") or 0.0))
+                       step_s=float(c.extra.get("step_s") or 0.0), throughput_bps=float(mv.get("copy_Bps") or 0.0),
+                       copy_failing=bool(mv.get("copy_error")), asked=f"handoff.{gen - 1}" in (names or set()))
         step = ms.next_step(mv["phase"], seen)
         events = []
         for kind, target in step.actions:

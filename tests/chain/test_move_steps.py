@@ -35,13 +35,27 @@ def test_a_running_successor_fences_the_old_site_then_asks_the_predecessor_to_ha
     assert s.phase == FENCED and kinds(s) == [FENCE, ASK_HANDOFF]
 
 
+def test_while_copies_to_the_new_site_fail_the_predecessor_is_not_asked_to_stop_training():
+    # a broken route (no transport for copies, rsync missing, disk full there): fenced, but it trains on
+    s = next_step(AHEAD, seen(successor="RUNNING", copy_failing=True))
+    assert s.phase == FENCED and kinds(s) == [FENCE, COPY] and "predecessor trains on" in s.why
+    s = next_step(FENCED, seen(successor="RUNNING", copy_failing=True))
+    assert ASK_HANDOFF not in kinds(s)
+    # a copy works again: asked now, once
+    s = next_step(FENCED, seen(successor="RUNNING", copied=C10))
+    assert kinds(s) == [ASK_HANDOFF]
+    assert ASK_HANDOFF not in kinds(next_step(FENCED, seen(successor="RUNNING", copied=C10, asked=True)))
+    # never when it stopped by itself meanwhile
+    assert ASK_HANDOFF not in kinds(next_step(FENCED, seen(successor="RUNNING", released=True, copied=C10)))
+
+
 def test_a_predecessor_that_ended_first_is_fenced_but_not_asked():
     s = next_step(AHEAD, seen(predecessor_live=False, copied=C10))
     assert s.phase == FENCED and kinds(s) == [FENCE]
 
 
 def test_no_go_ahead_while_the_predecessor_may_still_train():
-    assert kinds(next_step(FENCED, seen(successor="RUNNING", copied=C10))) == []
+    assert kinds(next_step(FENCED, seen(successor="RUNNING", copied=C10, asked=True))) == []
     # site A does not answer: nothing is known to have stopped, so the move stalls
     s = next_step(FENCED, seen(successor="RUNNING", predecessor_live=None, released=None, newest=None, copied=C10))
     assert s.phase == FENCED and GO_AHEAD not in kinds(s)
@@ -77,13 +91,17 @@ def test_never_a_go_ahead_unless_the_predecessor_stopped_and_the_named_checkpoin
     rng = random.Random(7)
     ckpts = [None, C10, C20]
     cases = itertools.product([AHEAD, FENCED], ["SUBMITTING", "PENDING", "RUNNING", "ENDED"], [True, False, None],
-                              [True, False, None], ckpts, ckpts, [False, True])
+                              [True, False, None], ckpts, ckpts, [False, True], [False, True], [False, True])
     n = 0
-    for phase, succ, live, released, newest, copied, copying in cases:
+    for phase, succ, live, released, newest, copied, copying, failing, asked in cases:
         s = seen(successor=succ, predecessor_live=live, released=released, newest=newest, copied=copied,
-                 copying=copying, step_s=rng.choice([0.0, 1.0, 60.0]), throughput_bps=rng.choice([0.0, 1e8]))
+                 copying=copying, step_s=rng.choice([0.0, 1.0, 60.0]), throughput_bps=rng.choice([0.0, 1e8]),
+                 copy_failing=failing, asked=asked)
         step = next_step(phase, s)
         for kind, target in step.actions:
+            if kind == ASK_HANDOFF:
+                assert not failing and live is not False and released is not True, (phase, s)
+                assert not (asked and phase == FENCED), "asked once"
             if kind == GO_AHEAD:
                 n += 1
                 assert live is False or released is True, (phase, s)
