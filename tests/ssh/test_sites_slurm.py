@@ -455,3 +455,22 @@ def test_the_site_margin_is_chosen_on_both_clusters_history_and_a_chain_takes_it
     data = json.loads(s.stdout)["data"]
     assert data["site_margin_s"] == 3 * 3600 and data["site_margin_source"].startswith("chosen "), data
     assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0
+
+
+def test_a_missing_env_file_or_a_site_no_checkpoint_copy_can_reach(env, tmp_path):
+    """b's env_file is read there (`test -r` over its transport); q, b's own server added with the built-in
+    client (`cluster add --host`), could never carry rsync: both refused before anything is written."""
+    configure(env, '[clusters.b.job]\nenv_file = "@WORKDIR@/no-such-env.sh"\n')
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
+    _refused(env, tmp_path, p, f"cluster b: cannot read its env_file {env['workdir']}/no-such-env.sh",
+             "[clusters.b.job] env_file")
+    (env["home"] / "config.toml").write_text(env["base"])
+    try:
+        add = run_cli(*env["server"].add_args("q"), "--accept-new-host-key", home=env["home"], env=env["extra"])
+        assert add.returncode == 0, add.stderr
+        env2 = {**env, "base": (env["home"] / "config.toml").read_text()}
+        p = submit(env2, tmp_path, "--cluster", "local,q", "--", N4)
+        _refused(env2, tmp_path, p, "cluster q: checkpoint copies to or from q need the OpenSSH transport",
+                 "chainrun cluster add q --ssh ALIAS")
+    finally:
+        (env["home"] / "config.toml").write_text(env["base"])
