@@ -212,6 +212,12 @@ def test_the_text_result_names_each_site_and_the_move_rule(env, tmp_path):
     assert "margin (1h00m)" in p.stdout
     assert re.search(r"^site 2 b: .*reached without a prompt; accepted by sbatch --test-only", p.stdout, re.M), p.stdout
     chain = re.search(r"^chain (\S+):", p.stdout, re.M).group(1)
+    # `status CHAIN` says where the chain may run, where it is, and the decision that put segment 0 there
+    s = run_cli("status", chain, home=env["home"], env={**env["extra"], "COLUMNS": "250"})
+    assert s.returncode == 0, s.stderr
+    assert "clusters (in order of preference): local, b; on local" in s.stdout, s.stdout
+    assert re.search(r"placement of segment 0 \(.*\): start on local: done in ~", s.stdout), s.stdout
+    assert re.search(r"^seg=0 +job=\d+ +cluster=local ", s.stdout, re.M), s.stdout
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
