@@ -49,13 +49,32 @@ def site_for(name: str, runner: Runner, ckpt_dir: str, *, direct: Mapping[str, D
     wraps it: the acting watcher's runner is fenced by its lease)."""
     from chainrun.runner.base import innermost
 
+    refused = transport_refusal(name, runner)
+    if refused is not None:
+        raise refused
     inner = innermost(runner)
     if isinstance(inner, LocalRunner):
         return CopySite(name, runner, ckpt_dir, direct=dict(direct or {}), rsync=rsync)
-    from chainrun.runner.openssh import OpenSSHRunner, base_argv
+    from chainrun.runner.openssh import base_argv
 
-    if not isinstance(inner, OpenSSHRunner):
-        raise UsageError(f"checkpoint copies to or from {name} need the OpenSSH transport",
-                         hint=f"re-add the cluster with `chainrun cluster add {name} --ssh ALIAS`")
     return CopySite(name, runner, ckpt_dir, ssh=tuple(base_argv(inner.alias)[:-1]), host=inner.alias,
                     direct=dict(direct or {}), rsync=rsync)
+
+
+def transport_refusal(name: str, runner: Runner) -> UsageError | None:
+    """Why no checkpoint copy can ever go to or from this site (None: it can). rsync needs this machine
+    or the OpenSSH transport (its ssh carries rsync); the built-in client (paramiko) cannot carry it.
+    `submit --cluster a,b` asks this too (chain/copy_ready.py), so a chain is never accepted on a site
+    whose first move would fail here."""
+    from chainrun.runner.base import innermost
+
+    inner = innermost(runner)
+    if isinstance(inner, LocalRunner):
+        return None
+    from chainrun.runner.openssh import OpenSSHRunner
+
+    if isinstance(inner, OpenSSHRunner):
+        return None
+    return UsageError(f"checkpoint copies to or from {name} need the OpenSSH transport",
+                      hint=f"re-add the cluster with `chainrun cluster add {name} --ssh ALIAS` "
+                           "(a Host alias of ~/.ssh/config)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from chainrun import clusters
-from chainrun.chain import preflight
+from chainrun.chain import copy_ready, preflight
 from chainrun.chain.contract import render_wrapper, sbatch_options, token_text
 from chainrun.chain.create import (SubmitRequest, SubmitResult, _default_output, _partition, _refuse_owned,
                                    _segment_length, _upload_name, create_chain, make_folders)
@@ -166,18 +166,22 @@ def _login_without_master(alias: str) -> bool:
 
 def open_sites(names: list[str], open_runner: Callable[[str], tuple[Runner, object]], *, local_workdir: str,
                need: GpuNeed) -> list[Site]:
-    """Every site, its settings checked against the need, then reached (nothing is written yet)."""
+    """Every site, its settings checked against the need, then reached; a checkpoint copy must be able to
+    reach it (chain/copy_ready.py). Nothing is written yet."""
     cfg = clusters.load()
     specs = {n: (None if n == clusters.LOCAL else clusters.get(n, cfg)) for n in names}  # unknown names: one line
     settings = {n: clusters.site_settings(n, cfg) for n in names}
     fits = {n: gpu_fit(n, settings[n], need) for n in names}  # pure: before any connection
+    copy_ready.check_driver_rsync(names)
     sites: list[Site] = []
     try:
         for rank, n in enumerate(names):
             runner, _ = open_runner(n)
             site = Site(n, rank, runner, settings[n])
             sites.append(site)
+            copy_ready.check_transport(n, runner)  # before connecting: the transport alone decides
             site.notes["reach"] = reach(n, runner)
+            site.notes["rsync"] = copy_ready.check_rsync(n, runner)
             if fits[n]:
                 site.notes["gpu"] = fits[n]
             spec = specs[n]
@@ -206,7 +210,23 @@ def choose_scripts(sites: list[Site], *, script: str, script_text: str) -> None:
         else:
             s.script, s.script_text, s.upload = script, script_text, s.name != clusters.LOCAL
         if s.settings.env_file:
+            check_env_file(s)
             s.script_text, s.upload = with_env_file(s.name, s.script_text, s.settings.env_file), True
+
+
+def check_env_file(s: Site) -> None:
+    """The environment file must be readable there, as the script's copy names it (quoted, as given):
+    found only when a segment runs on that site, a missing one fails the chain hours later."""
+    f = s.settings.env_file or ""
+    res = s.runner.run(["test", "-r", f], 60)
+    if res.ok:
+        s.notes["env_file"] = f"{f} readable"
+        return
+    why = res.first_error_line() if res.returncode != 1 else "missing or not readable"
+    if f.startswith("~"):  # sourced quoted, as given: the shell does not expand it
+        why += "; ~ is not expanded: give the full path"
+    raise SiteRefused(f"cluster {s.name}: cannot read its env_file {f} ({why})",
+                      hint=f"create it there, or fix [clusters.{s.name}.job] env_file in config.toml")
 
 
 _SHELL = re.compile(r"^#!\s*\S*/(?:env\s+)?(?:ba|z|k|da)?sh\b")

@@ -90,6 +90,8 @@ class ChainView:
     sites: tuple = ()
     site_choice: dict | None = None
     site_margin: dict | None = None  # its margin (site_plan.margin_s) and where it came from
+    # every site decision the events kept (newest last, the last DECISIONS): {"at", "segment", "decision"}
+    site_decisions: tuple = ()
     race: dict | None = None  # --race: the last race's racers, the winner, what was cancelled (chain/site_race.py)
     race_note: str = ""
 
@@ -102,8 +104,23 @@ class ChainView:
         return d
 
 
-def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, ticks: dict | None = None) -> ChainView:
-    """``ticks``: the clusters' tick records (untended.read_all), for the outlook without ticks."""
+DECISIONS = 10  # site decisions `status` carries (the event log keeps them all)
+
+
+def site_decisions(store, chain: Chain, limit: int = DECISIONS) -> list[dict]:
+    """A chain spanning clusters: its newest site decisions from the event log (kind ``site``: where
+    segment 0 started, each change of mind, each pending successor moved), oldest first, with the
+    numbers each was made on (the rule's own words). [] for a chain on one cluster (no query)."""
+    if not chain.extra.get("sites"):
+        return []
+    return [{"at": e.ts, "segment": e.idx, "decision": e.message}
+            for _, e in store.events(chain.id, kind="site", limit=limit)]
+
+
+def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, ticks: dict | None = None,
+               decisions: list[dict] | None = None) -> ChainView:
+    """``ticks``: the clusters' tick records (untended.read_all), for the outlook without ticks;
+    ``decisions``: a spanning chain's site decisions (site_decisions)."""
     now = time.time() if now is None else now
     live = [s for s in segs if s.phase in LIVE_PHASES]
     cur = live[0] if live else (segs[-1] if segs else None)
@@ -140,7 +157,7 @@ def view_chain(chain: Chain, segs: list[Segment], now: float | None = None, *, t
         shapes=tuple(chain.extra.get("shapes") or ()), time_min_s=chain.extra.get("time_min_s"),
         untended=_untended(chain, segs, ticks, now),
         sites=tuple(chain.extra.get("sites") or ()), site_choice=chain.extra.get("site_choice"),
-        site_margin=_site_margin(chain), race=chain.extra.get("race"),
+        site_margin=_site_margin(chain), site_decisions=tuple(decisions or ()), race=chain.extra.get("race"),
         race_note=_race_note(chain),
     )
 

@@ -285,7 +285,7 @@ def status(
 ) -> None:
     from chainrun import clusters
     from chainrun.chain import untended
-    from chainrun.chain.summary import view_chain
+    from chainrun.chain.summary import site_decisions, view_chain
     from chainrun.context import open_context
 
     clusters.load()  # a config.toml chainrun cannot read is an error here too, not a silent "no chains"
@@ -295,7 +295,8 @@ def status(
         if cluster:  # only that cluster's chains (without --cluster: every cluster's)
             chains = [ch for ch in chains if ch.cluster == c.cluster]
         tended = untended.read_all(c.store)  # says what happens to a chain nothing ticks
-        views = [view_chain(ch, c.store.segments(ch.id), ticks=tended) for ch in chains]
+        views = [view_chain(ch, c.store.segments(ch.id), ticks=tended, decisions=site_decisions(c.store, ch))
+                 for ch in chains]
         from chainrun.schedule import tick_status
 
         ticks = tick_status(c.store)  # where scheduled ticks come from, last/next, late (schedule.py)

@@ -115,6 +115,26 @@ def placement_lines(v: ChainView) -> list[str]:
     return out
 
 
+def site_lines(v: ChainView, now: float) -> list[str]:
+    """A chain spanning clusters: its clusters in order of preference and the one it is on, then the
+    latest site decision with its numbers (the rule's words) and how many the event log kept.
+    [] for a chain on one cluster."""
+    sites = getattr(v, "sites", ()) or ()
+    if not sites:
+        return []
+    out = [f"clusters (in order of preference): {', '.join(sites)}; on {v.cluster}"
+           + (f"; moves only to gain more than {dur(v.site_margin['margin_s'])} (margin "
+              f"{v.site_margin['source']})"
+              if getattr(v, "site_margin", None) else "")]
+    ch = getattr(v, "site_choice", None)
+    if ch and ch.get("reason"):
+        out.append(f"placement of segment {ch.get('for', '?')} ({clock(ch.get('at'), now=now)}): {ch['reason']}")
+    n = len(getattr(v, "site_decisions", ()) or ())
+    if n > 1:
+        out.append(f"{n} site decisions kept (newest last: `chainrun status {v.id} --json`, site_decisions)")
+    return out
+
+
 def pace_line(v: ChainView, now: float) -> str:
     p = pace_of(v)
     if p.get("step") is None:
@@ -345,16 +365,22 @@ def _segment_fields(s, now: float) -> dict[str, str]:
             "nodes": ",".join(getattr(s, "nodes", ()) or ()) or "-",
             "switches": "-" if getattr(s, "switches", None) is None else str(s.switches),
             "shape": "-" if getattr(s, "shape_nodes", None) is None else f"{s.shape_nodes}N",
+            "cluster": getattr(s, "cluster", None) or "-",
             "gap": "-" if s.gap_s is None else (f"+{dur(s.gap_s)}" if s.gap_s > 0 else dur(s.gap_s))}
 
 
 def detail_lines(v: ChainView, width: int) -> list[str]:
     """``status CHAIN`` off a terminal: the chain's record, then one record per segment."""
     now = time.time()
-    out = record(_chain_record(v, detail=True), width) + _chain_notes(v, width)
+    out = record(_chain_record(v, detail=True), width)
+    for line in site_lines(v, now):
+        out += wrap_text(line, width, first=INDENT)
+    out += _chain_notes(v, width)
+    spans = bool(getattr(v, "sites", ()))
     for i, s in enumerate(v.segment_views):
         f = _segment_fields(s, now)
-        out += record([f"seg={f['seg']}", f"job={f['job']}"] + [f"{k}={f[k]}" for k in
+        out += record([f"seg={f['seg']}", f"job={f['job']}"] + ([f"cluster={f['cluster']}"] if spans else [])
+                      + [f"{k}={f[k]}" for k in
                       ("state", "outcome", "limit", "submit", "eligible", "start", "end", "wait", "predicted", "gap",
                        "steps", "steps/s", "nodes", "switches")]
                       + ([f"shape={f['shape']}"] if getattr(s, "shape_nodes", None) is not None else []),
@@ -440,7 +466,7 @@ def chain_list(views: list[ChainView]) -> ChainList:
 
 CHAIN_DETAIL_STEPS = [("note", "below"), ("nodes", "drop"), ("steps/s", "drop"), ("steps", "drop"), ("predicted", "short"), ("eligible", "drop"), ("submit", "drop"),
                       ("predicted", "drop"), ("limit", "drop"), ("wait", "drop"), ("seg", "short"), ("end", "drop"),
-                      ("outcome", "drop"), ("start", "drop")]
+                      ("outcome", "drop"), ("cluster", "drop"), ("start", "drop")]
 
 
 @dataclass
@@ -460,8 +486,10 @@ class ChainDetail:
         gap_cells = [f"[red]{f['gap']}[/]" if s.gap_s is not None and s.gap_s > 60 else
                      f"[yellow]{f['gap']}[/]" if s.gap_s is not None and s.gap_s < 0 else f["gap"] for s, f in rows]
         notes = [escape(_note(s)) for s, _ in rows]
+        spans = bool(getattr(v, "sites", ()))  # a chain spanning clusters: where each segment was submitted
         cols = [
-            col("seg", short=[f["seg"].replace("(retry)", "r") for _, f in rows]), col("job"), col("state"),
+            col("seg", short=[f["seg"].replace("(retry)", "r") for _, f in rows]), col("job"),
+            *([col("cluster")] if spans else []), col("state"),
             col("outcome"), col("limit"), col("submit"), col("eligible"), col("start"), col("end"), col("wait"),
             col("predicted", short=[dur(s.predicted_wait_s) for s, _ in rows]), Column("gap", "gap", gap_cells),
         ]
@@ -485,6 +513,8 @@ class ChainDetail:
             yield Text(err, style="bold red")
         if pace_line(v, now):
             yield Text(pace_line(v, now))
+        for line in site_lines(v, now):
+            yield Text(line)
         for line in placement_lines(v):
             yield Text(line, style="yellow" if line.startswith("excluded") else "")
         if getattr(v, "race_note", ""):  # --race: what raced, which won, what was cancelled

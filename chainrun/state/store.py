@@ -517,9 +517,12 @@ class Store:
         with self.tx():
             self._event(chain_id, idx, kind, message)
 
-    def events(self, chain_id: str | None = None, *, after_id: int = 0, limit: int = 200) -> list[tuple[int, Event]]:
-        q = "SELECT * FROM events WHERE id>?" + (" AND chain_id=?" if chain_id else "") + " ORDER BY id DESC LIMIT ?"
-        args = (after_id, chain_id, limit) if chain_id else (after_id, limit)
+    def events(self, chain_id: str | None = None, *, after_id: int = 0, limit: int = 200,
+               kind: str | None = None) -> list[tuple[int, Event]]:
+        """The newest ``limit`` events after ``after_id`` (of one chain, of one kind), oldest first."""
+        q = ("SELECT * FROM events WHERE id>?" + (" AND chain_id=?" if chain_id else "")
+             + (" AND kind=?" if kind else "") + " ORDER BY id DESC LIMIT ?")
+        args = (after_id, *([chain_id] if chain_id else []), *([kind] if kind else []), limit)
         with self.reading():
             rows = list(self.db.execute(q, args))[::-1]
         return [(r["id"], Event(r["ts"], r["chain_id"], r["idx"], r["kind"], r["message"])) for r in rows]

@@ -212,6 +212,12 @@ def test_the_text_result_names_each_site_and_the_move_rule(env, tmp_path):
     assert "margin (1h00m)" in p.stdout
     assert re.search(r"^site 2 b: .*reached without a prompt; accepted by sbatch --test-only", p.stdout, re.M), p.stdout
     chain = re.search(r"^chain (\S+):", p.stdout, re.M).group(1)
+    # `status CHAIN` says where the chain may run, where it is, and the decision that put segment 0 there
+    s = run_cli("status", chain, home=env["home"], env={**env["extra"], "COLUMNS": "250"})
+    assert s.returncode == 0, s.stderr
+    assert "clusters (in order of preference): local, b; on local" in s.stdout, s.stdout
+    assert re.search(r"placement of segment 0 \(.*\): start on local: done in ~", s.stdout), s.stdout
+    assert re.search(r"^seg=0 +job=\d+ +cluster=local ", s.stdout, re.M), s.stdout
     assert run_cli("cancel", chain, home=env["home"], env=env["extra"]).returncode == 0
 
 
@@ -455,3 +461,22 @@ def test_the_site_margin_is_chosen_on_both_clusters_history_and_a_chain_takes_it
     data = json.loads(s.stdout)["data"]
     assert data["site_margin_s"] == 3 * 3600 and data["site_margin_source"].startswith("chosen "), data
     assert run_cli("cancel", data["chain"], home=env["home"], env=env["extra"]).returncode == 0
+
+
+def test_a_missing_env_file_or_a_site_no_checkpoint_copy_can_reach(env, tmp_path):
+    """b's env_file is read there (`test -r` over its transport); q, b's own server added with the built-in
+    client (`cluster add --host`), could never carry rsync: both refused before anything is written."""
+    configure(env, '[clusters.b.job]\nenv_file = "@WORKDIR@/no-such-env.sh"\n')
+    p = submit(env, tmp_path, "--cluster", "local,b", "--", N4)
+    _refused(env, tmp_path, p, f"cluster b: cannot read its env_file {env['workdir']}/no-such-env.sh",
+             "[clusters.b.job] env_file")
+    (env["home"] / "config.toml").write_text(env["base"])
+    try:
+        add = run_cli(*env["server"].add_args("q"), "--accept-new-host-key", home=env["home"], env=env["extra"])
+        assert add.returncode == 0, add.stderr
+        env2 = {**env, "base": (env["home"] / "config.toml").read_text()}
+        p = submit(env2, tmp_path, "--cluster", "local,q", "--", N4)
+        _refused(env2, tmp_path, p, "cluster q: checkpoint copies to or from q need the OpenSSH transport",
+                 "chainrun cluster add q --ssh ALIAS")
+    finally:
+        (env["home"] / "config.toml").write_text(env["base"])
