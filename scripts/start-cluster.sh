@@ -36,7 +36,8 @@ TASKPLUGIN=${CHAINRUN_SLURM_TASK:-task/none}
 RESTART=${CHAINRUN_SLURM_RESTART:-0}
 CTLD_PORT=$PORT_BASE
 DBD_PORT=$((PORT_BASE + 2))
-PKGS=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client slurm-wlm-basic-plugins slurm-wlm-mysql-plugin)
+# rsync: checkpoint copies between the test clusters (mariadb-server pulls it in today; named so it stays)
+PKGS=(munge mariadb-server slurmctld slurmd slurmdbd slurm-client slurm-wlm-basic-plugins slurm-wlm-mysql-plugin rsync)
 
 T0=${EPOCHREALTIME/[.,]/}
 log() { local ms=$(( (${EPOCHREALTIME/[.,]/} - T0) / 1000 )); printf '[start-cluster +%d.%03ds] %s\n' $((ms / 1000)) $((ms % 1000)) "$*" >&2; }
