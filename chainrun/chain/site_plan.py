@@ -14,6 +14,7 @@ The policy times the successor with the chosen site's wait; a successor on anoth
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -85,10 +86,12 @@ def margin_s(c: Chain) -> float:
 
 
 def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float, *,
-                  bounded: bool = True, model_only: bool = False) -> WaitEstimate | None:
+                  bounded: bool = True, model_only: bool = False,
+                  left_out: dict[str, str] | None = None) -> WaitEstimate | None:
     """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate;
     ``bounded``: no earlier than Slurm's recent plan for the chain's job pending there; ``model_only``:
-    None where the model gives no answer (no ``sbatch --test-only`` call)."""
+    None where the model gives no answer (no ``sbatch --test-only`` call). ``left_out``: where a site with
+    no wait gets its why (the decision names every site it did not weigh)."""
     here = site.cluster == c.cluster
     view = span.site_view(c, site)
     probe = Segment(chain_id=c.id, idx=cur.idx + 1, time_limit_s=view.segment_s, cluster=site.cluster)
@@ -106,11 +109,30 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
         start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
         log.info("site %s: no wait estimate (%s)", site.cluster, e)
+        if left_out is not None:
+            left_out[site.cluster] = f"cannot reach it ({_short(e)})"
         return None
     est = test_only_wait(start, now)
+    if est is None and left_out is not None:
+        left_out[site.cluster] = "Slurm gives it no start (sbatch --test-only)"
     if est is None or not bounded:
         return est
     return _at_least_planned(c, site.cluster, est, now)
+
+
+def _short(e: Exception) -> str:
+    """An error in one clause: its first line, cut (an ssh error may carry a whole banner)."""
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    return line if len(line) <= 120 else line[:117] + "..."
+
+
+def with_left_out(choice: site_choice.SiteChoice, left_out: dict[str, str]) -> site_choice.SiteChoice:
+    """The decision naming every site it did not weigh, and why, in its reason (the event) and its record
+    (``status --json``: ``site_choice.left_out``): a site dropped silently looks like one that lost."""
+    if not left_out:
+        return choice
+    said = "; ".join(f"{n} not weighed: {why}" for n, why in left_out.items())
+    return dataclasses.replace(choice, reason=f"{choice.reason}; {said}", left_out=tuple(left_out.items()))
 
 
 def test_only_wait(start: float | None, now: float) -> WaitEstimate | None:
@@ -151,8 +173,9 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     paces = site_paces(c, segs, [s.cluster for s in sites])
     ests: dict[str, WaitEstimate] = {}
     options = []
+    left_out: dict[str, str] = {}
     for s in sites:
-        est = wait_estimate(t, c, s, cur, now)
+        est = wait_estimate(t, c, s, cur, now, left_out=left_out)
         if est is None:
             continue
         ests[s.cluster] = est
@@ -162,7 +185,7 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     ready_in = max(0.0, handover_at - now) if handover_at else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=remaining_s, margin_s=margin_s(c),
                                      ready_in_s=ready_in, **boundaries(c, segs))
-    return choice, ests
+    return with_left_out(choice, left_out), ests
 
 
 def first_site(c: Chain, names: list[str], waits: dict[str, WaitEstimate | None]) -> site_choice.SiteChoice | None:
@@ -330,15 +353,17 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
     ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
     others = []
+    left_out: dict[str, str] = {}
     for s in sites:
         if s.cluster == c.cluster:
             continue
-        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now)
+        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now, left_out=left_out)
         if est is not None:
             others.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
     choice = weigh_pending(option(c, c.cluster, here, paces.get(c.cluster)), others, remaining_s=work_after_running(c, segs),
                            margin_s=margin_s(c), ready_in_s=ready_in, **boundaries(c, segs))
+    choice = with_left_out(choice, left_out)
     if not choice.move:
         t.store.save(c)
         return False
