@@ -175,8 +175,8 @@ def choose_site(current: str | None, options: list[SiteOption] | tuple[SiteOptio
 
 def _parts(e: SiteEstimate) -> str:
     out = f"start ~{_h(e.wait_s)}"
-    if e.transfer_s:
-        out += f", transfer {_h(e.transfer_s)}"
+    if e.transfer_s:  # a measured copy may take seconds: below a minute in seconds ("0 min" would hide it)
+        out += ", transfer " + (_h(e.transfer_s) if e.transfer_s >= 60 else f"{e.transfer_s:.0f} s")
     if e.restart_s > 0:  # below a minute in seconds: "0 min" would hide it
         out += ", restart " + (_h(e.restart_s) if e.restart_s >= 60 else f"{e.restart_s:.0f} s")
     if e.pace != 1.0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
+COPY_RATES_KEPT = 5  # a site's copy rate: the median of the last 5 whole copies there (one outlier does not swing it)
 TEST_ONLY = "slurm --test-only"  # the source of a wait that is Slurm's own expected start
 
 
@@ -248,12 +250,27 @@ def declared_by_site(names: list[str]) -> dict[str, site_pace.Declared]:
 
 
 def transfer_s(c: Chain, to: str) -> float:
-    """The checkpoint's copy to ``to``: its last measured size over the last measured rate there."""
+    """The checkpoint's copy to ``to``: its last known size over the rate measured there (``record_copy``);
+    before any size is known DEFAULT_TRANSFER_S, before a whole copy there DEFAULT_COPY_BPS. The rate is
+    kept per destination (with two sites, the one direction into it)."""
     size = float(c.extra.get("checkpoint_bytes") or 0)
     rate = float((c.extra.get("copy_Bps") or {}).get(to) or 0)
     if size <= 0:
         return DEFAULT_TRANSFER_S
     return size / (rate if rate > 0 else DEFAULT_COPY_BPS)
+
+
+def record_copy(c: Chain, to: str, *, size_bytes: int | None = None, copy_Bps: float | None = None) -> None:
+    """What chain/mover.py measured, kept on the chain for ``transfer_s``: the checkpoint's size (from the
+    manifest it read, before or after a copy), and a verified whole copy's rate to ``to`` (a resumed copy
+    says nothing of the rate): the median of the last COPY_RATES_KEPT there."""
+    if size_bytes and size_bytes > 0:
+        c.extra["checkpoint_bytes"] = int(size_bytes)
+    if copy_Bps and copy_Bps > 0:
+        seen = c.extra.setdefault("copy_Bps_seen", {}).setdefault(to, [])
+        seen.append(round(float(copy_Bps), 1))
+        del seen[:-COPY_RATES_KEPT]
+        c.extra.setdefault("copy_Bps", {})[to] = statistics.median(seen)
 
 
 def next_generation(t: TickContext, c: Chain, to: ChainSite) -> int:
