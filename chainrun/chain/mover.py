@@ -20,7 +20,7 @@ from typing import Callable
 
 from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import move_steps as ms
-from chainrun.chain import outcomes, span
+from chainrun.chain import outcomes, site_plan, span
 from chainrun.chain.contract import go_text, handoff_text, moved_text
 from chainrun.chain.move_cleanup import Asked, Cleanups
 from chainrun.chain.engine import LOST_AFTER_S  # a submission never confirmed this long: never made
@@ -46,6 +46,14 @@ def live_move(s: Segment) -> dict | None:
 
 def _ck(d: dict | None) -> ms.Checkpoint | None:
     return ms.Checkpoint(int(d["generation"] or 0), int(d["step"] or 0), int(d.get("bytes") or 0)) if d else None
+
+
+def costs(c: Chain, mv: dict) -> dict:
+    """What the expected-cost choice of the checkpoint to resume from reads (move_steps.resume_from): the
+    chain's measured seconds per step (chain/tick_context.py, from its progress) and the copy rate to the
+    new site, this move's own, else the chain's measured rate there (site_plan.record_copy)."""
+    rate = mv.get("copy_Bps") or (c.extra.get("copy_Bps") or {}).get(mv["to"])
+    return {"step_s": float(c.extra.get("step_s") or 0.0), "throughput_bps": float(rate or 0.0)}
 
 
 def _summary(man: cm.Manifest) -> dict:
@@ -128,8 +136,8 @@ class Mover:
             copying = True
         seen = ms.Seen(successor=s.phase, predecessor_live=pred_live, released=released,
                        newest=_ck(mv.get("newest")), copied=_ck(mv.get("copied")), copying=copying,
-                       step_s=float(c.extra.get("step_s") or 0.0), throughput_bps=float(mv.get("copy_Bps") or 0.0),
-                       copy_failing=bool(mv.get("copy_error")), asked=f"handoff.{gen - 1}" in (names or set()))
+                       **costs(c, mv), copy_failing=bool(mv.get("copy_error")),
+                       asked=f"handoff.{gen - 1}" in (names or set()))
         step = ms.next_step(mv["phase"], seen)
         events = []
         for kind, target in step.actions:
@@ -211,6 +219,8 @@ class Mover:
         if key in self._progress:
             mv["copy"] = {k: self._progress[key].get(k) for k in
                           ("state", "bytes_done", "bytes_total", "throughput_Bps", "generation", "step", "route")}
+            # the size is known from the copy's start (its manifest): later decisions weigh it at once
+            site_plan.record_copy(c, mv["to"], size_bytes=self._progress[key].get("checkpoint_bytes"))
         fut = self._jobs.get(key)
         if fut is None or not fut.done():
             return
@@ -232,12 +242,15 @@ class Mover:
             mv["final_read"] = True
             if got["final"]:
                 mv["newest"] = got["final"]
+                site_plan.record_copy(c, mv["to"], size_bytes=got["final"].get("bytes"))
         if "copied" in got:
             mv["copied"] = got["copied"]
             if not mv.get("final_read"):
                 mv["newest"] = got["copied"]
             if got.get("copy_Bps"):
                 mv["copy_Bps"] = got["copy_Bps"]
+            # the chain's later decisions weigh a move by this: the size, and the rate of a whole copy there
+            site_plan.record_copy(c, mv["to"], size_bytes=got["copied"].get("bytes"), copy_Bps=got.get("copy_Bps"))
             self.store.add_event(c.id, s.idx, "copy", f"checkpoint step {got['copied']['step']} copied to "
                                  f"{mv['to']} and verified ({got['copied']['bytes']} bytes, {got['seconds']} s)")
 

@@ -78,6 +78,7 @@ class SiteChoice:
     reason: str
     estimates: tuple[SiteEstimate, ...] = field(default=())
     margin_s: float = 0.0
+    left_out: tuple[tuple[str, str], ...] = ()  # (site, why) for each site not weighed (chain/site_plan.py)
 
     @property
     def finish_s(self) -> dict[str, float]:
@@ -85,8 +86,11 @@ class SiteChoice:
         return {e.name: e.finish_s for e in self.estimates}
 
     def as_dict(self) -> dict:
-        return {"site": self.site, "move": self.move, "reason": self.reason, "margin_s": self.margin_s,
-                "estimates": [e.as_dict() for e in self.estimates]}
+        out = {"site": self.site, "move": self.move, "reason": self.reason, "margin_s": self.margin_s,
+               "estimates": [e.as_dict() for e in self.estimates]}
+        if self.left_out:
+            out["left_out"] = dict(self.left_out)
+        return out
 
 
 def quantile_fn(wait: Wait) -> Callable[[float], float]:
@@ -171,8 +175,8 @@ def choose_site(current: str | None, options: list[SiteOption] | tuple[SiteOptio
 
 def _parts(e: SiteEstimate) -> str:
     out = f"start ~{_h(e.wait_s)}"
-    if e.transfer_s:
-        out += f", transfer {_h(e.transfer_s)}"
+    if e.transfer_s:  # a measured copy may take seconds: below a minute in seconds ("0 min" would hide it)
+        out += ", transfer " + (_h(e.transfer_s) if e.transfer_s >= 60 else f"{e.transfer_s:.0f} s")
     if e.restart_s > 0:  # below a minute in seconds: "0 min" would hide it
         out += ", restart " + (_h(e.restart_s) if e.restart_s >= 60 else f"{e.restart_s:.0f} s")
     if e.pace != 1.0:

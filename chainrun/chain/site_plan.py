@@ -14,7 +14,9 @@ The policy times the successor with the chosen site's wait; a successor on anoth
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
+COPY_RATES_KEPT = 5  # a site's copy rate: the median of the last 5 whole copies there (one outlier does not swing it)
 TEST_ONLY = "slurm --test-only"  # the source of a wait that is Slurm's own expected start
 
 
@@ -85,10 +88,12 @@ def margin_s(c: Chain) -> float:
 
 
 def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: float, *,
-                  bounded: bool = True, model_only: bool = False) -> WaitEstimate | None:
+                  bounded: bool = True, model_only: bool = False,
+                  left_out: dict[str, str] | None = None) -> WaitEstimate | None:
     """The successor's wait on ``site`` if submitted now: the site's model, else Slurm's own estimate;
     ``bounded``: no earlier than Slurm's recent plan for the chain's job pending there; ``model_only``:
-    None where the model gives no answer (no ``sbatch --test-only`` call)."""
+    None where the model gives no answer (no ``sbatch --test-only`` call). ``left_out``: where a site with
+    no wait gets its why (the decision names every site it did not weigh)."""
     here = site.cluster == c.cluster
     view = span.site_view(c, site)
     probe = Segment(chain_id=c.id, idx=cur.idx + 1, time_limit_s=view.segment_s, cluster=site.cluster)
@@ -106,11 +111,30 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
         start = slurm.test_only(wrapper_path(view), sbatch_args(view, probe), script_args=[str(probe.idx)])
     except (ChainrunError, SlurmError) as e:  # that site does not answer: it is not an option this tick
         log.info("site %s: no wait estimate (%s)", site.cluster, e)
+        if left_out is not None:
+            left_out[site.cluster] = f"cannot reach it ({_short(e)})"
         return None
     est = test_only_wait(start, now)
+    if est is None and left_out is not None:
+        left_out[site.cluster] = "Slurm gives it no start (sbatch --test-only)"
     if est is None or not bounded:
         return est
     return _at_least_planned(c, site.cluster, est, now)
+
+
+def _short(e: Exception) -> str:
+    """An error in one clause: its first line, cut (an ssh error may carry a whole banner)."""
+    line = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    return line if len(line) <= 120 else line[:117] + "..."
+
+
+def with_left_out(choice: site_choice.SiteChoice, left_out: dict[str, str]) -> site_choice.SiteChoice:
+    """The decision naming every site it did not weigh, and why, in its reason (the event) and its record
+    (``status --json``: ``site_choice.left_out``): a site dropped silently looks like one that lost."""
+    if not left_out:
+        return choice
+    said = "; ".join(f"{n} not weighed: {why}" for n, why in left_out.items())
+    return dataclasses.replace(choice, reason=f"{choice.reason}; {said}", left_out=tuple(left_out.items()))
 
 
 def test_only_wait(start: float | None, now: float) -> WaitEstimate | None:
@@ -151,8 +175,9 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     paces = site_paces(c, segs, [s.cluster for s in sites])
     ests: dict[str, WaitEstimate] = {}
     options = []
+    left_out: dict[str, str] = {}
     for s in sites:
-        est = wait_estimate(t, c, s, cur, now)
+        est = wait_estimate(t, c, s, cur, now, left_out=left_out)
         if est is None:
             continue
         ests[s.cluster] = est
@@ -162,7 +187,7 @@ def choose(t: TickContext, c: Chain, cur: Segment, *, remaining_s: float, handov
     ready_in = max(0.0, handover_at - now) if handover_at else 0.0
     choice = site_choice.choose_site(c.cluster, options, remaining_s=remaining_s, margin_s=margin_s(c),
                                      ready_in_s=ready_in, **boundaries(c, segs))
-    return choice, ests
+    return with_left_out(choice, left_out), ests
 
 
 def first_site(c: Chain, names: list[str], waits: dict[str, WaitEstimate | None]) -> site_choice.SiteChoice | None:
@@ -225,12 +250,27 @@ def declared_by_site(names: list[str]) -> dict[str, site_pace.Declared]:
 
 
 def transfer_s(c: Chain, to: str) -> float:
-    """The checkpoint's copy to ``to``: its last measured size over the last measured rate there."""
+    """The checkpoint's copy to ``to``: its last known size over the rate measured there (``record_copy``);
+    before any size is known DEFAULT_TRANSFER_S, before a whole copy there DEFAULT_COPY_BPS. The rate is
+    kept per destination (with two sites, the one direction into it)."""
     size = float(c.extra.get("checkpoint_bytes") or 0)
     rate = float((c.extra.get("copy_Bps") or {}).get(to) or 0)
     if size <= 0:
         return DEFAULT_TRANSFER_S
     return size / (rate if rate > 0 else DEFAULT_COPY_BPS)
+
+
+def record_copy(c: Chain, to: str, *, size_bytes: int | None = None, copy_Bps: float | None = None) -> None:
+    """What chain/mover.py measured, kept on the chain for ``transfer_s``: the checkpoint's size (from the
+    manifest it read, before or after a copy), and a verified whole copy's rate to ``to`` (a resumed copy
+    says nothing of the rate): the median of the last COPY_RATES_KEPT there."""
+    if size_bytes and size_bytes > 0:
+        c.extra["checkpoint_bytes"] = int(size_bytes)
+    if copy_Bps and copy_Bps > 0:
+        seen = c.extra.setdefault("copy_Bps_seen", {}).setdefault(to, [])
+        seen.append(round(float(copy_Bps), 1))
+        del seen[:-COPY_RATES_KEPT]
+        c.extra.setdefault("copy_Bps", {})[to] = statistics.median(seen)
 
 
 def next_generation(t: TickContext, c: Chain, to: ChainSite) -> int:
@@ -330,15 +370,17 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
     ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
     others = []
+    left_out: dict[str, str] = {}
     for s in sites:
         if s.cluster == c.cluster:
             continue
-        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now)
+        est = ests[s.cluster] = wait_estimate(t, c, s, succ, now, left_out=left_out)
         if est is not None:
             others.append(option(c, s.cluster, median_s(est), paces.get(s.cluster)))
     ready_in = max(0.0, handover - now) if handover else 0.0
     choice = weigh_pending(option(c, c.cluster, here, paces.get(c.cluster)), others, remaining_s=work_after_running(c, segs),
                            margin_s=margin_s(c), ready_in_s=ready_in, **boundaries(c, segs))
+    choice = with_left_out(choice, left_out)
     if not choice.move:
         t.store.save(c)
         return False

@@ -103,6 +103,9 @@ class TickContext:
         if ranks or not old.get("ranks"):
             s.extra["progress"] = progress.segment_progress(ranks, read_at=self.clock(),
                                                             shared=placement.sharing_windows(s))
+            sps = s.extra["progress"].get("steps_per_s")
+            if sps and sps > 0:  # wall seconds per step, newest measured: what a move weighs redone steps by
+                c.extra["step_s"] = 1.0 / sps  # (chain/move_steps.py resume_from)
         else:
             old["read_at"] = self.clock()
 

@@ -170,10 +170,23 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     # a successor held back on local was weighed against b by Slurm's own plan for it, and cancelled
     assert any(e.kind == "site" and "cancelled while pending on local (Slurm expects it to start at" in e.message
                for e in events), text
-    # every later decision stayed on b, by the rule; the last ones saw local free (its estimate: the transfer)
+    # every later decision stayed on b, by the rule; the last ones saw local free: local is weighed at its
+    # wait there and the checkpoint's transfer back (its measured size at the default rate: no copy went
+    # that way), either after b or sooner by no more than the margin
     later = [e.message for e in events if e.kind == "site" and e.idx is not None and e.idx >= ran[1].idx]
     assert later and all(m.startswith("next segment: stay on b") for m in later), later
-    assert re.search(r"next local ~\d+ min$", later[-1]), later
+    assert re.search(r"(next local ~\d+ min|local ~\d+ min saves \d+ min, not more than the margin 5 min)$",
+                     later[-1]), later
+    # what the move measured is kept on the chain and weighed by the later decisions (not the 15 min default):
+    # the checkpoint's size (its manifest), the rate into b of a whole copy, the trainer's seconds per step
+    c = read(env, chain)[0]
+    sizes = {int(n) for n in re.findall(r"copied to b and verified \((\d+) bytes", text)}
+    assert c.extra["checkpoint_bytes"] in sizes and c.extra["checkpoint_bytes"] > PAD_KIB << 10, (c.extra, sizes)
+    if mv.get("copy_Bps"):  # a whole copy (one rsync resumed after the kill gives no rate)
+        assert 0 < c.extra["copy_Bps"]["b"] <= 2 * (BWLIMIT_KIB << 10), c.extra
+    assert 0 < c.extra["step_s"] < 60, c.extra  # the toy reports its progress
+    back = {e["site"]: e for e in st["site_choice"]["estimates"]}["local"]  # a copy back: size at the default rate
+    assert 0 < back["transfer_s"] < 900, st["site_choice"]
     # status shows where each segment ran and the move that brought the chain to b
     detail = {d["idx"]: d for d in st["segments_detail"]}
     assert detail[ran[1].idx]["cluster"] == "b" and "move local->b: done; resumed from step" in detail[ran[1].idx]["note"]
