@@ -67,6 +67,7 @@ def test_parse_refuses_what_is_not_a_whole_answer_in_one_line():
 
 
 def _run_template(script: Path, ckpt: Path, generation: int, **env: str) -> None:
+    pytest.importorskip("torch")  # the templates extra (scripts/test.sh installs it; `--core` does not)
     full = {**os.environ, "CHAINRUN_CHECKPOINT_DIR": str(ckpt), "CHAINRUN_GENERATION": str(generation),
             "CHAINRUN_DONE_FILE": str(ckpt.parent / "done"), **env}
     p = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=300,
