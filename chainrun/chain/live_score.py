@@ -60,7 +60,8 @@ def live_error(cluster: str) -> dict:
                     prev = next((p for p in reversed(segs[:i]) if p.start is not None), None)
                     if seg.wait_s is not None:
                         pairs.append((seg.predicted_wait_s, seg.wait_s))
-                        targets.append(predict_quantile(c.segment_s))
+                        # the quantile it was read at (a tuned boundary cost moves it); older rows: the default
+                        targets.append(float(seg.extra.get("wait_quantile") or predict_quantile(c.segment_s)))
                     if prev is not None and prev.end is not None and not prev.is_live:
                         # decided once the predecessor ended: started by then, or missed
                         deadline.append(seg.start is not None and seg.start <= prev.end)

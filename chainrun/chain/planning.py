@@ -165,6 +165,8 @@ def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float,
     seg = Segment(chain_id=c.id, idx=idx, time_limit_s=limit, dependency=dependency, is_retry=prev_failed,
                   predicted_wait_s=estimate.seconds if estimate else None,
                   predicted_model=estimate.model if estimate else "")
+    if estimate is not None and estimate.target is not None:  # the quantile predicted_wait_s is (live_score)
+        seg.extra["wait_quantile"] = float(estimate.target)
     if span.spans(c):  # every segment of a chain spanning clusters names its site
         seg.cluster = c.cluster
     if move_to is not None:

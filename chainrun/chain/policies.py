@@ -164,6 +164,9 @@ class WaitEstimate:
     p90: float | None = None
     target: float | None = None
     prob_within: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
+    # the distribution's quantile function, when known: a policy that acts on another quantile (its
+    # boundary cost in force) reads ``seconds`` there, so what is stored and scored is what it acted on
+    quantile: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,8 @@ class Predicted:
                                    f"point (share {self.max_lead_share:.2f})")
         est = view.predict_wait() if view.predict_wait else None
         if est is not None and est.target is not None and getattr(self, "_retarget", False):
-            est = replace(est, target=predict_quantile(view.chain.segment_s, self.transition_cost_s))
+            q = predict_quantile(view.chain.segment_s, self.transition_cost_s)
+            est = replace(est, target=q, seconds=float(est.quantile(q)) if est.quantile else est.seconds)
         left = view.handover_at - view.now
         if est is None:
             d = Lead().decide(view)

@@ -138,7 +138,8 @@ def test_the_engine_gives_the_rule_the_chains_slack(tmp_path, monkeypatch):
 
 
 def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
-    """A submission's P(start in time) reaches the successor's record, where `model status` reads it."""
+    """A submission's P(start in time), and the quantile its predicted wait was read at, reach the successor's
+    record, where `model status` reads them."""
     from chainrun.chain import planning
     from chainrun.chain.policies import Decision
     from tests.reliability.test_engine_faults import make_world
@@ -147,7 +148,8 @@ def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
         name = "predicted"
 
         def decide(self, view):
-            return Decision(True, "test", estimate=WaitEstimate(seconds=60, model="cluster"), prob_in_time=0.8125)
+            return Decision(True, "test", estimate=WaitEstimate(seconds=60, model="cluster", target=0.93),
+                            prob_in_time=0.8125)
 
     monkeypatch.setattr(planning, "get_policy", lambda name: Sure())
     fake, store, eng, c = make_world(tmp_path)
@@ -156,6 +158,7 @@ def test_the_engine_keeps_the_chance_it_acted_on(tmp_path, monkeypatch):
     eng.tick()
     segs = store.segments(c.id)
     assert len(segs) == 2 and segs[1].extra.get("prob_in_time") == 0.8125
+    assert segs[1].predicted_wait_s == 60 and segs[1].extra.get("wait_quantile") == 0.93  # where it was read
     assert "prob_in_time" not in segs[0].extra
 
 
@@ -182,3 +185,24 @@ def test_a_remembered_distribution_answers_as_the_plain_one():
         n = len(asked)
         assert _expected_lateness(mem, leads) == _expected_lateness(d.prob_within, leads)
         assert len(asked) == n  # the second time from memory: the distribution was not read again
+
+
+def test_a_tuned_cost_reads_the_wait_at_the_quantile_it_acts_on(chainrun_home):
+    """The watcher's estimate comes at the shipped cost's quantile; with another boundary cost in force the
+    quantile rule acts on that cost's quantile, and the wait it reports (stored as the segment's
+    predicted_wait_s, scored by `model status`) is the one there, not the shipped quantile's."""
+    from chainrun.chain import tuned
+    from chainrun.chain.policies import predict_quantile
+
+    busy = _dist(1.0, 10.0, 30.0, 40.0, 50.0)
+    shipped_q = predict_quantile(48 * H)
+    est = WaitEstimate(seconds=busy.quantile(shipped_q), model="cluster", target=shipped_q,
+                       prob_within=busy.prob_within, quantile=busy.quantile)
+    tuned.record("local", "p", {"adopted": True, "reason": "test", "summary": "test",
+                                "chosen": {"rule": "quantile", "transition_cost_s": 6 * H, "lead_share": 0.9,
+                                           "floor_s": 3600.0}})
+    q = predict_quantile(48 * H, 6 * H)
+    assert q != shipped_q
+    d = Predicted(tuned=True).for_chain(_view(0, est, allowance=0).chain).decide(
+        _view(200 * H - 300 - busy.quantile(q) + 60, est, allowance=0.0))
+    assert d.submit and d.estimate.target == q and d.estimate.seconds == pytest.approx(busy.quantile(q))

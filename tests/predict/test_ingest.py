@@ -197,6 +197,13 @@ def test_status_scores_what_was_acted_on(tmp_path, monkeypatch):
     # segment 2 was sent at 0.9 and started late, segment 3 at 0.7 and in time
     assert le["acted_prob_n"] == 2 and le["acted_prob_mean"] == pytest.approx(0.8)
     assert le["acted_prob_hit_rate"] == pytest.approx(0.5)
+    # a segment decided with a tuned boundary cost records the quantile its wait was read at: scored there
+    st = Store(state_db())
+    for s in segs[1:]:
+        s.extra["wait_quantile"] = 0.9
+        st.save_segment(s)
+    st.close()
+    assert live_score.live_error("local")["acted_quantile"] == pytest.approx(0.9)
 
 
 def test_time_limit_note():
