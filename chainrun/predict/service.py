@@ -134,19 +134,23 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
     if nodes < 1 or gpus < 0 or cpus < 0 or timelimit_s <= 0:
         raise UsageError("--nodes must be >= 1, --gpus and --cpus >= 0, --time > 0")
     predictor = load_predictor(model_dir(cluster))
-    history, _ = ingest.load_cache(cluster)
+    history, info = ingest.load_cache(cluster)
     now = time.time()
     req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos, submit=now)
     if not live:
         return answer(predictor, req, None, history, None)
+    from chainrun.predict.model import close_gone
     from chainrun.predict.snapshot import snapshot_from_rows
     from chainrun.slurm.client import SlurmClient
 
     rows = SlurmClient(runner, timeout=60.0).queue(all_users=True)
     view = slurm_view(runner, rows, cluster=cluster, now=now, nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos)
-    return answer(predictor, req, snapshot_from_rows(rows), history, view)
+    snapshot = snapshot_from_rows(rows)
+    # the cache's pending and running jobs that squeue no longer shows have left the queue
+    history = close_gone(history, snapshot["job_id"], info.get("last_refresh"))
+    return answer(predictor, req, snapshot, history, view)
 
 
 def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes: int, gpus: int, cpus: int,
