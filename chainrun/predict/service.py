@@ -144,6 +144,7 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
     from chainrun.predict.snapshot import snapshot_from_rows
     from chainrun.slurm.client import SlurmClient
 
+    check_request(runner, nodes=nodes, partition=partition)
     rows = SlurmClient(runner, timeout=60.0).queue(all_users=True)
     view = slurm_view(runner, rows, cluster=cluster, now=now, nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos)
@@ -151,6 +152,31 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
     # the cache's pending and running jobs that squeue no longer shows have left the queue
     history = close_gone(history, snapshot["job_id"], info.get("last_refresh"))
     return answer(predictor, req, snapshot, history, view)
+
+
+def check_request(runner: "Runner", *, nodes: int, partition: str = "") -> None:
+    """UsageError for a request Slurm would refuse: a partition the cluster does not have, or more
+    nodes than the partition (the asked one, else the default) has; ``scontrol show partition``, as
+    ``submit`` checks its partition. Unreadable partitions: nothing to check against here
+    (``slurm_view`` still refuses a partition ``sbatch --test-only`` calls invalid)."""
+    from chainrun.slurm.client import SlurmClient
+
+    try:
+        parts = SlurmClient(runner, timeout=30.0).partitions()
+    except (SlurmError, OSError):
+        return
+    if not parts:
+        return
+    if partition:
+        first = partition.split(",")[0]  # Slurm takes a list; the first names the nodes here, as submit reads it
+        if first not in parts:
+            raise UsageError(f"no partition {first!r} on this cluster", hint=f"partitions: {', '.join(parts)}")
+        info = parts[first]
+    else:
+        info = next((p for p in parts.values() if p.is_default), None)
+    if info is not None and info.total_nodes and nodes > info.total_nodes:
+        raise UsageError(f"--nodes {nodes}: partition {info.name!r} has {info.total_nodes} node"
+                         f"{'s' if info.total_nodes != 1 else ''}")
 
 
 def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes: int, gpus: int, cpus: int,
@@ -170,12 +196,16 @@ def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes:
     argv += ["--gpus", str(gpus)] if gpus else []
     argv += ["-n", str(cpus)] if cpus else []
     test_only = None
+    res = None
     try:
         res = runner.run([*argv, "--wrap", "true"], 30)
         start = parse_test_only(res.stderr + "\n" + res.stdout)
         test_only = None if start is None else max(0.0, start - now)
     except (ChainrunError, OSError):  # e.g. a dropped SSH connection: the model answers without it
         pass
+    if res is not None and not res.ok and "invalid partition" in (res.stderr + res.stdout).lower():
+        # the partitions were unreadable (check_request passed), but Slurm itself names it: no answer
+        raise UsageError(f"no partition {partition!r} on this cluster (sbatch --test-only: {res.first_error_line()})")
     return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start)
 
 
