@@ -46,10 +46,21 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
         since = float(info["last_refresh"]) - ingest.OVERLAP_S
     else:
         since = now - (lookback_days or ingest.LOOKBACK_DAYS) * 86400.0
+    was_all = info.get("all_users", True)
+    read = {"hist": old}
+
+    def keep(frame, until: float, all_users: bool) -> None:
+        # each window into the cache as it is read (atomically, as save_cache writes): a failure at
+        # window k keeps 1..k-1, and the next refresh reads on from ``until`` (less the overlap)
+        read["hist"] = ingest.merge_history(read["hist"], frame)
+        ingest.save_cache(cluster, read["hist"], {"last_refresh": until, "all_users": bool(all_users and was_all),
+                                                  "rows": int(len(read["hist"]))})
+
     fetched = ingest.fetch_history(runner, since=since, now=now, cluster=slurm_cluster,
-                                   window_days=window_days or ingest.WINDOW_DAYS)
-    hist = ingest.merge_history(old, fetched.frame)
-    all_users = bool(fetched.all_users and info.get("all_users", True))
+                                   window_days=window_days or ingest.WINDOW_DAYS, on_window=keep)
+    # the windows merged one by one: the same rows as one merge of them all (the newest read wins)
+    hist = read["hist"] if fetched.calls else ingest.merge_history(old, fetched.frame)
+    all_users = bool(fetched.all_users and was_all)  # and the check over all windows' users
     info = {"last_refresh": now, "all_users": all_users, "rows": int(len(hist))}
     ingest.save_cache(cluster, hist, info)
     t_fetch = time.time() - t0
