@@ -97,3 +97,21 @@ def test_close_gone_ends_them_at_the_cache_read(setup):
     snap = pd.DataFrame(columns=hist.columns)
     x = pr.features_for(req, snap, close_gone(hist, [], info["last_refresh"]))[0]
     assert x[FEATURES.index("q_pending_jobs")] == 0 and x[FEATURES.index("q_running_jobs")] == 0
+
+
+def test_the_watcher_counts_only_what_its_tick_shows(setup, caplog):
+    """chain/prediction.py: the same cache, read by the watcher with its tick's one squeue."""
+    import logging
+    from types import SimpleNamespace
+
+    from chainrun.chain.prediction import for_cluster
+    from chainrun.slurm.parsers import parse_squeue
+
+    predict = for_cluster("t")
+    chain = SimpleNamespace(id="c1", segment_s=3600.0, partition="gpu")
+    seg = SimpleNamespace(job_id="77")
+    caplog.set_level(logging.INFO, logger="chainrun.chain.prediction")
+    assert predict(chain, seg, []) is not None
+    assert "busier" not in caplog.text
+    assert predict(chain, seg, parse_squeue("\n".join([HEADER, *setup]) + "\n")) is not None
+    assert "busier than any in its history: pending jobs 40" in caplog.text
