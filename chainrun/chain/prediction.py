@@ -43,8 +43,8 @@ def for_cluster(cluster: str):
                 from chainrun.predict.model import load_predictor
 
                 loaded["model"] = load_predictor(mdir)
-                loaded["history"] = ingest.load_cache(cluster)[0]
-            return _estimate(loaded["model"], loaded["history"], chain, seg, rows)
+                loaded["history"], loaded["info"] = ingest.load_cache(cluster)
+            return _estimate(loaded["model"], _live(loaded, rows), chain, seg, rows)
         except ChainrunError as e:  # a broken model must not stop the chain: the policy falls back to lead
             log.warning("queue-delay model unavailable (%s); using the fixed lead", e)
             return None
@@ -57,13 +57,22 @@ def for_cluster(cluster: str):
                 predict(chain, seg, rows)
             if not loaded:
                 return {}
-            return _shape_waits(loaded["model"], loaded["history"], chain, seg, rows, shapes)
+            return _shape_waits(loaded["model"], _live(loaded, rows), chain, seg, rows, shapes)
         except ChainrunError as e:
             log.warning("queue-delay model unavailable for the shape choice (%s)", e)
             return {}
 
     predict.shape_waits = shape_waits  # type: ignore[attr-defined]  (the engine asks for it only when planning)
     return predict
+
+
+def _live(loaded: dict, rows: "list[QueueRow]"):
+    """The cached history with the jobs this tick's squeue no longer shows closed
+    (``model.close_gone``); the replay calls ``_estimate`` with its own exact history instead."""
+    from chainrun.predict.model import close_gone
+    from chainrun.predict.snapshot import snapshot_from_rows
+
+    return close_gone(loaded["history"], snapshot_from_rows(rows)["job_id"], loaded["info"].get("last_refresh"))
 
 
 def _shape_waits(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]",

@@ -31,6 +31,8 @@ from chainrun.slurm.parsers import SACCT_FIELDS
 from chainrun.traces import CANONICAL_COLUMNS, parse_trace_text
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import pandas as pd
 
     from chainrun.runner.base import Runner
@@ -95,8 +97,12 @@ def _is_header(line: str) -> bool:
 
 
 def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | None = None,
-                  window_days: float = WINDOW_DAYS, timeout: float = 300.0) -> FetchResult:
-    """sacct over [since, now] in windows; everyone's jobs if ``-a`` works, else our own."""
+                  window_days: float = WINDOW_DAYS, timeout: float = 300.0,
+                  on_window: "Callable[[pd.DataFrame, float, bool], None] | None" = None) -> FetchResult:
+    """sacct over [since, now] in windows; everyone's jobs if ``-a`` works, else our own.
+
+    ``on_window(frame, window_end, all_users)`` after each window read: the refresh keeps what
+    was read before a later window fails (a 60-day first read is nine calls)."""
     import pandas as pd
 
     frames = []
@@ -121,6 +127,8 @@ def fetch_history(runner: "Runner", *, since: float, now: float, cluster: str | 
                 raise SlurmError(msg, hint="is Slurm installed and on PATH here?")
             raise (TransientSlurmError if res.timed_out else SlurmError)(msg)
         frames.append(parse_sacct_rows(res.stdout))
+        if on_window is not None:
+            on_window(frames[-1], t_end, all_users)
         t = t_end
     frames = [f for f in frames if len(f)]
     df = pd.concat(frames, ignore_index=True) if frames else parse_sacct_rows("")

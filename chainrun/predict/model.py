@@ -199,6 +199,38 @@ def anchor_of(X, fallback: float) -> "np.ndarray":
 
 
 
+def close_gone(history: "pd.DataFrame | None", live_ids, read_at: float | None) -> "pd.DataFrame | None":
+    """The cached ``history`` as the live queue shows it: a job the cache saw pending (start
+    unknown) or running (end unknown) that is not among ``live_ids`` (the job ids of a live
+    squeue snapshot) has left the queue since; its end is set to ``read_at``, when the cache was
+    read (sacct's ``last_refresh``), else to the history's newest fact.
+
+    Closed, not dropped: training saw a job that left the queue as one with an end (a pending job
+    that never started has an end and no start, as a cancelled one has), and it still counts in
+    the user's submissions of the week; only its start, which nobody knows, stays unknown, so no
+    invented wait enters the wait features. Any end between the cache read and now gives the same
+    features: they compare ends with the time asked only. Only for a history read before the
+    snapshot (the CLI's ``predict`` and the watcher); the replay's history is exact at its
+    moment and its own segments are open on purpose, so it never calls this."""
+    import numpy as np
+
+    if history is None or not len(history):
+        return history
+    start, end = history["start"].to_numpy(float), history["end"].to_numpy(float)
+    gone = (np.isnan(start) | np.isnan(end)) & ~history["job_id"].astype(str).isin(
+        {str(i) for i in live_ids}).to_numpy()
+    if not gone.any():
+        return history
+    if read_at is None:
+        facts = np.concatenate([history["submit"].to_numpy(float), start, end])
+        read_at = float(np.nanmax(facts))
+    h = history.copy()
+    # never before its own submit or start: a job cannot leave the queue before it came into it
+    floor = np.fmax(h["submit"].to_numpy(float), start)
+    h.loc[gone, "end"] = np.fmax(floor[gone], float(read_at))
+    return h
+
+
 def _usual_partition(universe: "pd.DataFrame", user: str) -> str:
     """No partition asked for: Slurm will use the default; guess it as the user's most used
     partition, else the cluster's ("" when the history has none)."""

@@ -46,10 +46,21 @@ def refresh(runner: "Runner", *, cluster: str = "default", now: float | None = N
         since = float(info["last_refresh"]) - ingest.OVERLAP_S
     else:
         since = now - (lookback_days or ingest.LOOKBACK_DAYS) * 86400.0
+    was_all = info.get("all_users", True)
+    read = {"hist": old}
+
+    def keep(frame, until: float, all_users: bool) -> None:
+        # each window into the cache as it is read (atomically, as save_cache writes): a failure at
+        # window k keeps 1..k-1, and the next refresh reads on from ``until`` (less the overlap)
+        read["hist"] = ingest.merge_history(read["hist"], frame)
+        ingest.save_cache(cluster, read["hist"], {"last_refresh": until, "all_users": bool(all_users and was_all),
+                                                  "rows": int(len(read["hist"]))})
+
     fetched = ingest.fetch_history(runner, since=since, now=now, cluster=slurm_cluster,
-                                   window_days=window_days or ingest.WINDOW_DAYS)
-    hist = ingest.merge_history(old, fetched.frame)
-    all_users = bool(fetched.all_users and info.get("all_users", True))
+                                   window_days=window_days or ingest.WINDOW_DAYS, on_window=keep)
+    # the windows merged one by one: the same rows as one merge of them all (the newest read wins)
+    hist = read["hist"] if fetched.calls else ingest.merge_history(old, fetched.frame)
+    all_users = bool(fetched.all_users and was_all)  # and the check over all windows' users
     info = {"last_refresh": now, "all_users": all_users, "rows": int(len(hist))}
     ingest.save_cache(cluster, hist, info)
     t_fetch = time.time() - t0
@@ -134,19 +145,49 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
     if nodes < 1 or gpus < 0 or cpus < 0 or timelimit_s <= 0:
         raise UsageError("--nodes must be >= 1, --gpus and --cpus >= 0, --time > 0")
     predictor = load_predictor(model_dir(cluster))
-    history, _ = ingest.load_cache(cluster)
+    history, info = ingest.load_cache(cluster)
     now = time.time()
     req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos, submit=now)
     if not live:
         return answer(predictor, req, None, history, None)
+    from chainrun.predict.model import close_gone
     from chainrun.predict.snapshot import snapshot_from_rows
     from chainrun.slurm.client import SlurmClient
 
+    check_request(runner, nodes=nodes, partition=partition)
     rows = SlurmClient(runner, timeout=60.0).queue(all_users=True)
     view = slurm_view(runner, rows, cluster=cluster, now=now, nodes=nodes, gpus=gpus, cpus=cpus,
                       timelimit_s=timelimit_s, partition=partition, qos=qos)
-    return answer(predictor, req, snapshot_from_rows(rows), history, view)
+    snapshot = snapshot_from_rows(rows)
+    # the cache's pending and running jobs that squeue no longer shows have left the queue
+    history = close_gone(history, snapshot["job_id"], info.get("last_refresh"))
+    return answer(predictor, req, snapshot, history, view)
+
+
+def check_request(runner: "Runner", *, nodes: int, partition: str = "") -> None:
+    """UsageError for a request Slurm would refuse: a partition the cluster does not have, or more
+    nodes than the partition (the asked one, else the default) has; ``scontrol show partition``, as
+    ``submit`` checks its partition. Unreadable partitions: nothing to check against here
+    (``slurm_view`` still refuses a partition ``sbatch --test-only`` calls invalid)."""
+    from chainrun.slurm.client import SlurmClient
+
+    try:
+        parts = SlurmClient(runner, timeout=30.0).partitions()
+    except (SlurmError, OSError):
+        return
+    if not parts:
+        return
+    if partition:
+        first = partition.split(",")[0]  # Slurm takes a list; the first names the nodes here, as submit reads it
+        if first not in parts:
+            raise UsageError(f"no partition {first!r} on this cluster", hint=f"partitions: {', '.join(parts)}")
+        info = parts[first]
+    else:
+        info = next((p for p in parts.values() if p.is_default), None)
+    if info is not None and info.total_nodes and nodes > info.total_nodes:
+        raise UsageError(f"--nodes {nodes}: partition {info.name!r} has {info.total_nodes} node"
+                         f"{'s' if info.total_nodes != 1 else ''}")
 
 
 def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes: int, gpus: int, cpus: int,
@@ -166,12 +207,16 @@ def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes:
     argv += ["--gpus", str(gpus)] if gpus else []
     argv += ["-n", str(cpus)] if cpus else []
     test_only = None
+    res = None
     try:
         res = runner.run([*argv, "--wrap", "true"], 30)
         start = parse_test_only(res.stderr + "\n" + res.stdout)
         test_only = None if start is None else max(0.0, start - now)
     except (ChainrunError, OSError):  # e.g. a dropped SSH connection: the model answers without it
         pass
+    if res is not None and not res.ok and "invalid partition" in (res.stderr + res.stdout).lower():
+        # the partitions were unreadable (check_request passed), but Slurm itself names it: no answer
+        raise UsageError(f"no partition {partition!r} on this cluster (sbatch --test-only: {res.first_error_line()})")
     return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start)
 
 

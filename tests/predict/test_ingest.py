@@ -109,6 +109,54 @@ def test_incremental_refresh_merges_and_final_state_wins(tmp_path, monkeypatch):
     assert info["last_refresh"] == now + 7200 and info["rows"] == len(hist)
 
 
+class FailsAtWindow(FakeRunner):
+    """sacct times out at its ``fail_at``-th call (1-based); window k's rows carry job ids ``k...``."""
+
+    def __init__(self, fail_at=None, **kw):
+        super().__init__(EPOCH_ROWS, uid=0, **kw)
+        self.fail_at, self.sacct_calls = fail_at, 0
+
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        if argv[0] != "sacct":
+            return super().run(argv, timeout, env=env, stdin=stdin)
+        self.sacct_calls += 1
+        if self.sacct_calls == self.fail_at:
+            self.calls.append(list(argv))
+            return RunResult(tuple(argv), -9, "", "", 300.0, timed_out=True)
+        k = self.sacct_calls
+        self.text = "\n".join(f"{k}{ln}" for ln in EPOCH_ROWS.splitlines() if ln.strip())
+        return super().run(argv, timeout, env=env, stdin=stdin)
+
+
+def test_refresh_keeps_the_windows_read_before_one_fails(tmp_path, monkeypatch):
+    """Audit 24, gap 5: each 7-day window is in the cache once read; a failure at window 3 keeps 1-2,
+    the refresh still fails in one line, and the next one reads on from window 3."""
+    from chainrun.errors import TransientSlurmError
+    from chainrun.predict import training
+
+    monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
+    monkeypatch.setattr(training, "MIN_ROWS", 10)
+    now = 1795326600.0 + 3600
+    since = now - 30 * 86400.0  # five windows: 7, 7, 7, 7 and 2 days
+    r = FailsAtWindow(fail_at=3)
+    with pytest.raises(TransientSlurmError, match="^sacct failed: timed out$"):
+        service.refresh(r, cluster="t", now=now, lookback_days=30)
+    hist, info = ingest.load_cache("t")
+    assert sorted({j[0] for j in hist["job_id"]}) == ["1", "2"]  # windows 1 and 2, each job once
+    assert info["last_refresh"] == since + 14 * 86400 and info["rows"] == len(hist) and info["all_users"]
+    assert not (tmp_path / "models" / "t" / "meta.json").exists()  # no model from a partial read
+
+    r2 = FailsAtWindow()
+    out = service.refresh(r2, cluster="t", now=now)
+    first = r2.calls[[c[0] for c in r2.calls].index("sacct")]
+    assert first[first.index("-S") + 1] == f"now-{int(now - (since + 14 * 86400) + ingest.OVERLAP_S)}seconds"
+    assert out["sacct_calls"] == 3  # 17 days (16 left and the overlap) in three windows, not five
+    hist, info = ingest.load_cache("t")
+    assert sorted({j[0] for j in hist["job_id"]}) == ["1", "2", "3"]  # the new read's windows 1-3 too
+    assert info["last_refresh"] == now and info["rows"] == out["history_rows"] == len(hist)
+    assert out["history_rows"] == hist["job_id"].nunique()
+
+
 def test_live_snapshot_from_squeue():
     snap = ingest.live_snapshot(FakeRunner())
     # job 4 (PartitionTimeLimit) and 2 (Dependency) are not ahead of anyone

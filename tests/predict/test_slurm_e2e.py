@@ -71,6 +71,19 @@ def test_refresh_status_predict(slurm, tmp_path, monkeypatch, capsys):
     cap = capsys.readouterr()
     assert "expected wait" in cap.out and cap.err.count("warning:") == 1 and "allows" in cap.err
 
+    # a request Slurm would refuse gets no answer: one line, exit 2 (audit 24, gap 4; sbatch
+    # --test-only refuses both: "invalid partition", "Requested node configuration is not available")
+    assert main(["predict", "-p", "nosuch", "--time", "1m"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1 and "no partition 'nosuch'" in cap.err and "short" in cap.err
+    assert main(["predict", "-p", "long", "--nodes", str(nodes + 5), "--time", "1m"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.count("\n") == 1 and f"partition 'long' has {nodes} nodes" in cap.err
+    assert main(["predict", "--nodes", str(nodes + 5), "--time", "1m"]) == 2  # the default partition's size
+    assert f"partition 'short' has {nodes} nodes" in capsys.readouterr().err
+    assert main(["predict", "-p", "long", "--nodes", str(nodes), "--time", "1m"]) == 0  # the whole partition: fine
+    assert "expected wait" in capsys.readouterr().out
+
 
 def test_print_cron(slurm, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
