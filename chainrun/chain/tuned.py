@@ -274,7 +274,8 @@ def status(cluster: str) -> dict:
     """What `model status` shows per partition: the values in force, where they came from, when and
     on what window they were chosen, the check's scores, pinned or not, the last refresh's outcome,
     the latest refresh's check scores (``last_check``, adopted or not), what its replay read of the
-    cluster (``replay_facts``: priority model and notes), the last RECENT choices (``recent``, newest first) and the whole history (newest last). An unreadable file gives no
+    cluster (``replay_facts``: priority model and notes), the last RECENT choices (``recent``, newest
+    first) and the whole history (newest last). An unreadable file gives no
     partitions and ``unreadable`` (why, and the way past it): status still shows the rest."""
     p = path(cluster)
     doc, why = read(p)

@@ -107,11 +107,18 @@ def test_the_run_without_a_window_reports_what_it_did_before_the_fixed_grid(full
     assert not any("scored_from" in w or "scored_until" in w for w in full["chains"]["rolling"]["weeks"])
 
 
-def test_a_window_scores_its_points_with_the_values_the_full_run_had_in_force(full):
-    # the window starts inside the third week (after best_fixed's adoption was decided for it) and
-    # ends inside the fifth: the weeks are the full run's, the values in force too, only n shrinks
-    lo, hi = T0 + 18.5 * DAY, T0 + 33.5 * DAY
-    win = run(trace(), inject_from=lo, inject_until=hi)
+LO, HI = T0 + 18.5 * DAY, T0 + 33.5 * DAY  # inside the third week of the grid .. inside the fifth
+
+
+@pytest.fixture(scope="module")
+def window():
+    return run(trace(), inject_from=LO, inject_until=HI)
+
+
+def test_a_window_scores_its_points_with_the_values_the_full_run_had_in_force(full, window):
+    # best_fixed's adoption was decided in the third week, before the window starts: the weeks are
+    # the full run's, the values in force too, only n shrinks
+    lo, hi, win = LO, HI, window
     weeks = win["chains"]["rolling"]["weeks"]
     by_start = {w["start"]: w for w in full["chains"]["rolling"]["weeks"]}
     assert [w["start"] for w in weeks] == ["2023-11-29T22:13:20", "2023-12-06T22:13:20", "2023-12-13T22:13:20"]
@@ -129,6 +136,20 @@ def test_a_window_scores_its_points_with_the_values_the_full_run_had_in_force(fu
     for name in ("reactive", "oracle"):
         assert win["chains"]["policies"][name]["n"] == plain[name]["n"] == sum(w["n"] for w in weeks)
         assert win["chains"]["policies"][name]["mean_overhead_h"] == pytest.approx(plain[name]["mean_overhead_h"])
+
+
+def test_the_text_table_says_which_part_of_a_straddling_week_is_scored(window):
+    from rich.console import Console
+
+    from chainrun.cli.sim_cmd import _render_rolling
+
+    con = Console(width=400, record=True)
+    _render_rolling(con, window["chains"]["rolling"])
+    rows = [ln for ln in con.export_text().splitlines() if "2023-1" in ln]
+    assert len(rows) == 3, rows
+    assert "2023-11-29 (scored 2023-12-03 .. 2023-12-06)" in rows[0]  # from --from to the week's end
+    assert "(scored" not in rows[1]
+    assert "2023-12-13 (scored 2023-12-13 .. 2023-12-18)" in rows[2]  # from the week's start to --until
 
 
 def test_the_scored_points_are_those_of_the_plain_run(base):
