@@ -5,7 +5,9 @@
 
 A block is ``<!-- results:FILE -->`` ... ``<!-- /results:FILE -->`` where FILE is a name in
 docs/results/ without .json; what is between the markers is generated: a changed number is a
-changed results file.
+changed results file. ``results:sim-settings`` is rendered from the code's settings instead (the
+replay's defaults, the rolling grid, the shipped priority weights), so the prose can quote them
+under the doc test (tests/sim/test_evaluation_docs.py).
 """
 
 from __future__ import annotations
@@ -212,6 +214,29 @@ def render(name: str, doc: dict) -> str:
     return "\n".join(head + chains_table(d))
 
 
+def settings_block() -> str:
+    """The settings the prose quotes, read from the code and the shipped priority file."""
+    from chainrun.sim import rolling as R, tune
+    from chainrun.sim.chains import ChainWork
+
+    w = ChainWork()
+    pr = json.loads((REPO / "chainrun" / "data" / "ls6-a100-priority-config.json").read_text())
+    hours = lambda v: ", ".join(f"{x / 3600:g}" for x in v) + " h"  # noqa: E731
+    unrun = [x for x in tune.SHARES if x not in {s.lead_share for s in R.grid(w.segment_s)}]
+    return "\n".join([
+        "The code's settings (rendered by `bench/sim_render.py` from `chainrun.sim`, and the shipped priority file):",
+        "",
+        f"- chain segment: signal lead {w.signal_lead_s:g} s, restart cost {w.restart_s / 60:g} min",
+        f"- rolling grid: rules {', '.join(sorted({s.rule for s in R.grid(w.segment_s)}))}; boundary costs "
+        f"{hours(tune.COSTS_S)}; shares {', '.join(f'{x:g}' for x in tune.SHARES if x not in unrun)}; floors "
+        f"{hours(R.FLOORS_S)}; {len(R.grid(w.segment_s))} candidates; share {', '.join(f'{x:.1f}' for x in unrun)} "
+        "(no guard) not run",
+        f"- priority (`ls6-a100-priority-config.json`): age {pr['PriorityWeightAge']} over a "
+        f"{pr['PriorityMaxAge']}-day PriorityMaxAge, fair share {pr['PriorityWeightFairshare']}, job size "
+        f"{pr['PriorityWeightJobSize']}, usage half-life {pr['PriorityDecayHalfLife'].split('-')[0]} days",
+    ])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
@@ -220,6 +245,9 @@ def main() -> int:
     new = text
     for m in re.finditer(r"<!-- results:([\w.-]+) -->\n.*?<!-- /results:\1 -->", text, re.S):
         name = m.group(1)
+        if name == "sim-settings":
+            new = new.replace(m.group(0), f"<!-- results:{name} -->\n{settings_block()}\n<!-- /results:{name} -->")
+            continue
         path = REPO / "docs" / "results" / f"{name}.json"
         if not path.exists():
             print(f"no {path.name} yet: block left as it is", file=sys.stderr)

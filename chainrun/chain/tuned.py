@@ -273,8 +273,9 @@ def check_partition(cluster: str, partition: str, doc: dict) -> None:
 def status(cluster: str) -> dict:
     """What `model status` shows per partition: the values in force, where they came from, when and
     on what window they were chosen, the check's scores, pinned or not, the last refresh's outcome,
-    the latest refresh's check scores (``last_check``, adopted or not), the last RECENT choices
-    (``recent``, newest first) and the whole history (newest last). An unreadable file gives no
+    the latest refresh's check scores (``last_check``, adopted or not), what its replay read of the
+    cluster (``replay_facts``: priority model and notes), the last RECENT choices (``recent``, newest
+    first) and the whole history (newest last). An unreadable file gives no
     partitions and ``unreadable`` (why, and the way past it): status still shows the rest."""
     p = path(cluster)
     doc, why = read(p)
@@ -290,6 +291,8 @@ def status(cluster: str) -> dict:
             "last_check": None if checked is None else {**_choice(checked), "scores_h": checked["check"]["scores_h"],
                                                         "of_latest_refresh": checked is hist[-1]},
             "recent": [_choice(h) for h in reversed(hist[-RECENT:])],
+            # the latest refresh's replay: its priority model and what stood in for what Slurm did not tell
+            "replay_facts": (hist[-1].get("facts") if hist and isinstance(hist[-1].get("facts"), dict) else None),
             "history": [{**h, "scores_h": (h.get("check") or {}).get("scores_h")} for h in hist]}
     return out
 

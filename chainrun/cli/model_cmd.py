@@ -169,8 +169,12 @@ def _echo_tuning(tuning: dict | None, cluster: str) -> None:
     if tuning is None:
         typer.echo("predicted's values: not tuned (--no-tune)")
         return
+    from chainrun.sim.tuning_text import priority_text
+
     for part, r in tuning.items():
         typer.echo(f"predicted on {part}: {r['summary']}")
+        if r.get("facts"):  # the replay behind it: its priority model, and what stood in for what Slurm did not tell
+            typer.echo(f"  replay: {priority_text(r['facts'])}")
     if tuning:
         typer.echo(f"see: chainrun model status --cluster {cluster}; pin or roll back: chainrun model tune "
                    f"--cluster {cluster} --partition P --pin | --unpin | --rollback")

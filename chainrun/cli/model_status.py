@@ -56,7 +56,7 @@ def status_rows(st: dict) -> list[tuple[str, str]]:
 
 def _tuning_rows(t: dict) -> list[tuple[str, str]]:
     """`predicted`'s values in force per partition (docs/self-tuning.md), from chain/tuned.py ``status``."""
-    from chainrun.sim.selftune import values_text
+    from chainrun.sim.tuning_text import priority_text, values_text
 
     if t.get("unreadable"):  # the rest of the status stands; this says what the watcher does meanwhile
         u = t["unreadable"]
@@ -80,6 +80,8 @@ def _tuning_rows(t: dict) -> list[tuple[str, str]]:
         if lc:
             earlier = "" if lc.get("of_latest_refresh") else " (an earlier refresh)"
             rows.append(("  last check", f"{_day(lc.get('at'))}{earlier}: {_scores_text(lc['scores_h'])}"))
+        if e.get("replay_facts"):
+            rows.append(("  latest replay", priority_text(e["replay_facts"])))
         hist = e.get("history") or []
         put = [h for h in hist if h.get("put_in_force")]
         rows.append(("  choices", f"{len(hist)} refreshes, {len(put)} put in force"
@@ -105,7 +107,7 @@ def _scores_text(sc: dict) -> str:
 def _choice_text(c: dict) -> str:
     """One refresh on a short line: the window, the values chosen when not put in force (an adopted
     summary names them), and the refresh's outcome line (kept or adopted, and why)."""
-    from chainrun.sim.selftune import thinned_text, values_text
+    from chainrun.sim.tuning_text import thinned_text, values_text
 
     w = c.get("window") or {}
     span = f"on {str(w.get('choice_from'))[:10]} .. {str(w.get('check_until'))[:10]}: " if w.get("check_until") else ""

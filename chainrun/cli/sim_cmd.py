@@ -32,7 +32,7 @@ def sim(
     inject_until: Annotated[Optional[str], typer.Option("--until", help="--chains: inject chains before this date.")] = None,
     tune: Annotated[Optional[str], typer.Option("--tune-score-from", help="--chains: choose predicted's tunables (the rule, the cost of a boundary and the guard's share) on chains that end before this date; the window from it is not scored in the same run (see --rolling).")] = None,
     shapes: Annotated[Optional[str], typer.Option("--shapes", help="--chains: elastic shapes, node counts, the first the reference (e.g. 4,2,1): chains of the reference shape under reactive, predicted and predicted_elastic (with --tune-score-from: the shape margin is chosen before that date).")] = None,
-    rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
+    rolling: Annotated[bool, typer.Option("--rolling", help="--chains: rolling-origin evaluation: for every week scored (--from/--until select the weeks and points scored; the week grid and the values in force are those of the run without them), choose predicted's values and the best fixed lead on chains that ended before it, score the week's chains with the values in force (docs/evaluation.md).")] = False,
     efficiency: Annotated[Optional[str], typer.Option("--efficiency", help="--shapes: the other shapes' scaling efficiency relative to linear in nodes (default 1.0); a second value adds a sensitivity row, e.g. 1,0.8.")] = None,
     transfer: Annotated[Optional[str], typer.Option("--transfer", help="several --trace: a checkpoint's copy between clusters (default 15m).")] = None,
     pace: Annotated[Optional[list[str]], typer.Option("--pace", metavar="CLUSTER=PACE", help="several --trace: CLUSTER=PACE, work per second relative to the reference (default 1.0 each), e.g. ls6-a100-dev#2=0.6.")] = None,
@@ -327,7 +327,10 @@ def _render_rolling(con, r: dict) -> None:
     for col in ("week", "n", "choice/check chains", "chosen", "adopted", "in force", "best fixed"):
         t.add_column(col, justify="left" if col in ("week", "chosen", "in force") else "right")
     for wk in r["weeks"]:
-        t.add_row(wk["start"][:10], str(wk["n"]), f"{wk.get('choice_chains', 0)}/{wk.get('check_chains', 0)}",
+        # a week straddling --from/--until: its n counts only the part inside the window
+        a, b = wk.get("scored_from"), wk.get("scored_until")
+        span = f" (scored {(a or wk['start'])[:10]} .. {(b or wk['end'])[:10]})" if a or b else ""
+        t.add_row(wk["start"][:10] + span, str(wk["n"]), f"{wk.get('choice_chains', 0)}/{wk.get('check_chains', 0)}",
                   _values(wk["chosen"]), "yes" if wk["adopted"] else "no", _values(wk["in_force"]),
                   f"{wk['best_fixed_lead_s'] / 3600:g} h")
     con.print(t)

@@ -1,6 +1,11 @@
 """Rolling-origin evaluation: every scored week is chosen for on its own past only.
 
-For every week W of the scored range (``--from`` .. ``--until``, in 7-day steps from ``--from``):
+For every week W of the scored range (``--from`` .. ``--until``) on one fixed grid: 7-day weeks
+from the first injection point, with or without a window. The window selects which weeks are
+reported and which points are scored (a week that straddles ``--from`` or ``--until`` scores only
+its points inside, its ``n``, and says so with ``scored_from``/``scored_until``); the choices and
+adoptions run from the grid's first week whatever the window, so a windowed run reports for each of
+its weeks the values the run without a window reports for that week:
 
 1. **Past**: the injection points whose chain, under *every* replayed policy (all candidates, the
    fixed leads, reactive and the oracle), ended before W starts (``ChainRun.ended``: finished, or
@@ -75,14 +80,19 @@ def values(s: PolicySpec) -> dict:
 
 
 def weeks(points: list, start: float | None, until: float | None) -> list[tuple[float, float]]:
-    """7-day weeks from ``start`` (else the first point) covering the scored points."""
+    """The fixed 7-day grid of the run without ``--from``/``--until`` (``points``: its injection
+    points), from its first point; the weeks that meet [``start``, ``until``) and hold points.
+    A window moves which weeks are reported and scored, never where a week starts."""
     if not points:
         return []
-    a = points[0][0] if start is None else start
-    end = points[-1][0] + 1 if until is None else until
+    a, end = points[0][0], points[-1][0] + 1
+    lo = float("-inf") if start is None else start
+    hi = end if until is None else min(until, end)
     out = []
-    while a < end:
-        out.append((a, min(a + WEEK_S, end)))
+    while a < hi:
+        b = min(a + WEEK_S, end)
+        if b > lo:
+            out.append((a, b))
         a += WEEK_S
     return out
 
@@ -137,12 +147,17 @@ def beats(by_point: dict, keys: list, new: str, old: str, seed: int) -> dict:
 
 
 def _weeks_in_force(wk, scored, by_point, ended, full, loads, cands, ship, fixed, seed, *, check_s: float,
-                    min_choice: int, min_check: int) -> tuple[list[dict], dict]:
+                    min_choice: int, min_check: int, report_from: float | None = None,
+                    report_until: float | None = None) -> tuple[list[dict], dict]:
     """Week by week, the values in force: each chosen only on chains whose replay ended before the
     week starts (the older ones), checked on the newest of those, adopted only when the check says so.
+    ``wk`` is the grid from its first week (the values in force carry over from every earlier week,
+    scored or not); only the weeks that meet [``report_from``, ``report_until``) are reported.
     Returns the weeks' records and, per scored point, (predicted in force, fixed lead in force)."""
     week_out, force, force_fixed = [], ship, fixed[0]
     plan: dict = {}  # scored point -> (predicted in force, fixed lead in force)
+    lo = float("-inf") if report_from is None else report_from
+    hi = float("inf") if report_until is None else report_until
     for a, b in wk:
         past = [k for k in by_point if ended[k] < a]
         check = [k for k in past if k[0] >= a - check_s]
@@ -167,6 +182,10 @@ def _weeks_in_force(wk, scored, by_point, ended, full, loads, cands, ship, fixed
             entry.update(chosen=values(ship), chosen_name=ship.name, chosen_on_until=None, adopted=False,
                          note="too little past: the shipped values")
         entry.update(in_force=values(force), in_force_name=force.name, best_fixed_lead_s=force_fixed.lead_s)
+        if b <= lo or a >= hi:
+            continue  # before the window: chosen (its adoption carries over), not reported
+        if a < lo or b > hi:  # the week straddles the window: only its points inside are scored (n)
+            entry.update(scored_from=_iso(max(a, lo)), scored_until=_iso(min(b, hi)))
         week_out.append(entry)
         for t, k in scored:
             if a <= t < b:
@@ -186,7 +205,14 @@ def rolling(trace, cfg: ChainsConfig, *, check_s: float = CHECK_S, min_choice: i
     scored = chain_points(w.jobs[-1][0], first, cfg, sizes)
     every = chain_points(w.jobs[-1][0], first, replace(cfg, inject_from=None, inject_until=None, max_chains=None),
                          sizes)
-    wk = weeks(scored, cfg.inject_from, cfg.inject_until)
+    # the week grid and the adoptions are those of the run without --from/--until: its weeks from the
+    # first, up to the last one reported; the window only selects the weeks reported and scored
+    # (the grid's last week ends at the last point: of every point when windowed, so a --max-chains
+    # window's points all lie on it)
+    windowed = cfg.inject_from is not None or cfg.inject_until is not None
+    unwindowed = every if windowed else scored
+    shown = weeks(unwindowed, cfg.inject_from, cfg.inject_until)
+    wk = [x for x in weeks(unwindowed, None, None) if not shown or x[0] <= shown[-1][0]] if shown else []
     cands = cands or grid(cfg.work.segment_s)
     ship = shipped(cands)
     fixed = fixed_specs()
@@ -202,7 +228,8 @@ def rolling(trace, cfg: ChainsConfig, *, check_s: float = CHECK_S, min_choice: i
     ended = {k: max(r.ended for r in v.values()) for k, v in by_point.items()}
     loads = load_levels(runs)
     week_out, plan = _weeks_in_force(wk, scored, by_point, ended, full, loads, cands, ship, fixed, cfg.seed,
-                                     check_s=check_s, min_choice=min_choice, min_check=min_check)
+                                     check_s=check_s, min_choice=min_choice, min_check=min_check,
+                                     report_from=cfg.inject_from, report_until=cfg.inject_until)
     # the scored points: reuse their rows where they were run, else run what is needed
     need = []
     for (t, k), (pf, ff) in plan.items():

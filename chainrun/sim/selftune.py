@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 from chainrun.errors import ChainrunError, SlurmError
+from chainrun.sim.tuning_text import summary_line, thinned_text, values_text  # noqa: F401 (once defined here)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -521,30 +522,6 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
         res["in_force"] = {k: entry["in_force"][k] for k in tuned.KEYS}
         out[part] = res
     return out
-
-
-def thinned_text(res: dict) -> str:
-    """`` (thinned replay: 1/k of the N jobs on M nodes)`` when the replay was thinned, else ''."""
-    t = res.get("thinned")
-    if not t:
-        return ""
-    n = t.get("nodes")
-    on = "" if n is None else f" on {n} node{'s' if n != 1 else ''}"
-    return f" (thinned replay: 1/{t['k']} of the {t['of_jobs']} jobs{on})"
-
-
-def values_text(v: dict) -> str:
-    return (f"rule {v['rule']}, boundary cost {v['transition_cost_s'] / 3600:g} h, guard share {v['lead_share']:g}, "
-            f"floor {v['floor_s'] / 3600:g} h")
-
-
-def summary_line(res: dict, force: dict) -> str:
-    """One line: ``adopted: <values> (<reason>)`` or ``kept shipped defaults: <reason>``."""
-    if res.get("put_in_force"):
-        return f"adopted {values_text(res['chosen'])}: {res['reason']}{thinned_text(res)}"
-    kept = "kept shipped defaults" if force.get("source") == "shipped" else \
-        f"kept the values in force ({force.get('source')}: {values_text(force)})"
-    return f"{kept}: {res['reason']}{thinned_text(res)}"
 
 
 def _chain_partitions(cluster: str) -> list[str]:

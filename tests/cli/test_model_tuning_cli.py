@@ -167,6 +167,49 @@ def test_refresh_sets_an_unreadable_tuning_file_aside_and_tunes_from_the_shipped
     assert len(list(p.parent.glob("tuning.json.corrupt-*"))) == 1
 
 
+class NoWeights(SlurmReads):
+    """As SlurmReads, but neither ``scontrol show config`` nor ``sprio -w`` answers: age-only priority."""
+
+    def __init__(self) -> None:
+        from tests.sim.test_selftune import Canned
+
+        super().__init__()
+        self.scontrol = Canned(config=None)
+
+    def run(self, argv, timeout=60.0, *, env=None, stdin=None):
+        if argv[0] == "sprio":
+            return self.scontrol.run(argv, timeout)
+        return super().run(argv, timeout, env=env, stdin=stdin)
+
+
+@pytest.mark.parametrize("reads, said", [
+    (SlurmReads, "multifactor priority (age, fair share, job size); partition and QOS weights are not replayed"),
+    (NoWeights, "age-only priority; priority weights unreadable (scontrol show config, sprio -w): age-only priority")])
+def test_refresh_and_status_say_the_replays_priority_model_and_its_notes(reads, said, chainrun_home, monkeypatch,
+                                                                         capsys):
+    from chainrun.cli import model_cmd
+    from chainrun.cli.main import main
+    from chainrun.predict import training
+
+    monkeypatch.setattr(training, "MIN_ROWS", 10)
+    monkeypatch.setattr(model_cmd, "_runner", lambda cluster="local": reads())
+    assert main(["model", "refresh", "--cluster", "local"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    at = next(i for i, ln in enumerate(out) if ln.startswith("predicted on gpu: "))
+    assert out[at + 1].startswith(f"  replay: {said}"), out  # one line, under the partition's outcome
+    monkeypatch.setenv("COLUMNS", "1000")
+    assert main(["model", "status", "--cluster", "local", "--plain"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  latest replay: ")]
+    assert len(lines) == 1 and lines[0].startswith(f"  latest replay: {said}"), lines
+
+
+def test_status_names_no_replay_for_a_partition_whose_refreshes_predate_it(with_model):
+    tuned.record("local", "gpu", {"adopted": False, "reason": "history too short: 3.0 days",
+                                  "previous": tuned.shipped(), "summary": "kept shipped defaults: history too short"})
+    out = run_cli("model", "status", "--plain", home=with_model, env=WIDE)
+    assert out.returncode == 0 and "predicted on gpu: " in out.stdout and "latest replay" not in out.stdout
+
+
 def test_refresh_no_tune_leaves_an_unreadable_tuning_file_and_says_so(chainrun_home, monkeypatch, capsys):
     from chainrun.cli import model_cmd
     from chainrun.cli.main import main

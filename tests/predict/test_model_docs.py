@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.doc_numbers import stray_numbers
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "model.md"
-BLOCK = re.compile(r"<!-- results:([\w.-]+) -->\n(.*?)<!-- /results:\1 -->", re.S)
-NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?![\w])")
 # numbers in the prose that are names, not measurements or settings
 NAMES = {"4.0": "the trace's licence, CC BY 4.0"}
 
@@ -30,16 +29,7 @@ def test_the_blocks_are_rendered_from_the_code_and_the_results_files():
 
 
 def test_every_number_in_the_prose_is_one_a_block_shows():
-    text = DOC.read_text()
-    blocks = [m.group(2) for m in BLOCK.finditer(text)]
-    assert len(blocks) >= 8
-    shown = {n for b in blocks for n in NUMBER.findall(b)}
-    prose = BLOCK.sub("", text)
-    prose = re.sub(r"```.*?```", "", prose, flags=re.S)  # commands and example output
-    prose = re.sub(r"`[^`\n]*`", "", prose)  # code: names, paths, flags
-    prose = re.sub(r"\]\([^)]*\)", "]", prose)  # link targets
-    prose = re.sub(r"(?m)^\s*\d+\. ", "", prose)  # list numbering
-    stray = sorted({n for n in NUMBER.findall(prose) if n not in shown and n not in NAMES})
+    stray = stray_numbers(DOC.read_text(), NAMES, min_blocks=8)
     assert not stray, f"numbers in docs/model.md's prose that no block shows: {stray}"
 
 

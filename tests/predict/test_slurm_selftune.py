@@ -49,6 +49,8 @@ def test_refresh_tunes_from_the_clusters_history_and_status_shows_it(slurm, tmp_
     text = capsys.readouterr().out
     assert f"predicted on {default}: rule " in text and "(shipped defaults)" in text
     assert "kept shipped defaults: history too short" in text and "--rollback" in text
+    # the replay's priority model as read from this cluster, on one line (age-only says so)
+    assert f"  latest replay: {'age-only' if facts['priority'] == 'age' else 'multifactor'} priority" in text, text
 
     # --no-tune: the model only, the stored values untouched
     assert main(["model", "refresh", "--cluster", "local", "--no-tune", "--json"]) == 0

@@ -18,7 +18,8 @@ from .tracegen import T0, frame, sacct_dump, steady
 
 DAY = 86400.0
 H = 3600.0
-SPLIT = T0 + 26 * DAY  # the week whose choice must not depend on the trace from here on
+SPLIT = T0 + 22 * DAY  # a week of the grid (weeks from the first point, T0 + 1 day) whose choice must not
+# depend on the trace from here on
 
 
 def trace(after_split_changes: bool = False) -> pd.DataFrame:
@@ -72,6 +73,83 @@ def test_the_choice_for_a_week_does_not_change_when_the_trace_after_its_start_do
     # and the change is real: the weeks after the split are scored on another queue
     assert changed["chains"]["policies"]["reactive"]["mean_overhead_h"] != \
         base["chains"]["policies"]["reactive"]["mean_overhead_h"]
+
+
+# The run without --from/--until on this fixture, as the code before the fixed week grid reported it
+# (the published numbers come from such a run: it must not move): per week (start, end, n,
+# choice_chains, check_chains, chosen, adopted, in force, best_fixed lead in force).
+SHIP = "predicted_slack_cost60m_floor60m_share60"
+FULL_WEEKS = [
+    ("2023-11-15T22:13:20", "2023-11-22T22:13:20", 7, 0, 0, SHIP, False, SHIP, 3600.0),
+    ("2023-11-22T22:13:20", "2023-11-29T22:13:20", 7, 3, 3, SHIP, False, SHIP, 3600.0),
+    ("2023-11-29T22:13:20", "2023-12-06T22:13:20", 7, 10, 3, SHIP, False, SHIP, 21600.0),
+    ("2023-12-06T22:13:20", "2023-12-13T22:13:20", 7, 17, 3, SHIP, False, SHIP, 21600.0),
+    ("2023-12-13T22:13:20", "2023-12-20T22:13:20", 7, 24, 3, SHIP, False, SHIP, 21600.0),
+    ("2023-12-20T22:13:20", "2023-12-22T22:13:21", 3, 31, 3, SHIP, False, SHIP, 21600.0),
+]
+FULL_MEANS = {"reactive": (38, 5.1), "predicted": (38, 2.651316), "best_fixed": (38, 4.649123),
+              "oracle": (38, 1.026316), "fixed_6h": (38, 2.776316)}
+WEEK_KEYS = ("start", "end", "chosen", "chosen_name", "chosen_on_until", "adopted", "check", "in_force",
+             "in_force_name", "best_fixed_lead_s", "best_fixed_adopted", "choice_chains", "check_chains")
+
+
+@pytest.fixture(scope="module")
+def full():
+    return run(trace())
+
+
+def test_the_run_without_a_window_reports_what_it_did_before_the_fixed_grid(full):
+    got = [(w["start"], w["end"], w["n"], w["choice_chains"], w["check_chains"], w["chosen_name"], w["adopted"],
+            w["in_force_name"], w["best_fixed_lead_s"]) for w in full["chains"]["rolling"]["weeks"]]
+    assert got == FULL_WEEKS
+    pols = full["chains"]["policies"]
+    assert {k: (pols[k]["n"], round(pols[k]["mean_overhead_h"], 6)) for k in FULL_MEANS} == FULL_MEANS
+    assert not any("scored_from" in w or "scored_until" in w for w in full["chains"]["rolling"]["weeks"])
+
+
+LO, HI = T0 + 18.5 * DAY, T0 + 33.5 * DAY  # inside the third week of the grid .. inside the fifth
+
+
+@pytest.fixture(scope="module")
+def window():
+    return run(trace(), inject_from=LO, inject_until=HI)
+
+
+def test_a_window_scores_its_points_with_the_values_the_full_run_had_in_force(full, window):
+    # best_fixed's adoption was decided in the third week, before the window starts: the weeks are
+    # the full run's, the values in force too, only n shrinks
+    lo, hi, win = LO, HI, window
+    weeks = win["chains"]["rolling"]["weeks"]
+    by_start = {w["start"]: w for w in full["chains"]["rolling"]["weeks"]}
+    assert [w["start"] for w in weeks] == ["2023-11-29T22:13:20", "2023-12-06T22:13:20", "2023-12-13T22:13:20"]
+    for w in weeks:
+        assert {k: w.get(k) for k in WEEK_KEYS} == {k: by_start[w["start"]].get(k) for k in WEEK_KEYS}
+    assert [w["best_fixed_lead_s"] for w in weeks] == [21600.0] * 3  # adopted in a week before the window
+    iso = lambda t: pd.Timestamp(t, unit="s").strftime("%Y-%m-%dT%H:%M:%S")  # noqa: E731
+    assert (weeks[0]["scored_from"], weeks[-1]["scored_until"]) == (iso(lo), iso(hi))
+    assert "scored_from" not in weeks[1] and "scored_until" not in weeks[1]
+    assert [w["n"] for w in weeks] == [3, 7, 5] and weeks[0]["n"] < by_start[weeks[0]["start"]]["n"]
+    # exactly the points (and n) `sim --chains --from --until` scores
+    c = small_cfg(inject_from=lo, inject_until=hi,
+                  specs=[s for s in default_specs() if s.name in ("reactive", "oracle")])
+    plain = run_chains(trace(), c).summary["chains"]["policies"]
+    for name in ("reactive", "oracle"):
+        assert win["chains"]["policies"][name]["n"] == plain[name]["n"] == sum(w["n"] for w in weeks)
+        assert win["chains"]["policies"][name]["mean_overhead_h"] == pytest.approx(plain[name]["mean_overhead_h"])
+
+
+def test_the_text_table_says_which_part_of_a_straddling_week_is_scored(window):
+    from rich.console import Console
+
+    from chainrun.cli.sim_cmd import _render_rolling
+
+    con = Console(width=400, record=True)
+    _render_rolling(con, window["chains"]["rolling"])
+    rows = [ln for ln in con.export_text().splitlines() if "2023-1" in ln]
+    assert len(rows) == 3, rows
+    assert "2023-11-29 (scored 2023-12-03 .. 2023-12-06)" in rows[0]  # from --from to the week's end
+    assert "(scored" not in rows[1]
+    assert "2023-12-13 (scored 2023-12-13 .. 2023-12-18)" in rows[2]  # from the week's start to --until
 
 
 def test_the_scored_points_are_those_of_the_plain_run(base):
