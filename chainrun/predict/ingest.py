@@ -45,6 +45,7 @@ LEGACY_FORMAT = (
     "AllocTRES,ReqTRES,State,ExitCode,JobName"
 )
 WINDOW_DAYS = 7.0
+SAVE_EVERY_S = 60.0  # a refresh saves the windows read so far at most this often (service.refresh)
 LOOKBACK_DAYS = 60.0
 OVERLAP_S = 86400.0
 _ENV = SACCT_ENV

@@ -136,6 +136,7 @@ def test_refresh_keeps_the_windows_read_before_one_fails(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
     monkeypatch.setattr(training, "MIN_ROWS", 10)
+    monkeypatch.setattr(ingest, "SAVE_EVERY_S", 0.0)  # every window saved (a slow site's windows take minutes)
     now = 1795326600.0 + 3600
     since = now - 30 * 86400.0  # five windows: 7, 7, 7, 7 and 2 days
     r = FailsAtWindow(fail_at=3)
