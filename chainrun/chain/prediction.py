@@ -72,7 +72,11 @@ def _live(loaded: dict, rows: "list[QueueRow]"):
     from chainrun.predict.model import close_gone
     from chainrun.predict.snapshot import snapshot_from_rows
 
-    return close_gone(loaded["history"], snapshot_from_rows(rows)["job_id"], loaded["info"].get("last_refresh"))
+    ids = frozenset(str(i) for i in snapshot_from_rows(rows)["job_id"])
+    if loaded.get("live_ids") != ids:  # once per queue seen: every chain of a tick asks with the same rows
+        loaded["live"] = close_gone(loaded["history"], ids, loaded["info"].get("last_refresh"))
+        loaded["live_ids"] = ids
+    return loaded["live"]
 
 
 def _shape_waits(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]",
