@@ -303,5 +303,5 @@ def _choice(h: dict) -> dict:
     span = {k: w.get(k) for k in ("choice_from", "choice_until", "check_from", "check_until")} if w else None
     return {"at": h.get("at"), "chosen": h.get("chosen"), "put_in_force": bool(h.get("put_in_force")),
             "adopted": bool(h.get("adopted")), "reason": h.get("reason"), "summary": h.get("summary"),
-            "thinned": h.get("thinned"),
+            "thinned": h.get("thinned"), "by": h.get("by") or "refresh",  # older entries: only refresh chose
             "window": span}

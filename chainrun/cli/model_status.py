@@ -84,11 +84,12 @@ def _tuning_rows(t: dict) -> list[tuple[str, str]]:
             rows.append(("  latest replay", priority_text(e["replay_facts"])))
         hist = e.get("history") or []
         put = [h for h in hist if h.get("put_in_force")]
-        rows.append(("  choices", f"{len(hist)} refreshes, {len(put)} put in force"
-                                   + (f" (last {_day(put[-1].get('at'))})" if put else "")
-                                   + f"; pin or roll back: chainrun model tune --partition {part} "
-                                     "--pin | --unpin | --rollback"))
-        rows += [(f"  refresh {_day(c.get('at'))}", _choice_text(c)) for c in e.get("recent") or []]
+        by_tune = sum(1 for h in hist if h.get("by") == "tune")  # `model tune` runs choose too
+        runs = f"{len(hist)} runs ({by_tune} by model tune)" if by_tune else f"{len(hist)} refreshes"
+        last = f" (last {_day(put[-1].get('at'))})" if put else ""
+        rows.append(("  choices", f"{runs}, {len(put)} put in force{last}; pin or roll back: chainrun model tune "
+                                   f"--partition {part} --pin | --unpin | --rollback"))
+        rows += [(f"  {c.get('by') or 'refresh'} {_day(c.get('at'))}", _choice_text(c)) for c in e.get("recent") or []]
     if not rows:
         rows.append(("predicted", "shipped defaults (not tuned yet: chainrun model refresh chooses them)"))
     return rows

@@ -475,10 +475,11 @@ def tuner(runner: "Runner", *, cluster: str, workers: int = 1,
 
 def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", all_users: bool,
                    partitions: list[str] | None = None, workers: int = 1,
-                   progress: Callable[[str, int, int], None] | None = None) -> dict:
+                   progress: Callable[[str, int, int], None] | None = None, by: str = "refresh") -> dict:
     """Tune every partition asked (default: the cluster's default one and those of the user's chains
     here), record each outcome in ``chainrun.chain.tuned`` and return ``{partition: outcome}``.
-    A partition that cannot be tuned keeps what is in force, with the reason."""
+    A partition that cannot be tuned keeps what is in force, with the reason. ``by`` names the
+    command that chose (``refresh`` or ``tune``), so the history says which run made each choice."""
     from chainrun.chain import tuned
 
     default = read_facts(runner, "")
@@ -515,6 +516,7 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
 
         res = finite(res)
         res["put_in_force"] = bool(res.get("adopted")) and not e.get("pinned")
+        res["by"] = by
         force_after = {**res["chosen"], "source": "chosen"} if res["put_in_force"] else \
             (e.get("in_force") or {**force, "source": "shipped"})
         res["summary"] = summary_line(res, force_after)
@@ -561,7 +563,7 @@ def tune_now(runner: "Runner", *, cluster: str, partitions: list[str] | None = N
                                                                              f"{cluster}")
     check_partitions(cluster, partitions or [])
     return refresh_tuning(runner, cluster=cluster, history=hist, all_users=bool(info.get("all_users", True)),
-                          partitions=partitions, workers=workers, progress=progress)
+                          partitions=partitions, workers=workers, progress=progress, by="tune")
 
 
 def tuning_status(cluster: str) -> dict:

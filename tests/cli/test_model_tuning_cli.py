@@ -79,6 +79,21 @@ def test_status_text_shows_the_latest_check_and_the_last_choices_when_the_shippe
     assert "2 refreshes, 0 put in force" in text
 
 
+def test_status_names_the_command_that_made_each_choice(with_model):
+    """`model tune` chooses too: its runs are listed as tune, not as refresh (found in the #24 audit)."""
+    tuned.record("local", "gpu", {"adopted": False, "reason": "history too short: 3.0 days", "by": "refresh",
+                                  "summary": "kept shipped defaults: history too short: 3.0 days"})
+    tuned.record("local", "gpu", {"adopted": True, "chosen": NEW, "window": WINDOW, "by": "tune",
+                                  "check": {"scores_h": SCORES}, "reason": "beats the values in force",
+                                  "summary": "put in force: beats the values in force"})
+    text = run_cli("model", "status", "--plain", home=with_model, env=WIDE).stdout
+    runs = [ln.split()[0] for ln in text.splitlines() if ln.startswith(("  refresh ", "  tune "))]
+    assert runs == ["tune", "refresh"], text  # newest first
+    assert "2 runs (1 by model tune), 1 put in force" in text, text
+    data = json.loads(run_cli("model", "status", "--json", home=with_model).stdout)["data"]
+    assert [c["by"] for c in data["tuning"]["partitions"]["gpu"]["recent"]] == ["tune", "refresh"]
+
+
 @pytest.mark.parametrize("args", [["--pin"], ["--unpin"], ["--rollback"]])
 def test_tune_without_a_model_refuses_in_one_line_and_writes_nothing(args, chainrun_home):
     out = run_cli("model", "tune", "--partition", "ANY", *args, home=chainrun_home)

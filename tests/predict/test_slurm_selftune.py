@@ -63,6 +63,7 @@ def test_refresh_tunes_from_the_clusters_history_and_status_shows_it(slurm, tmp_
     assert main(["model", "status", "--cluster", "local", "--json"]) == 0
     st = json.loads(capsys.readouterr().out)["data"]["tuning"]["partitions"][default]
     assert st["pinned"] and len(st["history"]) == 2
+    assert [h["by"] for h in st["history"]] == ["refresh", "tune"]  # each run says which command chose
     assert main(["model", "tune", "--cluster", "local", "--partition", default, "--rollback"]) == 0
     assert "rolled back to rule" in capsys.readouterr().out
     assert main(["model", "tune", "--cluster", "local", "--pin", "--rollback", "--partition", default]) != 0
