@@ -287,7 +287,9 @@ def _ts(ts: float | None, now: float) -> str:
 def _chain_record(v: ChainView, *, detail: bool = False) -> list[str]:
     seg = f"{v.current}:{v.current_state.lower()}" if v.current is not None else "-"
     tr = trained_s(v)
-    toks = [v.id, v.status.lower(), f"cluster={v.cluster}", f"policy={v.policy}", f"segment={seg}",
+    sites = getattr(v, "sites", ()) or ()  # a chain spanning clusters: all of them, in order of preference
+    toks = [v.id, v.status.lower(), f"cluster={v.cluster}", *([f"clusters={','.join(sites)}"] if sites else []),
+            f"policy={v.policy}", f"segment={seg}",
             f"trained={dur(tr)}/{dur(v.total_s)}", f"progress={_pct(tr, v.total_s)}"]
     if detail:
         toks.append(f"allocated={dur(allocated_s(v))}")
@@ -416,7 +418,8 @@ def _chain_list_columns(views: list[ChainView]) -> list[Column]:
         tr = trained_s(v)
         ids.append(f"{escape(v.id)}\n[dim]{v.policy}[/]")
         ids_short.append(escape(v.id))
-        clusters.append(escape(v.cluster))
+        sites = getattr(v, "sites", ()) or ()
+        clusters.append(escape(v.cluster) + (f"\n[dim]of {escape(','.join(sites))}[/]" if sites else ""))
         statuses.append(f"[{style}]{v.status.lower()}[/]")
         segs.append(f"{v.current} {v.current_state.lower()}" if v.current is not None else "-")
         segs_short.append(str(v.current) if v.current is not None else "-")

@@ -100,3 +100,22 @@ def test_a_chain_on_one_cluster_shows_no_sites_and_no_decisions(chainrun_home):
         "\n".join(line for line in p.stdout.splitlines() if line.startswith("seg=")), p.stdout
     j = json.loads(run_cli("status", "one-0001", "--json", home=chainrun_home).stdout)["data"][0]
     assert j["site_decisions"] == [] and j["sites"] == []
+
+
+def test_the_overview_names_every_cluster_of_a_chain_spanning_them(chainrun_home):
+    """`chainrun status` (no CHAIN) listed only `cluster=` (the one it is on): a chain spanning clusters
+    also says all of them, in order of preference; a chain on one cluster does not (found in the #26 audit)."""
+    _store(chainrun_home).close()
+    p = run_cli("status", "--plain", home=chainrun_home, env=WIDE)
+    assert p.returncode == 0, p.stderr
+    rows = {line.split()[0]: line.split() for line in p.stdout.splitlines() if line.startswith(("span-", "one-"))}
+    assert rows["span-0001"][2:4] == ["cluster=b", "clusters=local,b"], p.stdout
+    assert rows["one-0001"][2] == "cluster=local" and not any(t.startswith("clusters=") for t in rows["one-0001"])
+    store = Store(paths.state_db())
+    try:
+        views = [summary.view_chain(c, store.segments(c.id)) for c in store.chains(active_only=False)]
+    finally:
+        store.close()
+    buf = io.StringIO()
+    Console(file=buf, width=220, force_terminal=True, color_system=None).print(tables.chain_list(views))
+    assert "of local,b" in buf.getvalue(), buf.getvalue()
