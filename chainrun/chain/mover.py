@@ -51,9 +51,9 @@ def _ck(d: dict | None) -> ms.Checkpoint | None:
 def costs(c: Chain, mv: dict, pace: site_pace.SitePace | None = None) -> dict:
     """What the expected-cost choice of the checkpoint to resume from reads (move_steps.resume_from): the
     chain's measured seconds per step (chain/tick_context.py, from its progress: where it trains now, the
-    old site), the copy rate to the new site, this move's own, else the chain's measured rate there
-    (site_plan.record_copy), and the new site's pace against the old (``dest_pace``; None: 1.0)."""
-    rate = mv.get("copy_Bps") or (c.extra.get("copy_Bps") or {}).get(mv["to"])
+    old site), the copy rate to the new site, this move's own, else the chain's measured rate from the old
+    site to the new (site_plan.copy_rate), and the new site's pace against the old (``dest_pace``; None: 1.0)."""
+    rate = mv.get("copy_Bps") or site_plan.copy_rate(c, mv.get("from") or c.cluster, mv["to"])[0]
     return {"step_s": float(c.extra.get("step_s") or 0.0), "throughput_bps": float(rate or 0.0),
             "pace": pace.pace if pace is not None else 1.0}
 
@@ -243,7 +243,8 @@ class Mover:
             mv["copy"] = {k: self._progress[key].get(k) for k in
                           ("state", "bytes_done", "bytes_total", "throughput_Bps", "generation", "step", "route")}
             # the size is known from the copy's start (its manifest): later decisions weigh it at once
-            site_plan.record_copy(c, mv["to"], size_bytes=self._progress[key].get("checkpoint_bytes"))
+            site_plan.record_copy(c, mv["to"], src=mv.get("from"),
+                                  size_bytes=self._progress[key].get("checkpoint_bytes"))
         fut = self._jobs.get(key)
         if fut is None or not fut.done():
             return
@@ -265,7 +266,7 @@ class Mover:
             mv["final_read"] = True
             if got["final"]:
                 mv["newest"] = got["final"]
-                site_plan.record_copy(c, mv["to"], size_bytes=got["final"].get("bytes"))
+                site_plan.record_copy(c, mv["to"], src=mv.get("from"), size_bytes=got["final"].get("bytes"))
         if "copied" in got:
             mv["copied"] = got["copied"]
             if not mv.get("final_read"):
@@ -273,7 +274,8 @@ class Mover:
             if got.get("copy_Bps"):
                 mv["copy_Bps"] = got["copy_Bps"]
             # the chain's later decisions weigh a move by this: the size, and the rate of a whole copy there
-            site_plan.record_copy(c, mv["to"], size_bytes=got["copied"].get("bytes"), copy_Bps=got.get("copy_Bps"))
+            site_plan.record_copy(c, mv["to"], src=mv.get("from"), size_bytes=got["copied"].get("bytes"),
+                                  copy_Bps=got.get("copy_Bps"))
             self.store.add_event(c.id, s.idx, "copy", f"checkpoint step {got['copied']['step']} copied to "
                                  f"{mv['to']} and verified ({got['copied']['bytes']} bytes, {got['seconds']} s)")
 

@@ -48,7 +48,8 @@ def test_a_verified_copy_records_the_size_and_rate_and_the_next_decision_weighs_
     assert site_plan.transfer_s(c, "b") == site_plan.DEFAULT_TRANSFER_S  # nothing measured: 15 min
     mv = {"to": "b", "from": "a", "phase": ms.AHEAD}
     harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": SIZE / SECONDS, "seconds": SECONDS})
-    assert c.extra["checkpoint_bytes"] == SIZE and c.extra["copy_Bps"]["b"] == pytest.approx(SIZE / SECONDS, rel=1e-6)
+    assert c.extra["checkpoint_bytes"] == SIZE
+    assert c.extra["copy_Bps"] == {"a>b": pytest.approx(SIZE / SECONDS, rel=1e-6)}  # kept for the pair a>b
     assert site_plan.transfer_s(c, "b") == pytest.approx(SECONDS, rel=1e-6)
     t.store.save(c)  # the mover's tick saves the chain with the move: the keys live on in the store
     c = t.store.chain(c.id)
@@ -60,6 +61,7 @@ def test_a_verified_copy_records_the_size_and_rate_and_the_next_decision_weighs_
     assert est["b"]["transfer_s"] == pytest.approx(SECONDS, abs=0.1) and est["a"]["transfer_s"] == 0.0
     said = [e.message for _, e in t.store.events(c.id, limit=10) if e.kind == "site"]
     assert said and "(start ~0 min, transfer 20 s)" in said[0], said
+    assert c.extra["site_choice"]["transfers"] == {"b": {"transfer_s": 20.1, "from": "size over the rate measured a>b"}}
 
 
 def test_the_rate_is_the_median_of_the_last_whole_copies_and_a_resumed_copy_only_updates_the_size(
@@ -68,13 +70,13 @@ def test_the_rate_is_the_median_of_the_last_whole_copies_and_a_resumed_copy_only
     mv = {"to": "b", "from": "a", "phase": ms.AHEAD}
     for rate in (2e6, 20e6, 3e6):  # one copy unusually fast (a quiet link): the median does not follow it
         harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": rate, "seconds": SIZE / rate})
-    assert c.extra["copy_Bps"]["b"] == 3e6 and c.extra["copy_Bps_seen"]["b"] == [2e6, 20e6, 3e6]
+    assert c.extra["copy_Bps"]["a>b"] == 3e6 and c.extra["copy_Bps_seen"]["a>b"] == [2e6, 20e6, 3e6]
     for _ in range(site_plan.COPY_RATES_KEPT):
         harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": 1e6, "seconds": SIZE / 1e6})
-    assert c.extra["copy_Bps"]["b"] == 1e6 and len(c.extra["copy_Bps_seen"]["b"]) == site_plan.COPY_RATES_KEPT
+    assert c.extra["copy_Bps"]["a>b"] == 1e6 and len(c.extra["copy_Bps_seen"]["a>b"]) == site_plan.COPY_RATES_KEPT
     # rsync resumed a cut copy: ckpt_copy gives no rate (part was sent before); the checkpoint grew
     harvest(mover, c, mv, {"copied": copied(200, size=2 * SIZE), "copy_Bps": None, "seconds": 3.0})
-    assert c.extra["copy_Bps"]["b"] == 1e6 and c.extra["checkpoint_bytes"] == 2 * SIZE
+    assert c.extra["copy_Bps"]["a>b"] == 1e6 and c.extra["checkpoint_bytes"] == 2 * SIZE
     assert site_plan.transfer_s(c, "b") == pytest.approx(2 * SIZE / 1e6)
 
 
@@ -115,10 +117,10 @@ def seen(step_s: float, rate: float, *, ahead: int, final: int, c: Chain | None 
     checkpoint at ``final`` (SIZE bytes), the costs as the mover reads them off the chain (``pace``: the
     new site's against the old; None: not known, 1.0)."""
     c = c or chain("a")
-    c.extra.update({"step_s": step_s, "copy_Bps": {"b": rate}})
+    c.extra.update({"step_s": step_s, "copy_Bps": {"a>b": rate}})
     return ms.Seen(successor=RUNNING, predecessor_live=False, released=True,
                    newest=ms.Checkpoint(1, final, SIZE), copied=ms.Checkpoint(1, ahead, SIZE), copying=False,
-                   **costs(c, {"to": "b"}, pace))
+                   **costs(c, {"from": "a", "to": "b"}, pace))
 
 
 def test_the_successor_resumes_from_the_older_copy_when_redoing_costs_less_than_waiting():
@@ -141,9 +143,9 @@ def test_the_successor_resumes_from_the_older_copy_when_redoing_costs_less_than_
 
 def test_a_moves_own_rate_comes_before_the_chains():
     c = chain("a")
-    c.extra["copy_Bps"] = {"b": 1e6, "a": 9e9}
-    assert costs(c, {"to": "b"})["throughput_bps"] == 1e6
-    assert costs(c, {"to": "b", "copy_Bps": 4e6})["throughput_bps"] == 4e6
+    c.extra["copy_Bps"] = {"a>b": 1e6, "b>a": 9e9}
+    assert costs(c, {"from": "a", "to": "b"})["throughput_bps"] == 1e6
+    assert costs(c, {"from": "a", "to": "b", "copy_Bps": 4e6})["throughput_bps"] == 4e6
     assert costs(chain("a"), {"to": "b"}) == {"step_s": 0.0, "throughput_bps": 0.0, "pace": 1.0}
 
 
@@ -190,3 +192,31 @@ def test_the_moves_record_and_event_say_the_pace_the_redone_steps_were_weighed_a
     # no choice to make (the copy ahead is the final checkpoint): nothing said, nothing kept anew
     same = seen(2.0, SIZE / SECONDS, ahead=105, final=105, c=c, pace=pace)
     assert Mover._weighed({}, same, pace, "b") == ""
+
+
+def test_rates_are_kept_per_pair_of_sites_and_an_older_stores_per_destination_rate_still_counts(tmp_path, monkeypatch):
+    """The transfer is the checkpoint's size over the throughput measured between the two sites: a copy
+    from a into b says nothing of one from c into b, or of b back into a. A chain recorded before the
+    pairs kept one rate per destination: it is read when no pair was measured (no migration)."""
+    c, _, _, mover = moving(tmp_path, monkeypatch)
+    c.extra["sites"] = ["a", "b", "c"]
+    harvest(mover, c, {"to": "b", "from": "a", "phase": ms.AHEAD},
+            {"copied": copied(100), "copy_Bps": SIZE / SECONDS, "seconds": SECONDS})
+    assert set(c.extra["copy_Bps"]) == {"a>b"} and set(c.extra["copy_Bps_seen"]) == {"a>b"}
+    assert site_plan.transfer_s(c, "b") == pytest.approx(SECONDS, rel=1e-6)  # from the chain's site, a
+    assert site_plan.transfer_s(c, "b", src="c") == pytest.approx(SIZE / site_plan.DEFAULT_COPY_BPS)
+    c.cluster = "b"  # the chain moved to b: a copy back to a is another link
+    assert site_plan.transfer_s(c, "a") == pytest.approx(SIZE / site_plan.DEFAULT_COPY_BPS)
+    assert costs(c, {"from": "b", "to": "a"})["throughput_bps"] == 0.0
+    assert site_plan.transfer_sources(c, ["a", "b"]) == {
+        "a": {"transfer_s": round(SIZE / site_plan.DEFAULT_COPY_BPS, 1), "from": "size over the default rate"}}
+    # an older store: one rate per destination, read for any copy into it until that pair is measured
+    old = chain("a")
+    old.extra.update({"checkpoint_bytes": SIZE, "copy_Bps": {"b": 1e6}, "copy_Bps_seen": {"b": [1e6]}})
+    assert site_plan.copy_rate(old, "a", "b") == (1e6, "b") and site_plan.transfer_s(old, "b") == SIZE / 1e6
+    assert costs(old, {"from": "a", "to": "b"})["throughput_bps"] == 1e6
+    said = site_plan.transfer_sources(old, ["b"])["b"]["from"]
+    assert said == "size over the rate measured into b (kept per destination)", said
+    site_plan.record_copy(old, "b", src="a", copy_Bps=4e6)
+    assert site_plan.copy_rate(old, "a", "b") == (4e6, "a>b")  # the pair, measured now, comes first
+    assert site_plan.copy_rate(old, "c", "b") == (1e6, "b")
