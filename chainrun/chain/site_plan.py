@@ -38,6 +38,7 @@ DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the r
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
 COPY_RATES_KEPT = 5  # a link's copy rate: the median of its last 5 whole copies (one outlier does not swing it)
 TEST_ONLY = "slurm --test-only"  # the source of a wait that is Slurm's own expected start
+NO_START = "Slurm gives it no start (sbatch --test-only)"  # why a site that answered has no wait
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
         return None
     est = test_only_wait(start, now)
     if est is None and left_out is not None:
-        left_out[site.cluster] = "Slurm gives it no start (sbatch --test-only)"
+        left_out[site.cluster] = NO_START
     if est is None or not bounded:
         return est
     return _at_least_planned(c, site.cluster, est, now)
@@ -194,15 +195,34 @@ def first_site(c: Chain, names: list[str], waits: dict[str, WaitEstimate | None]
     """Where segment 0 starts (not a move: there is nothing to carry): the rule of every next segment,
     from the first site (the preferred) with the margin, on each site's wait for segment 0 at submit
     (its model's median where it has one, else Slurm's ``sbatch --test-only`` start: chain/first_wait.py),
-    each site's declared pace and restart, no transfer. None when a site has no wait (then the first site)."""
-    if not names or any(waits.get(n) is None for n in names):
+    each site's declared pace and restart, no transfer. A site with no wait (no model answer, and Slurm
+    gave no start) is not weighed, and the decision names it and why (``with_left_out``), as later
+    decisions do. When the first site has no wait, or no other site is left to weigh against it, segment
+    0 starts on the first site and the decision says why. None only without sites."""
+    if not names:
         return None
+    left_out = {n: NO_START for n in names if waits.get(n) is None}
+    weighed = [n for n in names if n not in left_out]
     paces = site_paces(c, [], names)
     options = [site_choice.SiteOption(name=n, wait={0.5: median_s(waits[n])}, transfer_s=0.0,
                                       restart_s=paces[n].restart_s if n in paces else 0.0,
-                                      pace=paces[n].pace if n in paces else 1.0) for n in names]
-    return site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
-                                   **boundaries(c, []))
+                                      pace=paces[n].pace if n in paces else 1.0) for n in weighed]
+    choice = site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
+                                     **boundaries(c, [])) if options else None
+    first = names[0]
+    if first in left_out:
+        # a known wait elsewhere against an unknown one here says nothing of which finishes first:
+        # the user's order of preference decides, rather than a one-sided comparison
+        others = "; ".join(f"{e.name} {site_choice.described(e)}" for e in choice.estimates) if choice else ""
+        reason = (f"start on {first}, the first cluster: its wait is unknown, so it cannot be weighed against "
+                  f"the others ({others})" if others else
+                  f"start on {first}, the first cluster: no cluster has a wait to weigh")
+        choice = site_choice.SiteChoice(first, False, reason, choice.estimates if choice else (), margin_s(c))
+    elif len(weighed) == 1:
+        choice = dataclasses.replace(choice, reason=(
+            f"start on {first}, the first cluster: {site_choice.described(choice.estimates[0])}; "
+            "no other cluster has a wait to weigh against it"))
+    return with_left_out(choice, left_out)
 
 
 def boundaries(c: Chain, segs: list[Segment]) -> dict[str, float]:
