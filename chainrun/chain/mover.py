@@ -20,7 +20,7 @@ from typing import Callable
 
 from chainrun.chain import ckpt_manifest as cm
 from chainrun.chain import move_steps as ms
-from chainrun.chain import outcomes, site_plan, span
+from chainrun.chain import outcomes, site_pace, site_plan, span
 from chainrun.chain.contract import go_text, handoff_text, moved_text
 from chainrun.chain.move_cleanup import Asked, Cleanups
 from chainrun.chain.engine import LOST_AFTER_S  # a submission never confirmed this long: never made
@@ -48,12 +48,20 @@ def _ck(d: dict | None) -> ms.Checkpoint | None:
     return ms.Checkpoint(int(d["generation"] or 0), int(d["step"] or 0), int(d.get("bytes") or 0)) if d else None
 
 
-def costs(c: Chain, mv: dict) -> dict:
+def costs(c: Chain, mv: dict, pace: site_pace.SitePace | None = None) -> dict:
     """What the expected-cost choice of the checkpoint to resume from reads (move_steps.resume_from): the
-    chain's measured seconds per step (chain/tick_context.py, from its progress) and the copy rate to the
-    new site, this move's own, else the chain's measured rate there (site_plan.record_copy)."""
-    rate = mv.get("copy_Bps") or (c.extra.get("copy_Bps") or {}).get(mv["to"])
-    return {"step_s": float(c.extra.get("step_s") or 0.0), "throughput_bps": float(rate or 0.0)}
+    chain's measured seconds per step (chain/tick_context.py, from its progress: where it trains now, the
+    old site), the copy rate to the new site, this move's own, else the chain's measured rate from the old
+    site to the new (site_plan.copy_rate), and the new site's pace against the old (``dest_pace``; None: 1.0)."""
+    rate = mv.get("copy_Bps") or site_plan.copy_rate(c, mv.get("from") or c.cluster, mv["to"])[0]
+    return {"step_s": float(c.extra.get("step_s") or 0.0), "throughput_bps": float(rate or 0.0),
+            "pace": pace.pace if pace is not None else 1.0}
+
+
+def dest_pace(c: Chain, segs: list[Segment], mv: dict) -> site_pace.SitePace:
+    """The new site's pace against the site the chain trains on (the move's old one, until it arrives):
+    measured, else declared in config.toml, else 1.0, as the site rule weighed it (site_plan.site_paces)."""
+    return site_plan.site_paces(c, segs, [c.cluster, mv["to"]])[mv["to"]]
 
 
 def _summary(man: cm.Manifest) -> dict:
@@ -134,12 +142,14 @@ class Mover:
             mv["looked_at"] = self.clock()  # a copy ahead: the newest checkpoint is read (hashed) and sent
             self._start(key, self._copy_newest, ea, eb, a, b, key)
             copying = True
+        # the pace is read (config.toml too) only where the choice of checkpoint is made: once A stopped
+        pace = dest_pace(c, segs, mv) if mv["phase"] == ms.FENCED and stopped else None
         seen = ms.Seen(successor=s.phase, predecessor_live=pred_live, released=released,
                        newest=_ck(mv.get("newest")), copied=_ck(mv.get("copied")), copying=copying,
-                       **costs(c, mv), copy_failing=bool(mv.get("copy_error")),
+                       **costs(c, mv, pace), copy_failing=bool(mv.get("copy_error")),
                        asked=f"handoff.{gen - 1}" in (names or set()))
         step = ms.next_step(mv["phase"], seen)
-        events = []
+        events = [self._weighed(mv, seen, pace, b.cluster)]
         for kind, target in step.actions:
             events.append(self._act(kind, target, c, s, mv, a, b, ea, eb, key, names or set()))
         if step.phase != mv["phase"]:
@@ -156,6 +166,19 @@ class Mover:
             events.append(f"the chain moved from {a.cluster} to {b.cluster}: segment {s.idx} trains there "
                           f"from step {(mv.get('go') or {}).get('step')}")
         self.store.save(c, [s], [(s.idx, "move", e) for e in events if e])
+
+    @staticmethod
+    def _weighed(mv: dict, seen: ms.Seen, pace: site_pace.SitePace | None, to: str) -> str:
+        """The choice of the checkpoint to resume from, with its numbers (the pace used among them), kept
+        on the move (``status --json``: the segment's ``move.resume``) and said once per change."""
+        cost = ms.resume_cost(seen) if pace is not None else None
+        if cost is None:
+            return ""
+        said = {**cost.as_dict(), "pace_from": pace.pace_from}
+        if mv.get("resume") == said:
+            return ""
+        mv["resume"] = said
+        return f"move to {to}: {cost.words(pace.pace_from)}"
 
     # ------------------------------------------------------------------ what is seen
     def _follow(self, c: Chain, s: Segment, mv: dict, eb) -> None:
@@ -220,7 +243,8 @@ class Mover:
             mv["copy"] = {k: self._progress[key].get(k) for k in
                           ("state", "bytes_done", "bytes_total", "throughput_Bps", "generation", "step", "route")}
             # the size is known from the copy's start (its manifest): later decisions weigh it at once
-            site_plan.record_copy(c, mv["to"], size_bytes=self._progress[key].get("checkpoint_bytes"))
+            site_plan.record_copy(c, mv["to"], src=mv.get("from"),
+                                  size_bytes=self._progress[key].get("checkpoint_bytes"))
         fut = self._jobs.get(key)
         if fut is None or not fut.done():
             return
@@ -242,7 +266,7 @@ class Mover:
             mv["final_read"] = True
             if got["final"]:
                 mv["newest"] = got["final"]
-                site_plan.record_copy(c, mv["to"], size_bytes=got["final"].get("bytes"))
+                site_plan.record_copy(c, mv["to"], src=mv.get("from"), size_bytes=got["final"].get("bytes"))
         if "copied" in got:
             mv["copied"] = got["copied"]
             if not mv.get("final_read"):
@@ -250,7 +274,8 @@ class Mover:
             if got.get("copy_Bps"):
                 mv["copy_Bps"] = got["copy_Bps"]
             # the chain's later decisions weigh a move by this: the size, and the rate of a whole copy there
-            site_plan.record_copy(c, mv["to"], size_bytes=got["copied"].get("bytes"), copy_Bps=got.get("copy_Bps"))
+            site_plan.record_copy(c, mv["to"], src=mv.get("from"), size_bytes=got["copied"].get("bytes"),
+                                  copy_Bps=got.get("copy_Bps"))
             self.store.add_event(c.id, s.idx, "copy", f"checkpoint step {got['copied']['step']} copied to "
                                  f"{mv['to']} and verified ({got['copied']['bytes']} bytes, {got['seconds']} s)")
 

@@ -107,7 +107,8 @@ def _note_choice(t: TickContext, c: Chain, cur: Segment, choice, now: float, wai
     mind is an event."""
     last = c.extra.get("site_choice") or {}
     c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": cur.idx + 1,
-                              "waits": site_plan.wait_sources(waits)}
+                              "waits": site_plan.wait_sources(waits),
+                              "transfers": site_plan.transfer_sources(c, [e.name for e in choice.estimates])}
     # a site dropped from (or back into) the decision is news too (by name: an error's text may vary)
     dropped = set(last.get("left_out") or ()) != {n for n, _ in choice.left_out}
     if last.get("site") != choice.site or last.get("for") != cur.idx + 1 or dropped:

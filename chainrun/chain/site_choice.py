@@ -173,6 +173,11 @@ def choose_site(current: str | None, options: list[SiteOption] | tuple[SiteOptio
         f"not more than the margin {_h(margin_s)}"), ests, margin_s)
 
 
+def described(e: SiteEstimate) -> str:
+    """``done in ~45.0 h (start ~0 min, ...)``: one site's numbers as every decision says them."""
+    return f"done in ~{_h(e.finish_s)} ({_parts(e)})"
+
+
 def _parts(e: SiteEstimate) -> str:
     out = f"start ~{_h(e.wait_s)}"
     if e.transfer_s:  # a measured copy may take seconds: below a minute in seconds ("0 min" would hide it)

@@ -3,10 +3,10 @@
 Planning asks this module at every tick where a successor may be asked for (the ASK step of
 chain/planning.py). For each site of the chain it estimates the successor's wait if submitted now
 (the site's queue-delay model; without one, Slurm's own ``sbatch --test-only`` start), the checkpoint's
-transfer there (its measured size over the measured copy rate; before a copy, DEFAULT_TRANSFER_S), and
-the chain's pace and restart cost there (measured, else declared in config.toml, else the default:
-chain/site_pace.py); chain/site_choice.py then picks the site expected to finish the
-chain first, staying unless another saves more than the margin; its segments train the limit less the
+transfer there (its measured size over the copy rate measured between the two sites; before a copy,
+DEFAULT_TRANSFER_S), and the chain's pace and restart cost there (measured, else declared in
+config.toml, else the default: chain/site_pace.py); chain/site_choice.py then picks the site expected
+to finish the chain first, staying unless another saves more than the margin; its segments train the limit less the
 chain's overhead and each boundary costs the restart and the hand-off, as in the replay (``boundaries``).
 The policy times the successor with the chosen site's wait; a successor on another site is a move
 (chain/mover.py takes it from there). Segment 0 is placed at submit by the same rule (``first_site``).
@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TRANSFER_S = 900.0  # a checkpoint's copy before one was measured (the replay's default --transfer)
 DEFAULT_COPY_BPS = 50e6  # ...or its size over this rate once its size is known
-COPY_RATES_KEPT = 5  # a site's copy rate: the median of the last 5 whole copies there (one outlier does not swing it)
+COPY_RATES_KEPT = 5  # a link's copy rate: the median of its last 5 whole copies (one outlier does not swing it)
 TEST_ONLY = "slurm --test-only"  # the source of a wait that is Slurm's own expected start
+NO_START = "Slurm gives it no start (sbatch --test-only)"  # why a site that answered has no wait
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def wait_estimate(t: TickContext, c: Chain, site: ChainSite, cur: Segment, now: 
         return None
     est = test_only_wait(start, now)
     if est is None and left_out is not None:
-        left_out[site.cluster] = "Slurm gives it no start (sbatch --test-only)"
+        left_out[site.cluster] = NO_START
     if est is None or not bounded:
         return est
     return _at_least_planned(c, site.cluster, est, now)
@@ -194,15 +195,34 @@ def first_site(c: Chain, names: list[str], waits: dict[str, WaitEstimate | None]
     """Where segment 0 starts (not a move: there is nothing to carry): the rule of every next segment,
     from the first site (the preferred) with the margin, on each site's wait for segment 0 at submit
     (its model's median where it has one, else Slurm's ``sbatch --test-only`` start: chain/first_wait.py),
-    each site's declared pace and restart, no transfer. None when a site has no wait (then the first site)."""
-    if not names or any(waits.get(n) is None for n in names):
+    each site's declared pace and restart, no transfer. A site with no wait (no model answer, and Slurm
+    gave no start) is not weighed, and the decision names it and why (``with_left_out``), as later
+    decisions do. When the first site has no wait, or no other site is left to weigh against it, segment
+    0 starts on the first site and the decision says why. None only without sites."""
+    if not names:
         return None
+    left_out = {n: NO_START for n in names if waits.get(n) is None}
+    weighed = [n for n in names if n not in left_out]
     paces = site_paces(c, [], names)
     options = [site_choice.SiteOption(name=n, wait={0.5: median_s(waits[n])}, transfer_s=0.0,
                                       restart_s=paces[n].restart_s if n in paces else 0.0,
-                                      pace=paces[n].pace if n in paces else 1.0) for n in names]
-    return site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
-                                   **boundaries(c, []))
+                                      pace=paces[n].pace if n in paces else 1.0) for n in weighed]
+    choice = site_choice.choose_site(None, options, remaining_s=float(c.total_s), margin_s=margin_s(c),
+                                     **boundaries(c, [])) if options else None
+    first = names[0]
+    if first in left_out:
+        # a known wait elsewhere against an unknown one here says nothing of which finishes first:
+        # the user's order of preference decides, rather than a one-sided comparison
+        others = "; ".join(f"{e.name} {site_choice.described(e)}" for e in choice.estimates) if choice else ""
+        reason = (f"start on {first}, the first cluster: its wait is unknown, so it cannot be weighed against "
+                  f"the others ({others})" if others else
+                  f"start on {first}, the first cluster: no cluster has a wait to weigh")
+        choice = site_choice.SiteChoice(first, False, reason, choice.estimates if choice else (), margin_s(c))
+    elif len(weighed) == 1:
+        choice = dataclasses.replace(choice, reason=(
+            f"start on {first}, the first cluster: {site_choice.described(choice.estimates[0])}; "
+            "no other cluster has a wait to weigh against it"))
+    return with_left_out(choice, left_out)
 
 
 def boundaries(c: Chain, segs: list[Segment]) -> dict[str, float]:
@@ -249,28 +269,68 @@ def declared_by_site(names: list[str]) -> dict[str, site_pace.Declared]:
     return out
 
 
-def transfer_s(c: Chain, to: str) -> float:
-    """The checkpoint's copy to ``to``: its last known size over the rate measured there (``record_copy``);
-    before any size is known DEFAULT_TRANSFER_S, before a whole copy there DEFAULT_COPY_BPS. The rate is
-    kept per destination (with two sites, the one direction into it)."""
+def pair(src: str, to: str) -> str:
+    """The key a copy rate between two sites is kept under: ``a>b`` (copies from a into b)."""
+    return f"{src}>{to}"
+
+
+def copy_rate(c: Chain, src: str, to: str) -> tuple[float, str | None]:
+    """The measured rate of a whole copy from ``src`` to ``to`` and the key it was read under: the pair's
+    (the link between the two sites), else the one kept for ``to`` alone (stores from before the pairs
+    kept one rate per destination); (0, None) when neither was measured."""
+    rates = c.extra.get("copy_Bps") or {}
+    for key in (pair(src, to), to):
+        rate = float(rates.get(key) or 0)
+        if rate > 0:
+            return rate, key
+    return 0.0, None
+
+
+def transfer_s(c: Chain, to: str, src: str | None = None) -> float:
+    """The checkpoint's copy from ``src`` (None: the site the chain is on, where its checkpoint is) to
+    ``to``: its last known size over the rate measured between the two (``copy_rate``); before any size
+    is known DEFAULT_TRANSFER_S, before a whole copy between them DEFAULT_COPY_BPS."""
+    return _transfer(c, to, src)[0]
+
+
+def _transfer(c: Chain, to: str, src: str | None) -> tuple[float, str]:
     size = float(c.extra.get("checkpoint_bytes") or 0)
-    rate = float((c.extra.get("copy_Bps") or {}).get(to) or 0)
     if size <= 0:
-        return DEFAULT_TRANSFER_S
-    return size / (rate if rate > 0 else DEFAULT_COPY_BPS)
+        return DEFAULT_TRANSFER_S, "no size known: the default"
+    rate, key = copy_rate(c, src or c.cluster, to)
+    if key is None:
+        return size / DEFAULT_COPY_BPS, "size over the default rate"
+    where = key if ">" in key else f"into {key} (kept per destination)"
+    return size / rate, f"size over the rate measured {where}"
 
 
-def record_copy(c: Chain, to: str, *, size_bytes: int | None = None, copy_Bps: float | None = None) -> None:
+def transfer_sources(c: Chain, names) -> dict[str, dict]:
+    """What a site decision records per other site (``status --json``: ``site_choice.transfers``): the
+    checkpoint's transfer there and what it was read from (the pair's measured rate, the destination's,
+    or a default), so a decision shows which link it weighed."""
+    out = {}
+    for n in names:
+        if n != c.cluster:
+            took, said = _transfer(c, n, None)
+            out[n] = {"transfer_s": round(took, 1), "from": said}
+    return out
+
+
+def record_copy(c: Chain, to: str, *, src: str | None = None, size_bytes: int | None = None,
+                copy_Bps: float | None = None) -> None:
     """What chain/mover.py measured, kept on the chain for ``transfer_s``: the checkpoint's size (from the
-    manifest it read, before or after a copy), and a verified whole copy's rate to ``to`` (a resumed copy
-    says nothing of the rate): the median of the last COPY_RATES_KEPT there."""
+    manifest it read, before or after a copy), and a verified whole copy's rate from ``src`` (None: the
+    chain's site) to ``to`` (a resumed copy says nothing of the rate): the median of the last
+    COPY_RATES_KEPT between the two, kept under the pair (``a>b``: a link's rate in one direction says
+    nothing of another link's)."""
     if size_bytes and size_bytes > 0:
         c.extra["checkpoint_bytes"] = int(size_bytes)
     if copy_Bps and copy_Bps > 0:
-        seen = c.extra.setdefault("copy_Bps_seen", {}).setdefault(to, [])
+        key = pair(src or c.cluster, to)
+        seen = c.extra.setdefault("copy_Bps_seen", {}).setdefault(key, [])
         seen.append(round(float(copy_Bps), 1))
         del seen[:-COPY_RATES_KEPT]
-        c.extra.setdefault("copy_Bps", {})[to] = statistics.median(seen)
+        c.extra.setdefault("copy_Bps", {})[key] = statistics.median(seen)
 
 
 def next_generation(t: TickContext, c: Chain, to: ChainSite) -> int:
@@ -386,7 +446,8 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
         return False
     why = f"cancelled while pending on {c.cluster} (Slurm expects it to start at {_clock(row.start)}): {choice.reason}"
     events = cancel_live(t.slurm, c, [succ], why)
-    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx, "waits": wait_sources(ests)}
+    c.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": succ.idx, "waits": wait_sources(ests),
+                              "transfers": transfer_sources(c, [e.name for e in choice.estimates])}
     t.store.save(c, [succ], events + [(succ.idx, "site", f"segment {succ.idx} {why}")])
     return succ.phase not in (PENDING, RUNNING)
 

@@ -334,8 +334,9 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
 def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], starts: dict[str, float | None]) -> None:
     """Where segment 0 starts: by the rule every next segment follows (site_plan.first_site), on each
     site's wait as the watcher would estimate it (its queue-delay model, else the start ``sbatch
-    --test-only`` just gave: chain/first_wait.py). ``create_chain`` starts the chain there; the reason
-    and where each wait came from are kept (the site event and ``status --json`` say them)."""
+    --test-only`` just gave: chain/first_wait.py). ``create_chain`` starts the chain there; the reason,
+    where each wait came from and each site with none are kept (the site event, ``status`` and
+    ``status --json`` say them)."""
     import time
 
     from chainrun.chain import first_wait
@@ -353,8 +354,9 @@ def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], start
         return
     placed = wait_sources(waits)
     chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0, "waits": placed}
+    said = first_wait.note(waits)  # empty when no site had a wait (the reason names each)
     chain.extra["first_placement"] = {"site": choice.site, "waits": placed,
-                                      "reason": f"{choice.reason}; waits: {first_wait.note(waits)}"}
+                                      "reason": f"{choice.reason}; waits: {said}" if said else choice.reason}
 
 
 def _lay_out(s: Site, chain: Chain, req: SubmitRequest, warnings: list[str], *, made: dict, first: str) -> Chain:

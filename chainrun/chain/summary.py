@@ -221,6 +221,11 @@ def move_note(mv: dict) -> str:
                 + (f" at {rate / 1e6:.1f} MB/s" if rate else ""))
     if mv.get("copy_error") and mv.get("phase") in ("ahead", "fenced"):
         out += f"; last copy failed: {mv['copy_error']}"
+    r = mv.get("resume") or {}
+    if r and not mv.get("go") and mv.get("phase") == "fenced":  # the choice of checkpoint, with its pace
+        out += (f"; resuming from step {r.get('resume_step')} (redo from step {r.get('ahead_step')}: "
+                f"{r.get('redo_s')} s at pace {r.get('pace')} ({r.get('pace_from')}); "
+                f"transfer of step {r.get('final_step')}: {r.get('transfer_s')} s)")
     if mv.get("go"):
         out += f"; resumed from step {mv['go'].get('step')}"
     return out

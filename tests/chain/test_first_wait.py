@@ -81,7 +81,8 @@ def test_without_a_model_the_test_only_starts_place_it_as_before():
     assert site_plan.first_site(c, ["a", "b"], waits).site == "b"
     no_start = first_wait.first_waits([("a", Queue(), c), ("b", Queue(), c)], {"a": T0, "b": None}, T0,
                                       predictor_for=models())
-    assert no_start["b"] is None and site_plan.first_site(c, ["a", "b"], no_start) is None  # then the first site
+    assert no_start["b"] is None  # then the first site, naming b (tests/chain/test_first_left_out.py)
+    assert site_plan.first_site(c, ["a", "b"], no_start).left_out == (("b", site_plan.NO_START),)
 
 
 def test_a_model_that_cannot_answer_falls_back_to_slurms_start(caplog):

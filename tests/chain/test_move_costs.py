@@ -10,12 +10,13 @@ from concurrent.futures import Future
 import pytest
 
 from chainrun.chain import move_steps as ms
-from chainrun.chain import planning, progress, site_plan
-from chainrun.chain.mover import Mover, costs
+from chainrun.chain import planning, progress, site_plan, summary
+from chainrun.chain.mover import Mover, costs, dest_pace
+from chainrun.chain.site_pace import DECLARED, MEASURED, SitePace
 from chainrun.chain.tick_context import TickContext
 from chainrun.runner.local import LocalRunner
 from chainrun.state.records import RUNNING, Chain, Segment
-from tests.chain.test_site_pace import H, T0, chain, tick
+from tests.chain.test_site_pace import H, T0, chain, seg, tick
 
 SIZE = 41943139  # the real test's checkpoint (tests/ssh/test_move_slurm.py): copied in 20.1 s
 SECONDS = 20.1
@@ -47,7 +48,8 @@ def test_a_verified_copy_records_the_size_and_rate_and_the_next_decision_weighs_
     assert site_plan.transfer_s(c, "b") == site_plan.DEFAULT_TRANSFER_S  # nothing measured: 15 min
     mv = {"to": "b", "from": "a", "phase": ms.AHEAD}
     harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": SIZE / SECONDS, "seconds": SECONDS})
-    assert c.extra["checkpoint_bytes"] == SIZE and c.extra["copy_Bps"]["b"] == pytest.approx(SIZE / SECONDS, rel=1e-6)
+    assert c.extra["checkpoint_bytes"] == SIZE
+    assert c.extra["copy_Bps"] == {"a>b": pytest.approx(SIZE / SECONDS, rel=1e-6)}  # kept for the pair a>b
     assert site_plan.transfer_s(c, "b") == pytest.approx(SECONDS, rel=1e-6)
     t.store.save(c)  # the mover's tick saves the chain with the move: the keys live on in the store
     c = t.store.chain(c.id)
@@ -59,6 +61,7 @@ def test_a_verified_copy_records_the_size_and_rate_and_the_next_decision_weighs_
     assert est["b"]["transfer_s"] == pytest.approx(SECONDS, abs=0.1) and est["a"]["transfer_s"] == 0.0
     said = [e.message for _, e in t.store.events(c.id, limit=10) if e.kind == "site"]
     assert said and "(start ~0 min, transfer 20 s)" in said[0], said
+    assert c.extra["site_choice"]["transfers"] == {"b": {"transfer_s": 20.1, "from": "size over the rate measured a>b"}}
 
 
 def test_the_rate_is_the_median_of_the_last_whole_copies_and_a_resumed_copy_only_updates_the_size(
@@ -67,13 +70,13 @@ def test_the_rate_is_the_median_of_the_last_whole_copies_and_a_resumed_copy_only
     mv = {"to": "b", "from": "a", "phase": ms.AHEAD}
     for rate in (2e6, 20e6, 3e6):  # one copy unusually fast (a quiet link): the median does not follow it
         harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": rate, "seconds": SIZE / rate})
-    assert c.extra["copy_Bps"]["b"] == 3e6 and c.extra["copy_Bps_seen"]["b"] == [2e6, 20e6, 3e6]
+    assert c.extra["copy_Bps"]["a>b"] == 3e6 and c.extra["copy_Bps_seen"]["a>b"] == [2e6, 20e6, 3e6]
     for _ in range(site_plan.COPY_RATES_KEPT):
         harvest(mover, c, mv, {"copied": copied(100), "copy_Bps": 1e6, "seconds": SIZE / 1e6})
-    assert c.extra["copy_Bps"]["b"] == 1e6 and len(c.extra["copy_Bps_seen"]["b"]) == site_plan.COPY_RATES_KEPT
+    assert c.extra["copy_Bps"]["a>b"] == 1e6 and len(c.extra["copy_Bps_seen"]["a>b"]) == site_plan.COPY_RATES_KEPT
     # rsync resumed a cut copy: ckpt_copy gives no rate (part was sent before); the checkpoint grew
     harvest(mover, c, mv, {"copied": copied(200, size=2 * SIZE), "copy_Bps": None, "seconds": 3.0})
-    assert c.extra["copy_Bps"]["b"] == 1e6 and c.extra["checkpoint_bytes"] == 2 * SIZE
+    assert c.extra["copy_Bps"]["a>b"] == 1e6 and c.extra["checkpoint_bytes"] == 2 * SIZE
     assert site_plan.transfer_s(c, "b") == pytest.approx(2 * SIZE / 1e6)
 
 
@@ -108,14 +111,16 @@ def test_the_chains_pace_from_its_progress_sets_seconds_per_step(tmp_path):
     assert costs(c, {"to": "b"})["step_s"] == pytest.approx(2.0)
 
 
-def seen(step_s: float, rate: float, *, ahead: int, final: int, c: Chain | None = None) -> ms.Seen:
+def seen(step_s: float, rate: float, *, ahead: int, final: int, c: Chain | None = None,
+         pace: SitePace | None = None) -> ms.Seen:
     """A fenced move whose predecessor released: the copy ahead verified at step ``ahead``, the final
-    checkpoint at ``final`` (SIZE bytes), the costs as the mover reads them off the chain."""
+    checkpoint at ``final`` (SIZE bytes), the costs as the mover reads them off the chain (``pace``: the
+    new site's against the old; None: not known, 1.0)."""
     c = c or chain("a")
-    c.extra.update({"step_s": step_s, "copy_Bps": {"b": rate}})
+    c.extra.update({"step_s": step_s, "copy_Bps": {"a>b": rate}})
     return ms.Seen(successor=RUNNING, predecessor_live=False, released=True,
                    newest=ms.Checkpoint(1, final, SIZE), copied=ms.Checkpoint(1, ahead, SIZE), copying=False,
-                   **costs(c, {"to": "b"}))
+                   **costs(c, {"from": "a", "to": "b"}, pace))
 
 
 def test_the_successor_resumes_from_the_older_copy_when_redoing_costs_less_than_waiting():
@@ -138,7 +143,80 @@ def test_the_successor_resumes_from_the_older_copy_when_redoing_costs_less_than_
 
 def test_a_moves_own_rate_comes_before_the_chains():
     c = chain("a")
-    c.extra["copy_Bps"] = {"b": 1e6, "a": 9e9}
-    assert costs(c, {"to": "b"})["throughput_bps"] == 1e6
-    assert costs(c, {"to": "b", "copy_Bps": 4e6})["throughput_bps"] == 4e6
-    assert costs(chain("a"), {"to": "b"}) == {"step_s": 0.0, "throughput_bps": 0.0}
+    c.extra["copy_Bps"] = {"a>b": 1e6, "b>a": 9e9}
+    assert costs(c, {"from": "a", "to": "b"})["throughput_bps"] == 1e6
+    assert costs(c, {"from": "a", "to": "b", "copy_Bps": 4e6})["throughput_bps"] == 4e6
+    assert costs(chain("a"), {"to": "b"}) == {"step_s": 0.0, "throughput_bps": 0.0, "pace": 1.0}
+
+
+def test_the_redone_steps_cost_what_they_take_on_the_new_site_at_its_pace():
+    """step_s is measured where the chain trained (a); the steps since the copy ahead are redone on b:
+    each takes step_s / pace there (site_pace: pace = work per wall second on b over a's)."""
+    rate = SIZE / SECONDS  # the final checkpoint's copy: 20.1 s
+    # 5 steps at 2 s on a: 10 s; on b at 0.4 of a's pace they take 25 s, more than the 20 s wait
+    slow = seen(2.0, rate, ahead=100, final=105, pace=SitePace(0.4, DECLARED))
+    assert ms.resume_from(slow) == ms.Checkpoint(1, 105, SIZE)
+    assert ms.resume_cost(slow).redo_s == pytest.approx(25.0)
+    # 15 steps: 30 s on a, but b trains twice as fast: 15 s there beats the 20 s wait
+    fast = seen(2.0, rate, ahead=100, final=115, pace=SitePace(2.0, MEASURED))
+    assert ms.resume_from(fast) == ms.Checkpoint(1, 100, SIZE)
+    assert ms.next_step(ms.FENCED, fast).actions == [(ms.GO_AHEAD, ms.Checkpoint(1, 100, SIZE))]
+    assert ms.resume_from(seen(2.0, rate, ahead=100, final=115)) == ms.Checkpoint(1, 115, SIZE)  # at a's pace: 30 s
+    # a pace that is no number leaves the cost unknown: the final checkpoint (nothing redone)
+    assert ms.resume_from(seen(2.0, rate, ahead=100, final=101, pace=SitePace(0.0))) == ms.Checkpoint(1, 101, SIZE)
+
+
+def test_the_moves_record_and_event_say_the_pace_the_redone_steps_were_weighed_at(tmp_path, monkeypatch):
+    """The new site's pace as the site rule weighs it (measured > declared > 1.0), against the site the
+    chain trains on; the choice is kept on the move (status --json: move.resume) and said once."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text('[clusters.b]\nhost = "b.example.org"\n[clusters.b.job]\npace = 0.4\n')
+    monkeypatch.setenv("CHAINRUN_HOME", str(home))
+    c = chain("a")
+    mv = {"from": "a", "to": "b", "phase": ms.FENCED}
+    assert dest_pace(c, [], mv) == SitePace(0.4, DECLARED)
+    # measured: b's segments trained at 3 steps/s, a's at 6: b runs at half a's pace, whatever was declared
+    segs = [seg(0, "b", sps=3.0, payload_after=0), seg(1, None, sps=6.0, payload_after=0)]
+    pace = dest_pace(c, segs, mv)
+    assert (pace.pace, pace.pace_from) == (pytest.approx(0.5), MEASURED)
+    got = seen(2.0, SIZE / SECONDS, ahead=100, final=105, c=c, pace=pace)
+    said = Mover._weighed(mv, got, pace, "b")
+    assert mv["resume"] == {"ahead_step": 100, "final_step": 105, "step_s": 2.0, "pace": 0.5, "redo_s": 20.0,
+                            "transfer_s": 20.1, "resume_step": 100, "pace_from": MEASURED}
+    assert said == ("move to b: resume from step 100: redo 5 steps from the copy at step 100 (2 s a step where "
+                    "it trained; pace 0.5 there, measured: 20 s) < wait 20.1 s for step 105's transfer"), said
+    assert Mover._weighed(mv, got, pace, "b") == ""  # the same choice next tick: no new event
+    assert "resuming from step 100 (redo from step 100: 20.0 s at pace 0.5 (measured); transfer of step 105: " \
+           "20.1 s)" in summary.move_note(mv)  # status, while the move waits for its go-ahead
+    # no choice to make (the copy ahead is the final checkpoint): nothing said, nothing kept anew
+    same = seen(2.0, SIZE / SECONDS, ahead=105, final=105, c=c, pace=pace)
+    assert Mover._weighed({}, same, pace, "b") == ""
+
+
+def test_rates_are_kept_per_pair_of_sites_and_an_older_stores_per_destination_rate_still_counts(tmp_path, monkeypatch):
+    """The transfer is the checkpoint's size over the throughput measured between the two sites: a copy
+    from a into b says nothing of one from c into b, or of b back into a. A chain recorded before the
+    pairs kept one rate per destination: it is read when no pair was measured (no migration)."""
+    c, _, _, mover = moving(tmp_path, monkeypatch)
+    c.extra["sites"] = ["a", "b", "c"]
+    harvest(mover, c, {"to": "b", "from": "a", "phase": ms.AHEAD},
+            {"copied": copied(100), "copy_Bps": SIZE / SECONDS, "seconds": SECONDS})
+    assert set(c.extra["copy_Bps"]) == {"a>b"} and set(c.extra["copy_Bps_seen"]) == {"a>b"}
+    assert site_plan.transfer_s(c, "b") == pytest.approx(SECONDS, rel=1e-6)  # from the chain's site, a
+    assert site_plan.transfer_s(c, "b", src="c") == pytest.approx(SIZE / site_plan.DEFAULT_COPY_BPS)
+    c.cluster = "b"  # the chain moved to b: a copy back to a is another link
+    assert site_plan.transfer_s(c, "a") == pytest.approx(SIZE / site_plan.DEFAULT_COPY_BPS)
+    assert costs(c, {"from": "b", "to": "a"})["throughput_bps"] == 0.0
+    assert site_plan.transfer_sources(c, ["a", "b"]) == {
+        "a": {"transfer_s": round(SIZE / site_plan.DEFAULT_COPY_BPS, 1), "from": "size over the default rate"}}
+    # an older store: one rate per destination, read for any copy into it until that pair is measured
+    old = chain("a")
+    old.extra.update({"checkpoint_bytes": SIZE, "copy_Bps": {"b": 1e6}, "copy_Bps_seen": {"b": [1e6]}})
+    assert site_plan.copy_rate(old, "a", "b") == (1e6, "b") and site_plan.transfer_s(old, "b") == SIZE / 1e6
+    assert costs(old, {"from": "a", "to": "b"})["throughput_bps"] == 1e6
+    said = site_plan.transfer_sources(old, ["b"])["b"]["from"]
+    assert said == "size over the rate measured into b (kept per destination)", said
+    site_plan.record_copy(old, "b", src="a", copy_Bps=4e6)
+    assert site_plan.copy_rate(old, "a", "b") == (4e6, "a>b")  # the pair, measured now, comes first
+    assert site_plan.copy_rate(old, "c", "b") == (1e6, "b")

@@ -249,7 +249,8 @@ def test_segment_0_starts_where_the_chain_is_expected_to_finish_first_by_more_th
     assert all(e.transfer_s == 0 for e in full.estimates)
     near = site_plan.first_site(c, ["a", "b"], slurm(a=1200, b=0))  # 20 min sooner < the margin
     assert near.site == "a" and near.reason.startswith("start on a:"), near.reason
-    assert site_plan.first_site(c, ["a", "b"], slurm(a=5 * H, b=None)) is None  # no start: the first
+    unknown = site_plan.first_site(c, ["a", "b"], slurm(a=5 * H, b=None))  # no start: the first, b named
+    assert unknown.site == "a" and unknown.left_out == (("b", site_plan.NO_START),), unknown.reason
     # segments as the replay sizes them: 40 h of work in 4 h segments less the 300 s lead, each boundary
     # after the first costing the hand-off (the signal lead before one was measured)
     est = {e.name: e for e in full.estimates}

@@ -178,15 +178,16 @@ def test_a_full_cluster_moves_the_chain_with_its_checkpoint_and_it_stays_once_th
     assert re.search(r"(next local ~\d+ min|local ~\d+ min saves \d+ min, not more than the margin 5 min)$",
                      later[-1]), later
     # what the move measured is kept on the chain and weighed by the later decisions (not the 15 min default):
-    # the checkpoint's size (its manifest), the rate into b of a whole copy, the trainer's seconds per step
+    # the checkpoint's size (its manifest), the rate local>b of a whole copy, the trainer's seconds per step
     c = read(env, chain)[0]
     sizes = {int(n) for n in re.findall(r"copied to b and verified \((\d+) bytes", text)}
     assert c.extra["checkpoint_bytes"] in sizes and c.extra["checkpoint_bytes"] > PAD_KIB << 10, (c.extra, sizes)
     if mv.get("copy_Bps"):  # a whole copy (one rsync resumed after the kill gives no rate)
-        assert 0 < c.extra["copy_Bps"]["b"] <= 2 * (BWLIMIT_KIB << 10), c.extra
+        assert 0 < c.extra["copy_Bps"]["local>b"] <= 2 * (BWLIMIT_KIB << 10), c.extra  # kept for the link
     assert 0 < c.extra["step_s"] < 60, c.extra  # the toy reports its progress
     back = {e["site"]: e for e in st["site_choice"]["estimates"]}["local"]  # a copy back: size at the default rate
     assert 0 < back["transfer_s"] < 900, st["site_choice"]
+    assert st["site_choice"]["transfers"]["local"]["from"] == "size over the default rate", st["site_choice"]
     # status shows where each segment ran and the move that brought the chain to b
     detail = {d["idx"]: d for d in st["segments_detail"]}
     assert detail[ran[1].idx]["cluster"] == "b" and "move local->b: done; resumed from step" in detail[ran[1].idx]["note"]
