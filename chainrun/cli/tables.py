@@ -129,6 +129,10 @@ def site_lines(v: ChainView, now: float) -> list[str]:
     ch = getattr(v, "site_choice", None)
     if ch and ch.get("reason"):
         out.append(f"placement of segment {ch.get('for', '?')} ({clock(ch.get('at'), now=now)}): {ch['reason']}")
+        moves = ch.get("transfers") or {}  # the checkpoint's copy to each other cluster, as that decision weighed it
+        if moves:
+            out.append("checkpoint transfer weighed: " + "; ".join(
+                f"to {n} {dur(float(m.get('transfer_s') or 0))} ({m.get('from')})" for n, m in moves.items()))
     n = len(getattr(v, "site_decisions", ()) or ())
     if n > 1:
         out.append(f"{n} site decisions kept (newest last: `chainrun status {v.id} --json`, site_decisions)")

@@ -28,7 +28,8 @@ def _chain(cid: str, *, sites: bool) -> Chain:
     if sites:
         extra = {"sites": ["local", "b"], "site_margin_s": 600, "site_margin_source": "--site-margin",
                  "site_choice": {"site": "b", "move": False, "reason": REASON, "margin_s": 600.0, "at": 1000.0,
-                                 "for": 2, "estimates": [{"site": "b", "finish_s": 180.0}], "waits": {}}}
+                                 "for": 2, "estimates": [{"site": "b", "finish_s": 180.0}], "waits": {},
+                                 "transfers": {"local": {"transfer_s": 20.1, "from": "size over the rate measured b>local"}}}}
     return Chain(id=cid, name=cid, cluster="b" if sites else "local", script="/w/s", workdir="/w", run_dir="/w/run",
                  checkpoint_dir="/w/ck", total_s=7200, segment_s=3600, policy="lead", lead_s=600, signal="USR2",
                  signal_lead_s=60, retries=1, sbatch_args=[], partition="p", created=1.0, status=ACTIVE, extra=extra)
@@ -65,6 +66,8 @@ def test_status_of_a_chain_spanning_clusters_says_its_sites_each_segments_cluste
     assert "clusters (in order of preference): local, b; on b; moves only to gain more than 10m" in out, out
     assert f"placement of segment 2 (" in out and REASON.split(";")[0] in out and "next local ~5 min" in out
     assert "12 site decisions" not in out and "10 site decisions kept" in out
+    # the transfer that decision weighed to each other cluster, and what it was read from
+    assert "checkpoint transfer weighed: to local 20s (size over the rate measured b>local)" in out, out
     segs = [line for line in out.splitlines() if line.startswith("seg=")]
     assert [line.split()[2] for line in segs] == ["cluster=local", "cluster=b", "cluster=b"], segs
 
