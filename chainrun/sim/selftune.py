@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable
 
 from chainrun.errors import ChainrunError, SlurmError
 from chainrun.sim.tuning_text import summary_line, thinned_text, values_text  # noqa: F401 (once defined here)
+from chainrun.sim.user_chains import chain_shape  # noqa: F401 (the chains injected; once defined here)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -49,7 +50,6 @@ log = logging.getLogger(__name__)
 FIDELITY_FLOOR = 0.3
 CHAINS_EVERY_S = 12 * 3600.0
 WARMUP_S = 7 * 86400.0
-WORK_SEGMENTS = 3.5  # a chain without a user's chain to copy: 3.5 segments (the evaluation's 168 h / 48 h)
 # the points run in this many batches, each reported; every batch replays the queue up to its first
 # point again (per worker), so few
 PROGRESS_STEPS = 8
@@ -175,41 +175,6 @@ def _from_sprio(runner: "Runner") -> tuple[str, dict | None, float, list[str]]:
         return "fairshare", {"PriorityWeightAge": age, "PriorityWeightFairshare": fs, "PriorityWeightJobSize": size,
                              "PriorityMaxAge": 7, "PriorityDecayHalfLife": "7-0"}, 0.0, note
     return "multifactor", None, size / age * 7 * 86400.0, note
-
-
-def chain_shape(cluster: str, partition: str, max_time_s: float | None) -> dict:
-    """Chains shaped like the user's: the median node count, segment and work of their latest
-    (at most 20) chains on this cluster and partition; else one node, the partition's limit (48 h
-    when it has none) and WORK_SEGMENTS of it."""
-    from chainrun.chain.contract import option_value
-    from chainrun.paths import state_db
-
-    mine = []
-    if state_db().exists():
-        from chainrun.state.store import Store
-
-        store = Store(state_db())
-        try:
-            mine = [c for c in store.chains() if c.cluster == cluster and (c.partition or "") == partition][-20:]
-        finally:
-            store.close()
-    if mine:
-        def med(xs):
-            xs = sorted(xs)
-            return xs[len(xs) // 2]
-
-        def nodes(c) -> int:
-            try:
-                return int(str(option_value(c.sbatch_args, "--nodes", "-N") or "1").split("-")[0])
-            except ValueError:
-                return 1
-
-        return {"source": f"your {len(mine)} chain(s) on this partition", "nodes": med([nodes(c) for c in mine]),
-                "segment_s": float(med([c.segment_s for c in mine])), "work_s": float(med([c.total_s for c in mine])),
-                "signal_lead_s": float(med([c.signal_lead_s for c in mine]))}
-    seg = float(max_time_s) if max_time_s else 48 * 3600.0
-    return {"source": "no chain of yours here: one node, the partition's limit", "nodes": 1, "segment_s": seg,
-            "work_s": WORK_SEGMENTS * seg, "signal_lead_s": min(300.0, seg / 10)}
 
 
 def work_for(shape: dict):
@@ -490,7 +455,7 @@ def refresh_tuning(runner: "Runner", *, cluster: str, history: "pd.DataFrame", a
         doc = tuned.load(cluster)
         e = doc["partitions"].get(part) or {}
         force = {k: v for k, v in tuned.in_force(cluster, part).items()}
-        shape = chain_shape(cluster, part, facts.max_time_s)
+        shape = chain_shape(cluster, part, facts.max_time_s, history)
         base = {"facts": facts.as_dict(), "shape": shape, "previous": force, "adopted": False}
         if not all_users:
             res = {**base, "reason": "other users' jobs are hidden (PrivateData): the replay needs the whole queue"}

@@ -155,7 +155,7 @@ def user_shape(cluster: str) -> dict:
     """``selftune.chain_shape`` on the first cluster, for the partition of the user's latest chain there
     (their chains spanning clusters are recorded on the cluster they run on); else its default shape."""
     from chainrun.paths import state_db
-    from chainrun.sim.selftune import chain_shape
+    from chainrun.sim.user_chains import chain_shape
 
     part = ""
     if state_db().exists():

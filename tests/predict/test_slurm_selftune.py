@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -22,13 +23,51 @@ def _partition(name: str) -> dict:
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
+def _default_partition() -> str:
+    out = subprocess.run(["scontrol", "show", "partition", "--oneliner"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    return next(line.split()[0].split("=", 1)[1] for line in out.splitlines() if "Default=YES" in line)
+
+
+def _two_node_chain(home, partition: str) -> str:
+    """A chain of the user's whose script asked for 2 nodes itself (#SBATCH, not in its sbatch options):
+    its one segment a real 2-node job that has ended, as the store records it."""
+    from chainrun.state.records import ENDED, Chain, Segment
+    from chainrun.state.store import Store
+
+    job = subprocess.run(["sbatch", "--parsable", "-N", "2", "-p", partition, "-t", "1", "-J", "cr.shape-0001.0",
+                          "--wrap", "sleep 1"], capture_output=True, text=True, timeout=30, check=True
+                         ).stdout.strip().split(";")[0]
+    deadline = time.time() + 120
+    while subprocess.run(["sacct", "-n", "-X", "-j", job, "-o", "State"], capture_output=True, text=True,
+                         timeout=30).stdout.strip() != "COMPLETED":
+        assert time.time() < deadline, f"the 2-node job {job} did not complete"
+        time.sleep(2)
+    home.mkdir(parents=True, exist_ok=True)
+    store = Store(home / "state.sqlite")
+    try:
+        c = Chain(id="shape-0001", name="shape", cluster="local", script="/s.sh", workdir="/w", run_dir="/w/r",
+                  checkpoint_dir="/w/c", total_s=7200, segment_s=120, policy="predicted", lead_s=60, signal="USR2",
+                  signal_lead_s=30, retries=1, sbatch_args=[], partition=partition)
+        store.add_chain(c)
+        store.save(c, [Segment(c.id, 0, phase=ENDED, job_id=job)])
+    finally:
+        store.close()
+    return job
+
+
 def test_refresh_tunes_from_the_clusters_history_and_status_shows_it(slurm, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CHAINRUN_HOME", str(tmp_path))
     _ensure_history()
+    default = _default_partition()
+    _two_node_chain(tmp_path, default)
     assert main(["model", "refresh", "--cluster", "local", "--lookback", "2d", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)["data"]
-    default = next(p for p in res["tuning"])  # the cluster's default partition (and no chain elsewhere)
+    assert list(res["tuning"]) == [default]  # the cluster's default partition (and no chain elsewhere)
     t = res["tuning"][default]
+    # the injected chains are shaped like the user's: on the 2 nodes Slurm gave its job, though its
+    # options said nothing of nodes (the chain's script asked for them)
+    assert t["shape"]["nodes"] == 2 and t["shape"]["source"].endswith("nodes as Slurm gave them to 1"), t["shape"]
     assert t["summary"].startswith("adopted ") or t["summary"].startswith("kept shipped defaults: ")
     # this cluster's history is days, not weeks: the reason says so
     assert t["summary"].startswith("kept shipped defaults: history too short")
