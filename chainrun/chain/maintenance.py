@@ -25,15 +25,19 @@ def read_reservations(slurm: SlurmClient) -> list[Reservation]:
         return []
 
 
-def fit_maintenance(c: Chain, seg: Segment, reservations: list[Reservation], now: float) -> None:
+def fit_maintenance(c: Chain, seg: Segment, reservations: list[Reservation], now: float,
+                    given_nodes: int | None = None) -> None:
     """Shorten ``seg`` to end before a MAINT window in its way (and allow Slurm to shorten it further
-    with --time-min if it waits); note what was decided in ``seg.extra["plan_note"]``."""
+    with --time-min if it waits); note what was decided in ``seg.extra["plan_note"]``. ``given_nodes``:
+    the nodes Slurm gave (or shows for) the chain's previous job, which counts before the options: a
+    script may set ``#SBATCH --nodes`` itself, and ``--gpus`` alone takes as many nodes as the GPUs need."""
     if not reservations:
         return
     shortest = c.signal_lead_s + MIN_TRAINING_S
     pinned = set(expand_nodes(option_value(c.sbatch_args, "--nodelist", "-w") or ""))
     # an elastic segment (--shapes) asks for its own node count
-    nodes = str(seg.extra.get("nodes") or option_value(c.sbatch_args, "--nodes", "-N") or "1").split("-")[0]
+    nodes = str(seg.extra.get("nodes") or given_nodes or option_value(c.sbatch_args, "--nodes", "-N") or "1"
+                ).split("-")[0]
     fit = fit_before(now, seg.time_limit_s, shortest, reservations, pinned_nodes=pinned,
                      job_nodes=int(nodes) if nodes.isdigit() else 1, partition=c.partition,
                      partition_nodes=int(c.extra.get("partition_nodes", 0)))

@@ -149,6 +149,13 @@ def submit_after_filler(t: TickContext, c: Chain, segs: list[Segment], cur: Segm
     return True
 
 
+def _given_nodes(t: TickContext, segs: list[Segment]) -> int | None:
+    """The node count of the chain's latest job in this tick's squeue (what Slurm gave or will give it),
+    None when none is queued: the segment's size as its script or ``--gpus`` made it, not its options."""
+    rows = {r.job_id: r for r in t.queue}
+    return next((rows[s.job_id].nodes for s in reversed(segs) if s.job_id in rows and rows[s.job_id].nodes), None)
+
+
 def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float, *, dependency: str, note: str,
                  estimate: WaitEstimate | None, choice: ShapeChoice | None = None,
                  prob_in_time: float | None = None, move_to=None) -> None:
@@ -182,7 +189,7 @@ def submit_next(t: TickContext, c: Chain, segs: list[Segment], remaining: float,
     shape_event = shape_plan.apply_shape(t, c, segs, seg, choice)
     if c.extra.get("time_min_s"):  # --time-min: Slurm may start it sooner with a shorter limit
         seg.extra["time_min_s"] = min(int(c.extra["time_min_s"]), limit)
-    fit_maintenance(c, seg, t.reservations(), t.clock())
+    fit_maintenance(c, seg, t.reservations(), t.clock(), given_nodes=_given_nodes(t, segs))
     if seg.extra.get("plan_note"):
         note = f"{note}; {seg.extra['plan_note']}" if note else seg.extra["plan_note"]
     handoff_plan.write_rule(t.runner, c, segs, seg)  # before sbatch: a successor may start at once

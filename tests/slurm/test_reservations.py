@@ -59,6 +59,26 @@ def test_fit_maintenance_notes_what_it_decided():
     assert seg.extra["plan_note"].startswith("segment 4 shortened to 18h59m: maintenance at ")
 
 
+def test_fit_maintenance_counts_the_nodes_slurm_gave_the_chain_before_its_options():
+    """Three of four nodes go down in 19 h. A chain whose options say nothing of nodes fits on the fourth
+    if it is one node, not if its script (``#SBATCH --nodes=2``) or ``--gpus`` made it two: the node
+    count Slurm gave its previous job (planning passes it from the tick's squeue) counts first."""
+    c = Chain(id="c", name="c", cluster="local", script="/s", workdir="/w", run_dir="/r", checkpoint_dir="/k",
+              total_s=10**6, segment_s=48 * 3600, policy="lead", lead_s=3600, signal="USR2", signal_lead_s=300,
+              retries=1, sbatch_args=["--gpus=8"], partition="p", extra={"partition_nodes": 4})
+    down = [res(19 * 3600 + 1000, nodes=("n2", "n3", "n4"), count=3)]
+    one = Segment(chain_id="c", idx=4, time_limit_s=48 * 3600)
+    fit_maintenance(c, one, down, 1000)
+    assert one.time_limit_s == 48 * 3600 and "plan_note" not in one.extra  # 1 node: runs on n1
+    two = Segment(chain_id="c", idx=4, time_limit_s=48 * 3600)
+    fit_maintenance(c, two, down, 1000, given_nodes=2)
+    assert two.time_limit_s == 19 * 3600 - 60 and two.extra["plan_note"].startswith("segment 4 shortened to")
+    # an elastic segment's own shape still decides
+    elastic = Segment(chain_id="c", idx=4, time_limit_s=48 * 3600, extra={"nodes": 1})
+    fit_maintenance(c, elastic, down, 1000, given_nodes=2)
+    assert elastic.time_limit_s == 48 * 3600
+
+
 def test_pending_reasons_in_words():
     rows = {r.name: r for r in parse_squeue((DATA / "squeue_pending_reasons.txt").read_text())}
     assert explain(rows["probe-ptl"].reason).hopeless
@@ -70,3 +90,22 @@ def test_pending_reasons_in_words():
     assert explain(rows["probe-hold"].reason).hint
     assert explain("SomethingNew").words == "SomethingNew" and not explain("SomethingNew").hopeless
     assert explain("None").words == ""
+
+
+def test_planning_reads_the_node_count_of_the_chains_latest_queued_job():
+    """What planning passes to fit_maintenance: the tick's squeue row of the chain's latest job that is
+    queued (running or pending), None when none is."""
+    from types import SimpleNamespace
+
+    from chainrun.chain.planning import _given_nodes
+    from chainrun.slurm.parsers import QueueRow
+
+    def row(job, nodes):
+        return QueueRow(job_id=job, user="u", state="RUNNING", reason="", submit=0.0, start=0.0, end=None,
+                        time_limit_s=3600.0, elapsed_s=0.0, partition="p", qos="", nodes=nodes, cpus=0, gpus=8,
+                        dependency="", comment="", name="cr.c.3")
+    segs = [Segment(chain_id="c", idx=i, job_id=j) for i, j in enumerate(["11", "12", "13"])]
+    t = SimpleNamespace(queue=[row("12", 3), row("13", 2), row("99", 5)])
+    assert _given_nodes(t, segs) == 2  # the latest of the chain's jobs in the queue
+    assert _given_nodes(SimpleNamespace(queue=[row("11", 4)]), segs) == 4
+    assert _given_nodes(SimpleNamespace(queue=[row("99", 5)]), segs) is None
