@@ -24,12 +24,14 @@ FORMAT = "chainrun-manifest 1"
 FOLDER, FILE = "folder", "file"
 EMBED_MAX = 1 << 20  # a single-file checkpoint up to this size travels inside the manifest (the exact bytes read)
 
-# $1: manifest | hash, $2: the folder. `hash` lists every file under the folder (the arrival check);
-# `manifest` finds the newest complete checkpoint. A marker is read once (base64), so the folder it
+# $1: manifest | size | hash, $2: the folder. `hash` lists every file under the folder (the arrival check);
+# `manifest` finds the newest complete checkpoint; `size` too, without reading its files (their hashes
+# all zeros: an answer for its sizes only, never to verify a copy against). A marker is read once (base64), so the folder it
 # names and the text a copy writes are the same read; a single file's size and hash are of that read too.
 SCRIPT = r"""
 set -u
 mode=$1
+NOHASH=NOHASH_VALUE
 echo "chainrun-manifest 1"
 for t in sha256sum base64 find stat; do
   command -v "$t" >/dev/null 2>&1 || { echo "missing $t"; echo end; exit 0; }
@@ -38,7 +40,7 @@ cd -- "$2" 2>/dev/null || { echo "nodir"; echo end; exit 0; }
 files() {
   find . -type f | LC_ALL=C sort | while IFS= read -r p; do
     s=$(stat -c %s -- "$p") || continue
-    h=$(sha256sum < "$p" | cut -d' ' -f1)
+    if [ "$mode" = size ]; then h=$NOHASH; else h=$(sha256sum < "$p" | cut -d' ' -f1); fi
     printf 'f %s %s %s\n' "$s" "$h" "${p#./}"
   done
 }
@@ -65,13 +67,14 @@ for g in $(gens ckpt); do
     printf 'f %s %s %s\n' "$(printf %s "$t" | base64 -d | wc -c)" "$(printf %s "$t" | base64 -d | sha256sum | cut -d' ' -f1)" "$m"
   else
     printf 'file %s - %s\n' "$m" "$(head -c HEAD_BYTES -- "$m" | base64 | tr -d '\n')"
-    printf 'f %s %s %s\n' "$s" "$(sha256sum < "$m" | cut -d' ' -f1)" "$m"
+    if [ "$mode" = size ]; then h=$NOHASH; else h=$(sha256sum < "$m" | cut -d' ' -f1); fi
+    printf 'f %s %s %s\n' "$s" "$h" "$m"
   fi
   echo end; exit 0
 done
 echo none
 echo end
-""".replace("EMBED_MAX", str(EMBED_MAX)).replace("HEAD_BYTES", "4096")
+""".replace("EMBED_MAX", str(EMBED_MAX)).replace("HEAD_BYTES", "4096").replace("NOHASH_VALUE", "0" * 64)
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -206,6 +209,20 @@ def manifest(runner: Runner, ckpt_dir: str, timeout: float = 1800.0) -> Manifest
         return parse(res.stdout)
     except NotFoundError:
         raise NotFoundError(f"no checkpoint folder {ckpt_dir} on {runner.name}") from None
+
+
+def newest_size(runner: Runner, ckpt_dir: str, timeout: float = 60.0) -> int | None:
+    """The size in bytes of the newest complete checkpoint in ``ckpt_dir`` (one command that reads
+    no file's content: sizes from ``stat``), or None when there is none yet. What a move's transfer
+    is weighed by before any copy measured it (chain/ckpt_size_probe.py)."""
+    res = runner.run(["sh", "-c", SCRIPT, "sh", "size", ckpt_dir], timeout)
+    if not res.ok:
+        raise _fail(f"{runner.name}: {res.first_error_line()}")
+    try:
+        man = parse(res.stdout)
+    except NotFoundError:
+        return None  # no checkpoint folder yet: nothing saved
+    return man.total_bytes if man is not None else None
 
 
 def hashes(runner: Runner, folder: str, timeout: float = 1800.0) -> tuple[FileEntry, ...]:

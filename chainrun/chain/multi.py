@@ -15,6 +15,7 @@ import logging
 from typing import Callable
 
 from chainrun.chain import untended
+from chainrun.chain.ckpt_size_probe import SizeProbe
 from chainrun.chain.engine import Engine, TickReport
 from chainrun.chain.mover import Mover
 from chainrun.chain.race_driver import Race
@@ -67,6 +68,7 @@ class MultiEngine:
         self.sites = SiteAccess(self.engine)
         self.mover = Mover(self.store, self.engine)
         self.race = Race(self.store, self.engine, self.sites.queue)  # --race: a segment on every site
+        self.sizes = SizeProbe(self.store, self.engine)  # a checkpoint's size before its first copy
 
     def engine(self, cluster: str) -> Engine:
         if cluster not in self.engines:
@@ -110,6 +112,7 @@ class MultiEngine:
             total.warnings += self.race.tick()
         if self.mover.moving():  # moves between clusters: after every site's tick, with what it recorded
             total.warnings += self.mover.tick()
+        self.sizes.tick()  # spanning chains whose checkpoint size is not known yet: read where they train
         # the loop backs off only when nothing worked; one unreachable cluster must not slow the others
         if names and failed == len(names) and hasattr(total, "failed"):
             total.failed = True

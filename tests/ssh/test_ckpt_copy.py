@@ -86,6 +86,9 @@ def test_manifest_over_ssh_is_the_newest_complete_checkpoint(sites):
     assert (m.kind, m.name, m.generation, m.step, m.marker) == ("folder", "step-000000100.g2", 2, 100, "latest.g2.json")
     assert {f.path: f.size for f in m.files} == {"model.pt": 2000, "opt/state.pt": 1000}
     assert m.marker_text == (a / "latest.g2.json").read_text()
+    # the size alone (what a first move is weighed by, chain/ckpt_size_probe.py): the same checkpoint's bytes
+    assert ckpt_manifest.newest_size(sites["a"].runner, str(a)) == 3000
+    assert ckpt_manifest.newest_size(sites["a"].runner, str(a / "none-yet")) is None  # no folder: none saved
 
 
 def test_through_the_driver_remote_to_remote_is_verified_and_renamed(sites):
