@@ -24,10 +24,11 @@ FORMAT = "chainrun-manifest 1"
 FOLDER, FILE = "folder", "file"
 EMBED_MAX = 1 << 20  # a single-file checkpoint up to this size travels inside the manifest (the exact bytes read)
 
-# $1: manifest | size | hash, $2: the folder. `hash` lists every file under the folder (the arrival check);
-# `manifest` finds the newest complete checkpoint; `size` too, without reading its files (their hashes
-# all zeros: an answer for its sizes only, never to verify a copy against). A marker is read once (base64), so the folder it
-# names and the text a copy writes are the same read; a single file's size and hash are of that read too.
+# $1: manifest | size | hash, $2: the folder. `hash` lists every file under the folder (the arrival
+# check); `manifest` finds the newest complete checkpoint; `size` too, without reading its files (their
+# hashes all zeros: an answer for its sizes only, never to verify a copy against). A marker is read once
+# (base64), so the folder it names and the text a copy writes are the same read; a single file's size
+# and hash are of that read too.
 SCRIPT = r"""
 set -u
 mode=$1

@@ -6,6 +6,7 @@ import logging
 import time
 
 from chainrun.chain.contract import option_value
+from chainrun.chain.request import requested_nodes
 from chainrun.durations import format_duration
 from chainrun.errors import SlurmError
 from chainrun.slurm.client import SlurmClient
@@ -36,10 +37,9 @@ def fit_maintenance(c: Chain, seg: Segment, reservations: list[Reservation], now
     shortest = c.signal_lead_s + MIN_TRAINING_S
     pinned = set(expand_nodes(option_value(c.sbatch_args, "--nodelist", "-w") or ""))
     # an elastic segment (--shapes) asks for its own node count
-    nodes = str(seg.extra.get("nodes") or given_nodes or option_value(c.sbatch_args, "--nodes", "-N") or "1"
-                ).split("-")[0]
+    nodes = int(seg.extra.get("nodes") or given_nodes or requested_nodes(c.sbatch_args))
     fit = fit_before(now, seg.time_limit_s, shortest, reservations, pinned_nodes=pinned,
-                     job_nodes=int(nodes) if nodes.isdigit() else 1, partition=c.partition,
+                     job_nodes=nodes, partition=c.partition,
                      partition_nodes=int(c.extra.get("partition_nodes", 0)))
     if fit.reservation is None:
         return

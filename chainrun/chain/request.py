@@ -25,6 +25,17 @@ def job_name(chain_id: str, idx: int) -> str:
     return f"cr.{chain_id}.{idx}"
 
 
+def requested_nodes(opts: list[str]) -> int:
+    """The node count sbatch options ask for (``--nodes``/``-N``; a range counts its minimum); 1 when
+    they do not say (or say something that is no count)."""
+    from chainrun.chain.contract import option_value
+
+    try:
+        return max(1, int(str(option_value(opts, *_NODES) or "1").split("-")[0]))
+    except ValueError:
+        return 1
+
+
 def user_pinned(opts: list[str], *names: str) -> bool:
     """Whether the user gave this option (any spelling: ``--x``, ``--x=v``, ``-xv``)."""
     for o in opts:

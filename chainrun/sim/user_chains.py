@@ -8,7 +8,10 @@ took, not on one. Pure but for the read of the user's chains from the store.
 
 from __future__ import annotations
 
+from statistics import median_high  # the upper middle: a count stays a count
 from typing import TYPE_CHECKING
+
+from chainrun.chain.request import requested_nodes
 
 if TYPE_CHECKING:  # pandas is heavy: the caller passes the history it already read
     import pandas as pd
@@ -38,33 +41,17 @@ def chain_shape(cluster: str, partition: str, max_time_s: float | None,
             store.close()
     if mine:
         given = allocated(history, jobs)
-        sizes = [given[c.id]["nodes"] if c.id in given else requested_nodes(c) for c in mine]
+        sizes = [given[c.id]["nodes"] if c.id in given else requested_nodes(c.sbatch_args) for c in mine]
         gpus = [given[c.id]["gpus"] for c in mine if given.get(c.id, {}).get("gpus")]
         said = f"; nodes as Slurm gave them to {len(given)}" if given else ""
-        return {"source": f"your {len(mine)} chain(s) on this partition{said}", "nodes": _median(sizes),
-                "gpus": _median(gpus) if gpus else None,
-                "segment_s": float(_median([c.segment_s for c in mine])),
-                "work_s": float(_median([c.total_s for c in mine])),
-                "signal_lead_s": float(_median([c.signal_lead_s for c in mine]))}
+        return {"source": f"your {len(mine)} chain(s) on this partition{said}", "nodes": median_high(sizes),
+                "gpus": median_high(gpus) if gpus else None,
+                "segment_s": float(median_high([c.segment_s for c in mine])),
+                "work_s": float(median_high([c.total_s for c in mine])),
+                "signal_lead_s": float(median_high([c.signal_lead_s for c in mine]))}
     seg = float(max_time_s) if max_time_s else 48 * 3600.0
     return {"source": "no chain of yours here: one node, the partition's limit", "nodes": 1, "gpus": None,
             "segment_s": seg, "work_s": WORK_SEGMENTS * seg, "signal_lead_s": min(300.0, seg / 10)}
-
-
-def _median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
-def requested_nodes(c) -> int:
-    """The node count a chain's sbatch options ask for (``--nodes``/``-N``; a range counts its
-    minimum); 1 when they do not say."""
-    from chainrun.chain.contract import option_value
-
-    try:
-        return max(1, int(str(option_value(c.sbatch_args, "--nodes", "-N") or "1").split("-")[0]))
-    except ValueError:
-        return 1
 
 
 def allocated(history: "pd.DataFrame | None", jobs: dict[str, list[str]]) -> dict[str, dict]:
@@ -73,11 +60,10 @@ def allocated(history: "pd.DataFrame | None", jobs: dict[str, list[str]]) -> dic
     if history is None or history.empty or not jobs:
         return {}
     ran = history[history["nodes"].fillna(0) > 0]
-    by_id = {str(j): (int(n), int(g)) for j, n, g in
-             zip(ran["job_id"], ran["nodes"], ran["gpus"].fillna(0) if "gpus" in ran else [0] * len(ran))}
+    by_id = {str(j): (int(n), int(g)) for j, n, g in zip(ran["job_id"], ran["nodes"], ran["gpus"].fillna(0))}
     out = {}
     for cid, ids in jobs.items():
         got = [by_id[j.split(";")[0]] for j in ids if j.split(";")[0] in by_id]
         if got:
-            out[cid] = {"nodes": _median([n for n, _ in got]), "gpus": _median([g for _, g in got]) or None}
+            out[cid] = {"nodes": median_high([n for n, _ in got]), "gpus": median_high([g for _, g in got]) or None}
     return out

@@ -12,7 +12,8 @@ import pandas as pd
 from chainrun import paths
 from chainrun.state.records import ENDED, Chain, Segment
 from chainrun.state.store import Store
-from chainrun.sim.user_chains import WORK_SEGMENTS, allocated, chain_shape, requested_nodes
+from chainrun.chain.request import requested_nodes
+from chainrun.sim.user_chains import WORK_SEGMENTS, allocated, chain_shape
 
 H = 3600
 
@@ -67,10 +68,10 @@ def test_what_slurm_gave_is_the_median_of_the_jobs_that_ran_and_unknown_jobs_are
 
 
 def test_the_request_counts_a_ranges_minimum_and_one_node_when_unsaid():
-    assert requested_nodes(_chain("a", ["--nodes=2-4"])) == 2
-    assert requested_nodes(_chain("a", ["-N", "3"])) == 3
-    assert requested_nodes(_chain("a", ["--gpus=8"])) == 1
-    assert requested_nodes(_chain("a", ["--nodes", "x"])) == 1
+    assert requested_nodes(["--nodes=2-4"]) == 2
+    assert requested_nodes(["-N", "3"]) == 3
+    assert requested_nodes(["--gpus=8"]) == 1
+    assert requested_nodes(["--nodes", "x"]) == 1
 
 
 def test_no_chain_of_the_user_here_is_one_node_and_the_partitions_limit(chainrun_home):
