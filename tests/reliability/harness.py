@@ -8,6 +8,8 @@ trainer's steps.log, and never trusts chainrun's own account alone.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import random
@@ -334,4 +336,5 @@ def stop_ctld() -> None:
         if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[-1][:3]:
             return
         time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # it may end between the last look and the kill
+        os.kill(pid, signal.SIGKILL)
