@@ -364,6 +364,11 @@ def _support_lines(a) -> list[str]:
     if a.leaned:
         lines.append(f"so the answer leans on Slurm's estimate (the model alone said {_fmt(a.model_only.p50)}, "
                      f"98 % within {_fmt(a.model_only.quantile(0.98))})")
+    elif a.reasons and s is not None and s.wait_s is not None:  # Slurm answered, no later than the model
+        lines.append("Slurm's estimate is no later than the model's: " + (
+            f"the answer is the model's, only widened by the short history (the model alone said "
+            f"{_fmt(a.model_only.p50)}, 98 % within {_fmt(a.model_only.quantile(0.98))})" if a.support.short
+            else "the model's answer stands"))
     elif a.reasons:
         lines.append("so the answer is only widened by the short history (no Slurm estimate to lean on)"
                      if a.support.short else "no Slurm estimate to lean on: the model's answer stands")

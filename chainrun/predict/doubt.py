@@ -243,9 +243,12 @@ def assess(model_only: Prediction, support: Support, slurm: SlurmView | None) ->
                 for f, (v, lo, hi) in sorted(support.outside.items(), key=lambda kv: _ORDER.get(kv[0], 99))]
         more = f", and {len(said) - 3} more measure{'s' if len(said) > 4 else ''}" if len(said) > 3 else ""
         reasons.append("the live queue is busier than any in its history: " + ", ".join(said[:3]) + more)
-    leaned = support.out_of_depth and slurm is not None and slurm.wait_s is not None
-    if leaned:
-        p = lean_on(p, slurm.wait_s)
+    leaned = False
+    if support.out_of_depth and slurm is not None and slurm.wait_s is not None:
+        held = lean_on(p, slurm.wait_s)
+        # "leaned" only when Slurm's estimate moved the answer: one no later than the model's changes
+        # nothing, and saying it leaned would credit Slurm with what the widening did
+        leaned, p = held.values != p.values, held
     return Answer(prediction=p, model_only=model_only, support=support, slurm=slurm, leaned=leaned,
                   reasons=tuple(reasons))
 

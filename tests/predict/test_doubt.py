@@ -69,6 +69,28 @@ def test_assess_leans_only_when_out_of_depth_and_slurm_answered():
     assert d["leaned_on_slurm"] and d["slurm"]["source"] == "sbatch --test-only" and d["slurm"]["wait_s"] == 540.0
 
 
+def test_slurms_estimate_no_later_than_the_model_is_not_said_to_have_moved_the_answer():
+    """A short model on an idle cluster: Slurm expects a start at once, the model a few minutes. The
+    answer is the widened model's; saying it "leans on Slurm's estimate" (as predict did, with the
+    model alone's 98 % beside the widened one) credited Slurm with the widening (#24 audit)."""
+    from chainrun.cli.model_cmd import _support_lines
+
+    p = Prediction(10.0, 120.0, 600.0, "cluster", QUANTILES, (10.0, 120.0, 600.0, 1200.0, 5400.0))
+    idle = assess(p, Support(rows=40, short=True), SlurmView(test_only_s=0.0))
+    assert not idle.leaned and not idle.as_dict()["leaned_on_slurm"]
+    assert idle.prediction.values == widen(p, 40).values  # widened, nothing else
+    lines = _support_lines(idle)
+    assert not any("leans on Slurm" in ln for ln in lines), lines
+    assert lines[-1].startswith("Slurm's estimate is no later than the model's: the answer is the model's, only "
+                                "widened by the short history (the model alone said 2m"), lines
+    busy = assess(p, Support(rows=5000, short=False, outside={"q_pending_jobs": (4.0, 0.0, 0.0)}),
+                  SlurmView(test_only_s=60.0))
+    assert not busy.leaned and _support_lines(busy)[-1].endswith("the model's answer stands")
+    later = assess(p, Support(rows=40, short=True), SlurmView(test_only_s=3600.0))
+    assert later.leaned and later.prediction.p50 == pytest.approx(3600.0)
+    assert _support_lines(later)[-1].startswith("so the answer leans on Slurm's estimate")
+
+
 def test_the_queue_ahead_is_what_pends_for_the_queue_in_the_sharing_partitions():
     def row(i, state, reason, part, start=None, nodes=1):
         return QueueRow(job_id=str(i), user="u", state=state, reason=reason, submit=0.0, start=start, end=None,
