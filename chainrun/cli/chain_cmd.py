@@ -15,6 +15,9 @@ from chainrun.durations import DURATION_HELP, format_duration, parse_duration
 from chainrun.errors import UsageError
 
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: the configured default, else local).")]
+# status, watch and cancel read --cluster otherwise: a filter, or a check (the chain runs on its own cluster)
+OnlyClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Only that cluster's chains (default: every cluster's).")]
+CheckClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Refuse unless the chain runs on this cluster (it is cancelled on its own cluster either way).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of a table.")]
 PlainOpt = Annotated[bool, typer.Option("--plain", help="Plain lines (one record per line, key=value) instead of a "
                                          "table; the default when the output is not a terminal.")]
@@ -279,7 +282,7 @@ def _sites_json(res) -> dict:
 def status(
     chain: Annotated[Optional[str], typer.Argument(help="A chain id (or a unique prefix, or its name).")] = None,
     all_chains: Annotated[bool, typer.Option("--all", "-a", help="Include finished chains.")] = True,
-    cluster: ClusterOpt = None,
+    cluster: OnlyClusterOpt = None,
     plain: PlainOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -324,7 +327,7 @@ def watch(
     interval: Annotated[float, typer.Option("--interval", min=1.0, help="Seconds between ticks.")] = 60.0,
     plain: Annotated[bool, typer.Option("--plain", help="Log lines instead of the live view.")] = False,
     until_done: Annotated[bool, typer.Option("--until-done", help="Exit when no chain is active any more.")] = False,
-    cluster: ClusterOpt = None,
+    cluster: OnlyClusterOpt = None,
     json_out: JsonOpt = False,
     notify: Annotated[Optional[list[str]], typer.Option(
         "--notify", metavar="NAME|ADDRESS", help="Notify this notifier (a name from [notifiers] in config.toml, "
@@ -449,7 +452,7 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
 
 def cancel(
     chain: Annotated[str, typer.Argument(help="The chain to cancel.")],
-    cluster: ClusterOpt = None,
+    cluster: CheckClusterOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     from chainrun import paths

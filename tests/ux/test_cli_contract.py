@@ -102,3 +102,25 @@ def test_user_guide_pages_exist_and_links_resolve(doc):
         if target.startswith(("http://", "https://", "mailto:")):
             continue
         assert (path.parent / target).exists(), f"{doc} links to {target}, which does not exist"
+
+
+def _section(text: str, name: str) -> str:
+    """The docs/cli.md text of command ``name``: its heading, to the next command heading."""
+    m = re.search(rf"(?m)^#+ chainrun {re.escape(name)}(\s|$)", text)
+    if m is None:
+        return ""
+    nxt = re.search(r"(?m)^## ", text[m.end():])
+    return text[m.start(): m.end() + nxt.start()] if nxt else text[m.start():]
+
+
+def test_every_option_is_in_its_command_section_of_cli_md():
+    """The reference names every option a command takes (`sim --rolling`, the judges' interface of issue
+    #24, was missing, as were a few others: found in the #24/#26 audit)."""
+    text = (REPO / "docs" / "cli.md").read_text()
+    missing = {}
+    for name, cmd in commands().items():
+        body = _section(text, name)
+        opts = [o for p in cmd.params for o in getattr(p, "opts", []) if o.startswith("--") and o != "--help"]
+        if gone := [o for o in opts if not re.search(rf"{re.escape(o)}(?![\w-])", body)]:
+            missing[name] = gone
+    assert not missing, f"options docs/cli.md does not name in their command's section: {missing}"
