@@ -387,19 +387,24 @@ def _predict_all(*, json_out: bool, **job) -> None:
         try:
             runner = _runner(name)
             try:
-                p = service.predict_now(runner, cluster=name, user=getattr(runner, "user", None), **job).prediction
+                a = service.predict_now(runner, cluster=name, user=getattr(runner, "user", None), **job)
             finally:
                 runner.close()
         except ChainrunError as e:  # no model yet, or unreachable: say so, rank the others
             failed.append({"cluster": name, "error": str(e)})
             continue
-        ranked.append({"cluster": name, "p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model})
+        p = a.prediction
+        # a cluster whose model is not sure is ranked on its widened (or leaned-on) answer: say so there too
+        ranked.append({"cluster": name, "p10_s": p.p10, "p50_s": p.p50, "p90_s": p.p90, "model": p.model,
+                       "not_sure": list(a.reasons), "leaned_on_slurm": a.leaned})
     ranked.sort(key=lambda r: r["p50_s"])
     if json_out:
         typer.echo(envelope("predict", {"ranked": ranked, "unavailable": failed}))
         return
     for i, r in enumerate(ranked, 1):
+        doubt = "" if not r["not_sure"] else "; the model alone is not sure: " + "; ".join(r["not_sure"]) + (
+            ", so it leans on Slurm's estimate" if r["leaned_on_slurm"] else ", so it is widened")
         typer.echo(f"{i}. {r['cluster']}: expected wait {_fmt(r['p50_s'])} "
-                   f"(80 % between {_fmt(r['p10_s'])} and {_fmt(r['p90_s'])})")
+                   f"(80 % between {_fmt(r['p10_s'])} and {_fmt(r['p90_s'])}){doubt}")
     for f in failed:
         typer.echo(f"-  {f['cluster']}: {f['error']}", err=True)

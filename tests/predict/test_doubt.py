@@ -216,3 +216,30 @@ def test_the_validation_table_in_model_md_is_the_benchs_json():
     rest = [r for r in d["sizes"].values() if not r["short_history"]]
     assert rest and all(abs(r["widened"]["mean_pinball"] - r["alone"]["mean_pinball"]) < 0.005 and
                         abs(r["widened"]["coverage"]["q98"] - r["alone"]["coverage"]["q98"]) < 0.03 for r in rest)
+
+
+def test_predict_all_says_which_clusters_model_is_not_sure(chainrun_home, monkeypatch, capsys):
+    """`predict --cluster all` ranks on the assessed answers; it said nothing of a model that was not
+    sure, as `predict` for one cluster does (#24 audit)."""
+    import json
+
+    from chainrun.cli import model_cmd
+    from chainrun.cli.main import main
+    from chainrun.predict import service
+
+    p = Prediction(10.0, 120.0, 600.0, "cluster", QUANTILES, (10.0, 120.0, 600.0, 1200.0, 5400.0))
+    got = assess(p, Support(rows=40, short=True), SlurmView(test_only_s=3600.0))
+
+    class Quiet:
+        def close(self):
+            pass
+
+    monkeypatch.setattr(model_cmd, "_runner", lambda name="local": Quiet())
+    monkeypatch.setattr(service, "predict_now", lambda runner, **kw: got)
+    assert main(["predict", "--cluster", "all", "--time", "2m"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("1. local: expected wait 1.0h") and "the model alone is not sure: the model learned " \
+        "from 40 jobs" in out and out.rstrip().endswith("so it leans on Slurm's estimate"), out
+    assert main(["predict", "--cluster", "all", "--time", "2m", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["data"]["ranked"][0]
+    assert row["leaned_on_slurm"] and row["not_sure"] == list(got.reasons) and row["p50_s"] == pytest.approx(3600.0)
