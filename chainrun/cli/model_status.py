@@ -132,8 +132,8 @@ def _support_text(sup: dict) -> str:
              f"free-node share down to {seen['q_free_nodes_frac'][0]:.2g}" if "q_free_nodes_frac" in seen else ""]
     busiest = ", ".join(x for x in parts if x)
     head = (f"short history: {sup['training_rows']} jobs, q{sup['acted_level'] * 100:.0f} needs "
-            f"{sup['rows_for_full_support']}; predictions are widened and lean on Slurm's estimate"
+            f"{sup['rows_for_full_support']}; predictions are widened, and lean on Slurm's estimate where it is later"
             if sup["short_history"] else
             f"{sup['training_rows']} jobs (q{sup['acted_level'] * 100:.0f} needs {sup['rows_for_full_support']})")
-    tail = f"; busiest queue seen: {busiest}; a busier live queue leans on Slurm's estimate" if busiest else ""
+    tail = f"; busiest queue seen: {busiest}; a busier live queue leans on Slurm's estimate where it is later" if busiest else ""
     return head + tail
