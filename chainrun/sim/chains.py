@@ -85,6 +85,17 @@ class ChainWork:
     max_segments: int = 60  # a chain that needs more is reported as stuck (a hand-off spiral)
     pace: float = 1.0  # work per wall second of training on this cluster (two_sites.py: --pace)
 
+    @property
+    def save_s(self) -> float:
+        """The payload's last save and exit once it stops training, at its signal or when asked to
+        hand off: the same checkpoint either way, so the same time (``handoff_s``), within the
+        signal lead. A successor trains from the checkpoint only once it is written."""
+        return min(self.handoff_s, self.signal_lead_s)
+
+    def runtime_s(self, limit_s: float) -> float:
+        """A segment's job in the replayed queue: it trains to its signal, saves and exits."""
+        return limit_s - self.signal_lead_s + self.save_s
+
 
 SUCCESSOR_LIMITS = ("shipped", "handover", "takeover")  # "takeover": the shipped rule's old name
 
@@ -162,7 +173,8 @@ class ChainRun:
     restart_s: float = 0.0
     handoff_s: float = 0.0
     twice_node_s: float = 0.0  # node-seconds held by two segments of the chain at once
-    boundaries: list = field(default_factory=list)  # [(gap_s signed: start - hand-over point, cut_s)]
+    # [(gap_s signed: start - the predecessor's end at its signal, hand-over point + save; cut_s)]
+    boundaries: list = field(default_factory=list)
     stuck: bool = False  # needed more than max_segments (short segments cutting each other)
     shapes: list = field(default_factory=list)  # node count of every segment that started
     slow_s: float = 0.0  # elastic: training time beyond the work (segments slower than the reference)
@@ -281,7 +293,7 @@ class _Chain:
         s = Seg(self.next_jid, len(self.segs), self.sim.now, self.limit_for(left_s, rate), nodes=nodes, rate=rate,
                 filler=filler)
         self.next_jid += 1
-        runtime = s.limit - self.work.signal_lead_s  # the payload exits at the signal; the job ends
+        runtime = self.work.runtime_s(s.limit)
         if dep is not None:
             self.sim.submit_after(s.jid, dep.jid, nodes, s.limit, runtime)
         else:
@@ -409,13 +421,15 @@ class _Chain:
             if d.submit and self.may_submit(cur, self.done_s):
                 return self.submit(left_after, cur if d.dependency else None, cur, self.done_s)
             t = _next_ask(t, h, d, self.policy, self.work, self.lead_s)
-        self._run_until(h + self.work.reactive_latency_s)
+        self._run_until(h + self.work.save_s + self.work.reactive_latency_s)
         return self.submit(left_after)  # the current segment has ended: nothing to take over
 
     def oracle(self, cur: Seg, h: float, left_after: float) -> Seg:
         """Greedy per boundary, future known: the latest grid submit time whose successor starts
-        by ``h`` (no interruption, the least cut); if none does, the earliest."""
+        by ``cur``'s exit (its hand-over point and its last save: no interruption, the least cut);
+        if none does, the earliest."""
         w = self.work
+        e = h + w.save_s
         self.log = None  # it forks the partition itself: from here on it shares nothing (trunk.py)
         limit = self.limit_for(left_after)  # the oracle submits by the hand-over point: no take-over needed
         probe = -2  # a job id no one else uses
@@ -424,30 +438,30 @@ class _Chain:
         while True:
             self.sim.run_until(t)
             grid.append((t, self.sim.fork()))
-            if t >= h:
+            if t >= e:
                 break
-            t = min(h, t + w.oracle_step_s)
+            t = min(e, t + w.oracle_step_s)
         starts: dict[int, float] = {}
 
         def start(k: int) -> float:
             if k not in starts:
                 f = grid[k][1].fork()
-                f.submit(probe, self.nodes, limit, limit - w.signal_lead_s)
-                # the search only asks whether a probe starts by h: one not started then is
+                f.submit(probe, self.nodes, limit, w.runtime_s(limit))
+                # the search only asks whether a probe starts by e: one not started then is
                 # inf, without replaying the queue on to its start
-                s = f.run_until_started(probe, h)
+                s = f.run_until_started(probe, e)
                 starts[k] = s if s == s else math.inf
             return starts[k]
 
         lo, hi = 0, len(grid) - 1
-        if start(lo) > h:
+        if start(lo) > e:
             best = lo
-        elif start(hi) <= h:
+        elif start(hi) <= e:
             best = hi
         else:
-            while hi - lo > 1:  # start(lo) <= h < start(hi)
+            while hi - lo > 1:  # start(lo) <= e < start(hi)
                 mid = (lo + hi) // 2
-                if start(mid) <= h:
+                if start(mid) <= e:
                     lo = mid
                 else:
                     hi = mid

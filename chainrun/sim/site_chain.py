@@ -14,7 +14,7 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
   submitted after its predecessor ended (the reactive fallback) is placed by the same rule.
 - A successor on the **same site** is replayed exactly as in chains.py (hand-off or the adaptive wait).
 - A **move** (a successor on another site) is charged in full. The predecessor is asked to stop when
-  the successor starts (or stops at its own hand-over point), saves and exits ``handoff_s`` later;
+  the successor starts (or stops at its own hand-over point), saves and exits ``save_s`` later;
   its checkpoints (every ``checkpoint_every_s`` of training, and the final one at its exit) reach
   the new site ``transfer_s`` after they are written. The successor then either waits for the final
   checkpoint (delay: it holds its nodes without training) or resumes at once from the newest
@@ -262,7 +262,7 @@ class _SiteChain:
         self.next_jid += 1
         self.site_of[s.jid] = site
         sim = self.sim(site)
-        runtime = s.limit - self.work.signal_lead_s
+        runtime = self.work.runtime_s(s.limit)
         if dep is not None and self.site_of[dep.jid] == site:
             sim.submit_after(s.jid, dep.jid, self.nodes, s.limit, runtime)
         else:
@@ -359,7 +359,7 @@ class _SiteChain:
                 return [self.submit(left_after, choice.site, cur, done_s, cur if d.dependency else None)]
             # the next ask: the soonest any site's decision may change (the pick may change to it)
             t = min(_next_ask(t, h, x, self.policy, self.work, self.lead_s) for x in ds.values())
-        self.now = max(self.now, h + self.work.reactive_latency_s)  # ended: nothing to take over
+        self.now = max(self.now, h + self.work.save_s + self.work.reactive_latency_s)  # ended: nothing to take over
         return self.place(left_after, cur)
 
     # ---- the chain ---------------------------------------------------------------------------
@@ -410,11 +410,11 @@ class _SiteChain:
         """The boundary of a move (see the module doc); returns the work the successor resumes from."""
         w, r, run = self.work, self.rules, self.out
         if bn < h:  # the predecessor is asked to stop: it saves and exits
-            cur.stop, cur.exit = bn, min(h, bn + w.handoff_s)
+            cur.stop, cur.exit = bn, bn + w.save_s
             self.sim(self.site_of[cur.jid]).cut(cur.jid, cur.exit)
             run.handoff_s += cur.exit - bn
-        else:
-            cur.stop = cur.exit = h
+        else:  # it stopped at its signal: it saves and exits as well (boundary.py)
+            cur.stop, cur.exit = h, h + w.save_s
             run.queue_s += bn - h
         run.twice_node_s += max(0.0, cur.exit - bn) * nxt.nodes
 
@@ -442,7 +442,7 @@ class _SiteChain:
             nxt.train_start, resume = wait_start, final_work
             run.move_cost_s += cost_wait
         run.moves += 1
-        run.boundaries.append((bn - h, max(0.0, h - cur.stop)))
+        run.boundaries.append((bn - h - w.save_s, max(0.0, h - cur.stop)))
         boundary.close(run, cur, w)  # the successor resumes from ``resume``, not from what cur trained
         return resume
 
