@@ -322,6 +322,9 @@ def summarize(runs: list[ChainRun], loads: dict, cfg: ChainsConfig, specs) -> di
                        "tick_min": w.tick_s / 60, "policies": pols, "targets": targets(pols)}}
 
 
+MIN_TARGET_N = 5  # the issue's goal applies at the load levels with at least this many chains
+
+
 def _h(lead_s, policy: str) -> float:
     from chainrun.chain.policies import default_lead_s
 
@@ -329,8 +332,10 @@ def _h(lead_s, policy: str) -> float:
 
 
 def targets(pols: dict) -> dict:
-    """The issue's goals for `predicted`, per load level: closes >= 90 % of the reactive-oracle
-    gap where that gap is >= 30 min, never > 5 min worse than reactive, GPU-h twice <= 1 %."""
+    """The issue's goals for `predicted`, per load level: it closes >= 90 % of the reactive-oracle
+    gap, or ends within 10 min of the oracle, at every level with at least MIN_TARGET_N chains
+    (``met``; None below that); never > 5 min worse than reactive; GPU-h twice <= 1 %.
+    ``closes_90pct`` keeps the share alone, where the gap is >= 30 min."""
     out: dict = {}
     p, r, o = pols.get("predicted"), pols.get("reactive"), pols.get("oracle")
     if not (p and r and o) or not p.get("n"):
@@ -341,8 +346,12 @@ def targets(pols: dict) -> dict:
             continue
         gap = rl["mean_overhead_h"] - ol["mean_overhead_h"]
         share = (pl["mean_overhead_h"] - ol["mean_overhead_h"]) / gap if gap > 0 else None
+        behind_min = (pl["mean_overhead_h"] - ol["mean_overhead_h"]) * 60
+        met = None if min(pl["n"], rl["n"], ol["n"]) < MIN_TARGET_N else \
+            bool((share is not None and share <= 0.10) or behind_min <= 10.0)
         out[lv] = {"reactive_minus_oracle_h": gap, "left_share": share,
                    "closes_90pct": (share is not None and share <= 0.10) if gap >= 0.5 else None,
+                   "behind_oracle_min": behind_min, "met": met,
                    "worse_than_reactive_min": (pl["mean_overhead_h"] - rl["mean_overhead_h"]) * 60}
     out["gpu_h_twice_share_ok"] = p.get("gpu_h_twice_share", 1) <= 0.01
     out["predicted_stuck"] = p.get("stuck", 0)  # stuck chains are not in the means: > 0 is a miss
