@@ -91,28 +91,26 @@ def read_trace(path: str | Path, *, gpus_per_node: int = 3) -> "pd.DataFrame":
     if str(path) in BUILTIN and not p.exists():
         p = builtin_path(str(path))
     try:
-        with open(p, "rb") as f:
-            head = f.read(8)
-        opener = _opener(head, p)
-        if head[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with its byte-order mark (saved by Windows tools)
-            text = p.read_bytes().decode("utf-16", errors="replace")
-        elif opener is None:
-            text = p.read_text(encoding="utf-8", errors="replace")
-        else:
-            import lzma
-            import zlib
-
-            try:
-                with opener(p, "rt", encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except (EOFError, lzma.LZMAError, zlib.error) as e:  # cut or corrupt (bz2's: an OSError, below)
-                raise TraceFormatError(f"cannot read trace {p}: {e}") from None
+        data = p.read_bytes()  # whole, once: a pipe (/dev/stdin) cannot be read twice
     except FileNotFoundError:
         raise TraceFormatError(f"trace file not found: {p}") from None
     except IsADirectoryError:
         raise TraceFormatError(f"trace path is a folder, not a file: {p}") from None
-    except OSError as e:  # unreadable, not a directory on the way; gzip's and bz2's corrupt data too
+    except OSError as e:  # unreadable, not a directory on the way
         raise TraceFormatError(f"cannot read trace {p}: {e.strerror or e}") from None
+    if (unpack := _unpacker(data[:8], p)) is not None:
+        import lzma
+        import zlib
+
+        try:
+            data = unpack(data)
+        except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as e:  # cut or corrupt
+            raise TraceFormatError(f"cannot read trace {p}: {e}") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with its byte-order mark (saved by Windows tools)
+        text = data.decode("utf-16", errors="replace")
+    else:
+        text = data.decode("utf-8", errors="replace")
+    del data
     if "\x00" in text[:4096]:  # a text trace holds no NUL: an archive or binary we cannot read
         raise TraceFormatError(f"{p}: not a text trace (binary content)",
                                hint="sacct text or a sacct -P dump, plain or compressed with gzip, xz or bzip2")
@@ -127,16 +125,16 @@ _UNSUPPORTED = ((b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
 _SUFFIX = {".gz": "gzip", ".xz": "xz", ".bz2": "bz2"}
 
 
-def _opener(head: bytes, p: Path):
-    """The ``open`` for a compressed trace (None: plain text), by its first bytes: a ``.log`` that is
-    gzip is read, a ``.gz`` that is not is a broken archive."""
+def _unpacker(head: bytes, p: Path):
+    """The ``decompress`` for a compressed trace (None: plain text), by its first bytes: a ``.log``
+    that is gzip is read, a ``.gz`` that is not is a broken archive."""
     for magic, kind in _MAGIC:
         if head.startswith(magic):
             import bz2
             import gzip
             import lzma
 
-            return {"gzip": gzip.open, "xz": lzma.open, "bz2": bz2.open}[kind]
+            return {"gzip": gzip.decompress, "xz": lzma.decompress, "bz2": bz2.decompress}[kind]
     for magic, kind in _UNSUPPORTED:
         if head.startswith(magic):
             raise TraceFormatError(f"{p}: a {kind} archive, which chainrun does not open",

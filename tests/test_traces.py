@@ -6,7 +6,10 @@ from __future__ import annotations
 import bz2
 import gzip
 import lzma
+import os
+import threading
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +101,27 @@ def test_concatenated_sacct_outputs_repeat_no_header_as_a_job():
     text = fixed + row.format(1, 1, 1, 1) + fixed + row.format(2, 2, 2, 2)
     df = parse_trace_text(text)
     assert list(df["job_id"]) == ["1", "2"] and traces.trace_notes(df) == []
+
+
+def test_a_pipe_is_read_once_compressed_or_not(tmp_path, plain):
+    """`--trace /dev/stdin`: the compression is sniffed from the bytes read, not by reading the file twice."""
+    fifo = tmp_path / "pipe"
+    for data in (TEXT.encode(), gzip.compress(TEXT.encode())):
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=fifo.write_bytes, args=(data,))
+        writer.start()
+        assert read_trace(fifo).equals(plain)
+        writer.join()
+        fifo.unlink()
+
+
+def test_an_unreadable_file_is_one_line(tmp_path, monkeypatch):
+    p = tmp_path / "t.log"
+    p.write_text(TEXT)
+
+    def refuse(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)  # root reads a chmod 000 file: refuse as a user's read would
+    with pytest.raises(TraceFormatError, match="cannot read trace .*: Permission denied"):
+        read_trace(p)
