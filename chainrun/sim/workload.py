@@ -52,10 +52,11 @@ def build_workload(trace: "pd.DataFrame", *, infer_dependencies: bool = True, de
         t = t.copy()
         t["end"] = t["end"].fillna(np.minimum(t["start"] + t["timelimit_s"].fillna(np.inf), last))
     limit = t["timelimit_s"].to_numpy(float)
-    max_limit = float(np.nanmax(limit)) if np.isfinite(limit).any() else 48 * 3600.0
+    known = limit[np.isfinite(limit) & (limit > 0)]  # a limit of 0 is no limit Slurm ran a job under: unknown
+    max_limit = float(known.max()) if known.size else 48 * 3600.0
     limit = np.where(np.isfinite(limit) & (limit > 0), limit, max_limit)
     runtime = np.clip(t["end"].to_numpy(float) - t["start"].to_numpy(float), 0.0, limit)
-    if not (runtime > 0).any():
+    if not (runtime > 0).any():  # (limits are positive by now: only End against Start is left)
         from chainrun.errors import UsageError
 
         raise UsageError("no job in the trace ran for any time: End is not after Start on any row",

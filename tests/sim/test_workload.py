@@ -47,3 +47,10 @@ def test_jobs_that_end_before_they_start_run_0_s_and_the_peak_still_holds_the_wi
     assert peak_concurrent_nodes(swapped) == 16  # before: 1, and a "16-node job, only 1 node" error
     with pytest.raises(UsageError, match="End is not after Start on any row"):
         build_workload(swapped)
+
+
+def test_limits_of_0_are_unknown_not_a_cut_to_0_s():
+    df = frame(steady(3))
+    df["timelimit_s"] = 0.0  # before: every run cut to 0 s (the longest limit was 0)
+    w = build_workload(df)
+    assert all(j[3] == 48 * H and j[4] == 3 * H for j in w.jobs)
