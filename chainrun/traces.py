@@ -84,45 +84,78 @@ def builtin_path(name: str) -> Path:
 
 
 def read_trace(path: str | Path, *, gpus_per_node: int = 3) -> "pd.DataFrame":
-    """Read a trace into the canonical table: a file (sacct text or a ``sacct -P`` dump,
-    ``.xz``/``.gz`` decompressed) or a built-in name (``BUILTIN``; a file of that name wins).
-    Every command that takes ``--trace`` reads it here."""
+    """Read a trace into the canonical table: a file (sacct text or a ``sacct -P`` dump; gzip, xz or
+    bzip2 decompressed, told by its first bytes, not its name) or a built-in name (``BUILTIN``; a file
+    of that name wins). Every command that takes ``--trace`` reads it here."""
     p = Path(path)
     if str(path) in BUILTIN and not p.exists():
         p = builtin_path(str(path))
     try:
-        if p.suffix in (".xz", ".gz"):
-            import gzip
-            import lzma
-
-            opener = lzma.open if p.suffix == ".xz" else gzip.open
-            try:
-                with opener(p, "rt", encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except (EOFError, lzma.LZMAError, gzip.BadGzipFile) as e:
-                raise TraceFormatError(f"cannot read trace {p}: {e}") from None
-        else:
-            text = p.read_text(encoding="utf-8", errors="replace")
+        data = p.read_bytes()  # whole, once: a pipe (/dev/stdin) cannot be read twice
     except FileNotFoundError:
         raise TraceFormatError(f"trace file not found: {p}") from None
     except IsADirectoryError:
         raise TraceFormatError(f"trace path is a folder, not a file: {p}") from None
-    except OSError as e:
+    except OSError as e:  # unreadable, not a directory on the way
         raise TraceFormatError(f"cannot read trace {p}: {e.strerror or e}") from None
+    if (unpack := _unpacker(data[:8], p)) is not None:
+        import lzma
+        import zlib
+
+        try:
+            data = unpack(data)
+        except (EOFError, OSError, ValueError, lzma.LZMAError, zlib.error) as e:  # cut or corrupt
+            raise TraceFormatError(f"cannot read trace {p}: {e}") from None
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):  # UTF-16 with its byte-order mark (saved by Windows tools)
+        text = data.decode("utf-16", errors="replace")
+    else:
+        text = data.decode("utf-8", errors="replace")
+    del data
+    if "\x00" in text[:4096]:  # a text trace holds no NUL: an archive or binary we cannot read
+        raise TraceFormatError(f"{p}: not a text trace (binary content)",
+                               hint="sacct text or a sacct -P dump, plain or compressed with gzip, xz or bzip2")
     return parse_trace_text(text, source=str(p), gpus_per_node=gpus_per_node)
+
+
+# the first bytes of the compressed files we open, and of those we name but cannot
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bz2"))
+_UNSUPPORTED = ((b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
+
+
+_SUFFIX = {".gz": "gzip", ".xz": "xz", ".bz2": "bz2"}
+
+
+def _unpacker(head: bytes, p: Path):
+    """The ``decompress`` for a compressed trace (None: plain text), by its first bytes: a ``.log``
+    that is gzip is read, a ``.gz`` that is not is a broken archive."""
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            import bz2
+            import gzip
+            import lzma
+
+            return {"gzip": gzip.decompress, "xz": lzma.decompress, "bz2": bz2.decompress}[kind]
+    for magic, kind in _UNSUPPORTED:
+        if head.startswith(magic):
+            raise TraceFormatError(f"{p}: a {kind} archive, which chainrun does not open",
+                                   hint="decompress it first, or compress it with gzip or xz")
+    if kind := _SUFFIX.get(p.suffix.lower()):
+        raise TraceFormatError(f"cannot read trace {p}: its content is not {kind} (a broken or renamed archive?)")
+    return None
 
 
 def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 3) -> "pd.DataFrame":
     """Parse the text of a trace; see the module doc for the formats and columns."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in text.removeprefix("\ufeff").splitlines() if ln.strip()]  # a UTF-8 BOM is no header
     if not lines:
         raise TraceFormatError(f"{source}: empty trace")
     header = lines[0]
     if "|" in header:
         names = [h.strip() for h in header.split("|")]
         cols = _map_columns(names, source)
-        raw = _read_delimited(lines[1:], names, cols, source)
-        return _build_frame(raw, names, cols, source, gpus_per_node, strip=False)
+        body = _not_headers(lines[1:], header)
+        raw = _read_delimited(body, names, cols, source)
+        return _build_frame(raw, names, cols, source, gpus_per_node, strip=False, skipped=_skipped(body, raw))
     else:
         names = header.split()
         body = lines[1:]
@@ -130,9 +163,36 @@ def parse_trace_text(text: str, *, source: str = "<text>", gpus_per_node: int = 
         if body and set(body[0].replace(" ", "").replace("\t", "")) <= {"-"}:
             spans = [m.span() for m in re.finditer(r"-+", body[0])]
             body = body[1:]
+        body = _not_headers(body, header)
         rows = [_split_fixed(ln, len(names), spans) for ln in body]
     cols = _map_columns(names, source)
-    return _build_frame(_rows_to_raw(rows, len(names), source), names, cols, source, gpus_per_node)
+    raw = _rows_to_raw(rows, len(names), source)
+    return _build_frame(raw, names, cols, source, gpus_per_node, skipped=_skipped(body, raw))
+
+
+def _not_headers(body: list[str], header: str) -> list[str]:
+    """The body without the header and dash lines that concatenated sacct outputs repeat (a job
+    line starts with its id: the slow test runs on the rare line that starts like the header)."""
+    h = header.strip()
+    first = (h[:1], "-")
+
+    def repeat(ln: str) -> bool:
+        t = ln.strip()
+        return t == h or not set(t) - {"-", " ", "\t"}
+
+    return [ln for ln in body if ln.lstrip()[:1] not in first or not repeat(ln)]
+
+
+def _skipped(body: list[str], raw) -> int:
+    """Rows set aside for a wrong field count, steps (``123.batch``: a blank User shifts them) not counted."""
+    if len(raw) == len(body):
+        return 0
+
+    def job_id(ln: str) -> str:
+        f = ln.split("|", 1)[0].split()
+        return f[0] if f else ""
+
+    return max(0, len(body) - len(raw) - sum(1 for ln in body if is_step(job_id(ln))))
 
 
 _US = "\x1f"  # stands in for a "|" inside a job name while pandas splits the line
@@ -205,7 +265,7 @@ def _map_columns(names: list[str], source: str) -> dict[str, int]:
     return found
 
 
-def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True) -> "pd.DataFrame":
+def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True, skipped: int = 0) -> "pd.DataFrame":
     import numpy as np
     import pandas as pd
 
@@ -226,8 +286,9 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
     out["partition"] = col("partition")
     out["qos"] = col("qos")
     out["account"] = col("account")
+    unreadable: dict[str, list] = {}
     for c in ("submit", "eligible", "start", "end"):
-        out[c] = _times(col(c)) if c in cols else np.nan
+        out[c] = _times(col(c), unreadable.setdefault(c, [])) if c in cols else np.nan
     out["eligible_known"] = "eligible" in cols
     if "eligible" not in cols:
         out["eligible"] = out["submit"]
@@ -251,21 +312,41 @@ def _build_frame(raw, names, cols, source, gpus_per_node, *, strip: bool = True)
     bad = out["submit"].isna()
     if bad.all():
         raise TraceFormatError(f"{source}: no row has a readable Submit time")
-    return out[~bad].sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)[list(CANONICAL_COLUMNS)]
+    notes = [f"{skipped} row(s) without the {len(names)} fields the header names: skipped"] if skipped else []
+    for c, values in unreadable.items():
+        if values:
+            n = int(col(c).isin(values).sum())
+            notes.append(f"{n} unreadable {c.capitalize()} value(s), e.g. {values[0]!r}: read as unknown")
+    if bad.any():
+        notes.append(f"{int(bad.sum())} job(s) without a readable Submit time: skipped")
+    if n := int((out["end"] < out["start"]).sum()):
+        notes.append(f"{n} job(s) end before they start (a clock change?): replayed as 0 s runs")
+    out = out[~bad].sort_values(["submit", "job_id"], kind="stable").reset_index(drop=True)[list(CANONICAL_COLUMNS)]
+    out.attrs["notes"] = notes
+    return out
 
 
-def _times(s: "pd.Series") -> "pd.Series":
+def trace_notes(df: "pd.DataFrame") -> list[str]:
+    """What the reader set aside or read as unknown in a trace, one line each (nothing is dropped
+    in silence): rows with the wrong field count, unreadable times, jobs that end before they start."""
+    return list(df.attrs.get("notes", []))
+
+
+def _times(s: "pd.Series", unreadable: list | None = None) -> "pd.Series":
     """Epoch seconds by the Slurm layer's rule (acct_time); zone-less ISO text keeps the trace's
     wall clock (read as UTC). A million epoch strings: about a second per column."""
-    return _by_unique(s, _lenient(partial(acct_time, naive_utc=True)), dtype=float)
+    return _by_unique(s, _lenient(partial(acct_time, naive_utc=True), unreadable), dtype=float)
 
 
-def _lenient(rule):
-    """A value rule whose unreadable input (ValueError) or "unknown" (None) becomes NaN."""
+def _lenient(rule, unreadable: list | None = None):
+    """A value rule whose unreadable input (ValueError; appended to ``unreadable``) or "unknown"
+    (None) becomes NaN."""
     def f(v: str) -> float:
         try:
             r = rule(v)
         except ValueError:
+            if unreadable is not None:
+                unreadable.append(v)
             return float("nan")
         return float("nan") if r is None else r
 

@@ -92,7 +92,7 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
             successor_limit, inject_from, inject_until, tune, shapes=None, efficiency=None, rolling=False) -> None:
     from chainrun.errors import UsageError
     from chainrun.sim.chain_replay import chains_fidelity, run_chains
-    from chainrun.traces import read_trace as load_trace
+    from chainrun.traces import read_trace as load_trace, trace_notes
 
     cfg = _chains_config(nodes=nodes, chains_every=chains_every, handoff=handoff, priority=priority, workers=workers,
                          work=work, segment=segment, restart_cost=restart_cost, successor_limit=successor_limit,
@@ -125,6 +125,8 @@ def _chains(trace, *, nodes, chains_every, handoff, priority, workers, json_out,
     else:
         res = run_chains(tr, cfg)
         data = {"fidelity": res.fidelity, **res.as_json()}
+    if notes := trace_notes(tr):  # what the reader set aside or read as unknown: said, not dropped in silence
+        data.setdefault("meta", {}).setdefault("warnings", []).extend(notes)
     if json_out:
         from chainrun.cli.render import envelope
         from chainrun.sim.jsonsafe import finite as _finite
@@ -268,6 +270,7 @@ def render_chains(data: dict) -> None:
               f"median sim/real wait {_num(f.get('median_ratio'))}, within x2 {_pct(f.get('within_2x'))}")
     if "tune" in data:
         _render_choice(con, data["tune"])
+        _render_warnings(con, data)
         return
     blocks = [("chains", data)]
     for title, d in blocks:
@@ -295,6 +298,12 @@ def render_chains(data: dict) -> None:
     con.print("overhead: (work done - chain submitted) - work, mean per chain (from start: from the first segment's "
               "start); low/medium/heavy: by reactive's mean gap per boundary <=2h / <=12h / more; stuck: more than "
               "60 segments (not in the means).")
+    _render_warnings(con, data)
+
+
+def _render_warnings(con, data: dict) -> None:
+    for w in data.get("meta", {}).get("warnings", []):
+        con.print(f"[yellow]warning:[/yellow] {w}")
 
 
 def _render_choice(con, tune: dict) -> None:

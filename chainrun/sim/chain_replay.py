@@ -19,7 +19,7 @@ from chainrun.sim.fidelity import fidelity, replay_alone
 from chainrun.sim.knowledge import Knowledge, chainrun_predictor
 from chainrun.sim.scheduler import Scheduler
 from chainrun.sim.trunk import Trunk
-from chainrun.sim.workload import build_workload
+from chainrun.sim.workload import build_workload, check_span
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -174,6 +174,7 @@ def check_window(trace: "pd.DataFrame", cfg: ChainsConfig, what: str | None = No
     t = trace[trace["start"].notna() & (trace["nodes"] > 0)]
     if t.empty:
         return  # build_workload says so
+    check_span(t)  # before chain_points walks decades between stray rows
     opened, last = float(t["start"].min()), float(t["submit"].max())
     first = opened + cfg.warmup_s
     if chain_points(last, first, cfg, cfg.chain_nodes):

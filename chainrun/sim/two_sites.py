@@ -70,7 +70,11 @@ def site_names(specs: list[str]) -> list[str]:
     for s in specs:
         stem = Path(s).name.split(".", 1)[0] or s
         seen[stem] = seen.get(stem, 0) + 1
-        out.append(stem if seen[stem] == 1 else f"{stem}#{seen[stem]}")
+        name = stem if seen[stem] == 1 else f"{stem}#{seen[stem]}"
+        while name in out:  # a file named like a copy (x#2.log beside x.log twice): the next number
+            seen[stem] += 1
+            name = f"{stem}#{seen[stem]}"
+        out.append(name)
     return out
 
 
@@ -255,7 +259,8 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
               pace_args: list[str] | None = None) -> dict:
     """The ``data`` of ``chainrun sim --chains --trace A --trace B ... --json``."""
     from chainrun.sim import site_tune
-    from chainrun.traces import read_trace
+    from chainrun.sim.workload import check_span
+    from chainrun.traces import read_trace, trace_notes
 
     t_begin = time.monotonic()
     scfg = scfg or SitesConfig()
@@ -265,6 +270,11 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
     paces = parse_paces(pace_args, names) if pace_args is not None else dict(scfg.paces)
     keys = [trace_key(t) for t in traces]
     frames = [read_trace(t) for t in traces]
+    for name, frame in zip(names, frames):  # before the shifts: a stray year would shift by centuries
+        try:
+            check_span(frame)
+        except UsageError as e:
+            raise UsageError(f"{name}: {e.message}", hint=e.hint) from None
     weeks = shift_weeks(frames, keys, scfg.align)
     sh = setup(frames, names, weeks, cfg, scfg, paces)
     win = window(sh["cover"])
@@ -292,6 +302,8 @@ def run_sites(traces: list[str], cfg: ChainsConfig, scfg: SitesConfig | None = N
                   handoff_min=w.handoff_s / 60, transfer_min=scfg.transfer_s / 60,
                   checkpoint_every_min=scfg.checkpoint_every_s / 60)
     warnings = []
+    for name, frame in zip(names, frames):  # what each reader set aside or read as unknown
+        warnings += [f"{name}: {n}" for n in trace_notes(frame)]
     if not paces:
         warnings.append("equal pace (1.0) on every cluster: no --pace given; GPUs that differ change the answer")
     for i in range(1, len(names)):

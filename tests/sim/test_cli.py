@@ -58,3 +58,18 @@ def test_bad_input_is_one_line(args, fragment, dump, chainrun_home):
     assert p.returncode == 2, p.stderr
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("chainrun: error")]
     assert "Traceback" not in p.stderr and len(errors) == 1 and fragment in errors[0], p.stderr
+
+
+def test_a_stray_row_from_1970_is_named_not_an_internal_error(dump, chainrun_home):
+    """Slurm's unset time (epoch 0, printed in US Central) in one row: fair share's decay overflowed."""
+    text = dump.read_text() + "99999|u0|1969-12-31T18:00:00|1969-12-31T18:00:00|1969-12-31T19:00:00|360|1|COMPLETED\n"
+    dump.write_text(text)
+    p = run_cli("sim", "--trace", str(dump), *ARGS, "--json", home=chainrun_home)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "internal error" not in p.stderr, p.stderr
+    assert p.stderr.count("\n") == 1 and "job 99999 has submit 1969-12-31" in p.stderr, p.stderr
+
+
+def test_rows_set_aside_are_warnings_in_the_result(dump, chainrun_home):
+    dump.write_text(dump.read_text() + "123|u1|2023-01-01T00:00:00\n")  # a cut last line
+    data = _data(run_cli("sim", "--trace", str(dump), *ARGS, "--json", home=chainrun_home))
+    assert data["meta"]["warnings"] == ["1 row(s) without the 8 fields the header names: skipped"]

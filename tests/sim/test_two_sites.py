@@ -20,6 +20,8 @@ def test_site_names_are_file_stems_and_a_repeat_is_numbered():
     assert two_sites.site_names(["/x/ls6.log.xz", "ls6-a100-dev", "/y/ls6.txt", "/x/ls6.log.xz"]) == \
         ["ls6", "ls6-a100-dev", "ls6#2", "ls6#3"]
     assert two_sites.trace_key("ls6-a100-dev") == two_sites.trace_key(str(two_sites.trace_key("ls6-a100-dev")))
+    # a file named like a numbered copy keeps every name distinct (two clusters never share one)
+    assert two_sites.site_names(["x#2.log", "x.log", "x.log"]) == ["x#2", "x", "x#3"]
 
 
 def test_end_alignment_shifts_by_whole_weeks_and_a_copy_by_four():
