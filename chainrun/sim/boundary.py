@@ -21,6 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def stop(cur, h: float, bn: float, work, *, waited: bool = False) -> None:
+    """Where ``cur`` stops training and when its payload exits, on one cluster or at a move: at
+    ``bn`` when its successor, started before ``h``, cuts it (unless the successor ``waited``), else
+    at its signal ``h``; either way its last save takes ``work.save_s``."""
+    cur.stop = bn if bn < h and not waited else h
+    cur.exit = cur.stop + work.save_s
+
+
 def hand_over(run, cur, nxt, h: float, bn: float, work, *, adaptive: bool, left_after: float,
               full_capacity_s: float, lead_s: float, cut: Callable[[int, float], None]) -> None:
     """Set ``cur.stop``/``cur.exit`` and ``nxt.train_start`` and charge the boundary to ``run``
@@ -32,7 +40,7 @@ def hand_over(run, cur, nxt, h: float, bn: float, work, *, adaptive: bool, left_
     w = work
     gap = bn - (h + w.save_s)
     if bn >= h:
-        cur.stop, cur.exit = h, h + w.save_s
+        stop(cur, h, bn, w)
         nxt.train_start = max(bn, cur.exit)
         run.queue_s += bn - h
         run.handoff_s += nxt.train_start - bn
@@ -45,9 +53,9 @@ def hand_over(run, cur, nxt, h: float, bn: float, work, *, adaptive: bool, left_
     if adaptive and should_wait(wait, windows_for(
             remaining_s=left_after / nxt.rate, successor_capacity_s=cap, full_capacity_s=full_capacity_s,
             handoff_s=w.handoff_s, restart_s=w.restart_s, lead_s=lead_s)):
-        cur.stop, cur.exit = h, h + w.save_s
+        stop(cur, h, bn, w, waited=True)
     else:
-        cur.stop, cur.exit = bn, bn + w.save_s
+        stop(cur, h, bn, w)
         cut(cur.jid, cur.exit)
     nxt.train_start = cur.exit
     run.handoff_s += cur.exit - cur.stop

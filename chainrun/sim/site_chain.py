@@ -409,12 +409,11 @@ class _SiteChain:
     def move(self, cur: Seg, nxt: Seg, h: float, bn: float, done_s: float) -> float:
         """The boundary of a move (see the module doc); returns the work the successor resumes from."""
         w, r, run = self.work, self.rules, self.out
-        if bn < h:  # the predecessor is asked to stop: it saves and exits
-            cur.stop, cur.exit = bn, bn + w.save_s
+        boundary.stop(cur, h, bn, w)  # asked to stop at bn, or at its signal: it saves and exits
+        if bn < h:
             self.sim(self.site_of[cur.jid]).cut(cur.jid, cur.exit)
             run.handoff_s += cur.exit - bn
-        else:  # it stopped at its signal: it saves and exits as well (boundary.py)
-            cur.stop, cur.exit = h, h + w.save_s
+        else:
             run.queue_s += bn - h
         run.twice_node_s += max(0.0, cur.exit - bn) * nxt.nodes
 

@@ -47,6 +47,15 @@ def test_a_successor_starting_while_its_predecessor_saves_at_the_signal_waits_fo
     assert run.queue_s + run.handoff_s == nxt.train_start - H_POINT
 
 
+@pytest.mark.parametrize("bn, waited, stopped", [(H_POINT + H, False, H_POINT), (H_POINT, False, H_POINT),
+                                                 (H_POINT - H, False, H_POINT - H), (H_POINT - H, True, H_POINT)])
+def test_where_a_segment_stops_and_exits_is_one_rule_for_one_cluster_and_a_move(bn, waited, stopped):
+    # boundary.stop is what hand_over and the two-cluster replay's move (site_chain.move) both call
+    cur, _, _ = _pair(bn)
+    boundary.stop(cur, H_POINT, bn, W, waited=waited)
+    assert (cur.stop, cur.exit) == (stopped, stopped + W.save_s)
+
+
 def test_the_save_costs_the_same_at_the_signal_and_at_a_hand_off():
     late, early = _pair(H_POINT), _pair(H_POINT - 3 * H)
     for (cur, nxt, run), adaptive in ((late, True), (early, False)):
