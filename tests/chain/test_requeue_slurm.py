@@ -6,7 +6,6 @@ per-step record: no two runs ever trained at once, each run resumed from the las
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import signal

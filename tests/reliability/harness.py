@@ -9,7 +9,6 @@ trainer's steps.log, and never trusts chainrun's own account alone.
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import random
