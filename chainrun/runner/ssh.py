@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 _NET_ERRORS = (paramiko.SSHException, OSError, EOFError, socket.timeout)
+# paramiko's words when it had no key file and no agent key to offer (auth never started)
+_NO_KEY = "No authentication methods available"
 
 
 class _SecondFactor(paramiko.AuthenticationException):
@@ -188,6 +190,19 @@ class SSHRunner:
                        else f"did not accept our key (tried {tried})"),
                     hint="check --user and --key, or load the key into your SSH agent with ssh-add; "
                     "passwords are not supported",
+                ) from None
+            except paramiko.SSHException as e:
+                client.close()
+                if str(e) != _NO_KEY:
+                    raise
+                # paramiko found no key file and no agent: the server was never offered anything
+                bastion = i + 1 < len(chain)
+                raise RemoteError(
+                    f"no key to offer to {hop.user}@{hop.hostname}:{hop.port}"
+                    + (" (a --proxy-jump hop)" if bastion else "") + ": no SSH agent and no key in ~/.ssh",
+                    hint=(f"--key is the cluster's: give Host {hop.hostname} an IdentityFile in ~/.ssh/config, "
+                          "or load its key into your SSH agent with ssh-add") if bastion else
+                    "pass --key, load the key into your SSH agent with ssh-add, or name an IdentityFile in ~/.ssh/config",
                 ) from None
             except BaseException:
                 client.close()

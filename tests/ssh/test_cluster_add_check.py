@@ -162,3 +162,19 @@ def test_connection_failures_are_described_without_class_names(exc, words):
     refused = paramiko.ssh_exception.NoValidConnectionsError({("127.0.0.1", 2299): ConnectionRefusedError(111, "x")})
     assert _describe(refused) == "connection refused: nothing listens for SSH on port 2299"
     assert "passphrase" in _describe(paramiko.PasswordRequiredException("private key file is encrypted"))
+
+
+def test_no_key_to_offer_says_so_for_the_cluster_and_for_a_bastion(tmp_path, ssh_server):
+    """No --key, no SSH agent, no key in ~/.ssh: paramiko has nothing to offer. That is a missing key,
+    not "is that port an SSH server?", and for a bastion hop the line names the hop (--key is the cluster's)."""
+    home = _trusted_home(tmp_path, ssh_server)
+    empty = tmp_path / "empty-home"  # a HOME without ~/.ssh: no default keys, no ssh config
+    empty.mkdir()
+    bare = {"HOME": str(empty), "SSH_AUTH_SOCK": ""}
+    p = run_cli(*_args(ssh_server, **{"--key": None}), home=home, env=bare)
+    line = _refused(p, home, f"{REMOTE_USER}@127.0.0.1:{ssh_server.port}", "no key to offer", "--key", "ssh-add")
+    assert p.returncode == 8 and "SSH server?" not in line, line
+    jump = f"{REMOTE_USER}@127.0.0.1:{ssh_server.port}"
+    p = run_cli(*_args(ssh_server, **{"--proxy-jump": jump}), home=home, env=bare)
+    line = _refused(p, home, f"no key to offer to {jump}", "IdentityFile", "~/.ssh/config")
+    assert p.returncode == 8 and "SSH server?" not in line, line
