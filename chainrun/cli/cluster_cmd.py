@@ -90,8 +90,16 @@ def _check_openssh(spec, *, accept_new: bool) -> bool:
     runner = OpenSSHRunner(spec, accept_new_host_key=accept_new)
     try:
         res = runner.run(["true"], 60)
-    except LoginRequired:
-        return True
+    except LoginRequired as e:
+        if e.methods.lower() != "publickey":
+            return True  # a prompt (one-time code, password) a human answers once in `cluster login`
+        # only a key would do and ours was refused: no prompt to answer, nothing `cluster login` could fix
+        raise RemoteError(
+            f"{spec.name} (ssh {spec.host}" + (f", user {runner.user}" if runner.user else "")
+            + ") did not accept our key (Permission denied (publickey))",
+            hint=f"check User and IdentityFile in the `Host {spec.host}` block of ~/.ssh/config; a key with a "
+            "passphrase: load it with ssh-add; an expired certificate: renew it; nothing was saved; "
+            "--no-check saves without connecting") from None
     except RemoteError as e:
         fix = f"{e.hint}; " if e.hint else ""
         raise type(e)(e.message, hint=f"{fix}nothing was saved; --no-check saves without connecting") from None

@@ -68,6 +68,7 @@ class LoginRequired(RemoteError):
     """The site needs a human (a one-time code, a fresh certificate or ticket) and no master is open."""
 
     exit_code = 8
+    methods = ""  # what the server still offered (``Permission denied (...)``), e.g. "keyboard-interactive"
 
 
 class SessionRefused(RemoteUnreachable):
@@ -270,9 +271,11 @@ class OpenSSHRunner:
                       f"`chainrun cluster add {self.name} --ssh {self.alias} --accept-new-host-key`"))
         if m := _AUTH.search(text):
             self._needs_login = True
-            raise LoginRequired(
+            e = LoginRequired(
                 f"no SSH master is open and the site needs a login ({m.group(1)}): "
                 f"log in again: `chainrun cluster login {self.name}`")
+            e.methods = m.group(1).strip()
+            raise e
         if _NOT_SENT.search(text):
             self._failures += 1
             self._retry_at = time.monotonic() + min(self.max_backoff_s, 2.0 ** (self._failures - 1))

@@ -180,6 +180,21 @@ def test_cluster_add_ssh_on_a_key_only_site_works_without_login(tmp_path, openss
     assert t.returncode == 0 and json.loads(t.stdout)["data"]["slurm_version"].startswith("slurm"), t.stderr
 
 
+def test_cluster_add_ssh_with_a_key_the_site_refuses_saves_nothing(tmp_path, openssh_env, ssh_server):
+    """A key-only site that refuses our key answers `Permission denied (publickey)`: no login would help
+    (there is no prompt to answer), so `cluster add --ssh` fails in one line, exit 8, and saves nothing,
+    as with --host; it once saved the cluster and called it an MFA site."""
+    home = tmp_path / "home"
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    openssh_env(host_block("crother", ssh_server).replace(ssh_server.key, str(other)))
+    p = run_cli("cluster", "add", "lo", "--ssh", "crother", home=home)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 8 and len(lines) == 1, p.stderr
+    assert "did not accept our key" in lines[0] and "IdentityFile" in lines[0] and "nothing was saved" in lines[0]
+    assert "MFA" not in p.stdout + p.stderr and not (home / "config.toml").exists()
+
+
 def test_certificates_both_ways_over_openssh_only(tmp_path, cert_server, openssh_env):
     """A user certificate from a CA (no authorized_keys) and a host certificate checked through
     @cert-authority: the system ssh does both from the config; the built-in client cannot."""
@@ -208,7 +223,7 @@ def test_certificates_both_ways_over_openssh_only(tmp_path, cert_server, openssh
     bare.write_bytes(Path(cert_server.key).read_bytes())
     bare.chmod(0o600)
     openssh_env(host_block("crbare", cert_server).replace(cert_server.key, str(bare)))
-    assert run_cli("cluster", "add", "bare", "--ssh", "crbare", "--json", home=home).returncode == 0
+    assert run_cli("cluster", "add", "bare", "--ssh", "crbare", "--no-check", home=home).returncode == 0
     refused = run_cli("cluster", "test", "bare", home=home)
     assert refused.returncode == 8 and "(publickey)" in refused.stderr and "cluster login bare" in refused.stderr
 
