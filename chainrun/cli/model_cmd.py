@@ -27,6 +27,24 @@ def register(app: typer.Typer) -> None:
     app.command("predict", help="Predict how long a job submitted now would wait (p10/p50/p90).")(predict)
 
 
+def _user_on(cluster: str) -> str | None:
+    """Who we are on ``cluster``: a remote cluster's login user (from the config, no connection), else None
+    (this machine's user). Per-user models are keyed by the cluster's user names."""
+    from chainrun import clusters
+    from chainrun.errors import NotFoundError
+
+    if cluster in (clusters.LOCAL, "default"):
+        return None
+    try:
+        runner = _runner(cluster)
+    except NotFoundError:  # a model kept for a cluster no longer configured: model_status says so, or shows it
+        return None
+    try:
+        return getattr(runner, "user", None) or None
+    finally:
+        runner.close()
+
+
 def _runner(cluster: str = "local"):
     # local, or the cluster's SSH runner (connects on first use); the model commands need only run()
     from chainrun.context import open_runner
@@ -246,7 +264,7 @@ def status(cluster: ClusterOpt = "local", json_out: JsonOpt = False,
     from chainrun.errors import NotFoundError
     from chainrun.chain.live_score import model_status
 
-    st = model_status(cluster)
+    st = model_status(cluster, _user_on(cluster))
     if json_out:
         typer.echo(envelope("model status", st))
         return

@@ -83,3 +83,19 @@ def test_history_over_ssh_is_the_clusters_view(ssh_server, slurm_cluster, far_ea
     # the same window from this machine, whose zone is 14 h off: the job is still in it
     local = ingest.fetch_history(LocalRunner(), since=since, now=time.time())
     assert job in set(local.frame["job_id"])
+
+
+def test_model_status_of_a_remote_cluster_answers_for_the_remote_user(ssh_home, slurm_cluster):
+    """`model status --cluster lo` says which model answers for *you*: on lo you are its login user
+    (chainrun), not this process's user (root), as `predict` and the watcher already take it."""
+    import json
+
+    from tests.conftest import run_cli
+
+    p = run_cli("model", "refresh", "--cluster", "lo", "--no-tune", "--json", home=ssh_home, timeout=300)
+    assert p.returncode == 0, p.stderr
+    s = run_cli("model", "status", "--cluster", "lo", "--json", home=ssh_home)
+    assert s.returncode == 0, s.stderr
+    m = json.loads(s.stdout)["data"]["model"]
+    assert m["user"] == REMOTE_USER, m["user"]
+    assert m["answers_for_you"] == (f"user:{REMOTE_USER}" if REMOTE_USER in m["user_models"] else "cluster")
