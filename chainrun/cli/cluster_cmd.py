@@ -248,7 +248,9 @@ def test(
         ver = runner.run(["sinfo", "--version"], 30)
         connect_s = time.monotonic() - t0
         if ver.returncode == 127:
-            raise RemoteError(f"{name}: Slurm commands not found", hint="if Slurm comes from `module load`, re-add the cluster with --login-shell")
+            hint = ("put Slurm's commands on PATH (e.g. `module load slurm`) and run it again" if _spec is None else
+                    "if Slurm comes from `module load`, re-add the cluster with --login-shell")  # local has no re-add
+            raise RemoteError(f"{name}: Slurm commands not found", hint=hint)
         slurm = SlurmClient(runner)
         parts = slurm.partitions()
         users = {line.strip() for line in slurm._call(["squeue", "--all", "-h", "-o", "%u"], what="squeue").stdout.splitlines() if line.strip()}

@@ -100,3 +100,14 @@ def test_model_status_in_a_pipe_is_plain_lines(chainrun_home):
     assert p.returncode == 0, p.stderr
     # "files:" alone: a long tmp path wraps onto the next line (the plain lines keep the terminal's width)
     assert not any(c in p.stdout for c in "┃┏━│─╭") and "trained: " in p.stdout and "\nfiles:" in p.stdout
+
+
+def test_cluster_test_local_without_slurm_on_path_names_path_not_login_shell(chainrun_home, tmp_path):
+    """`local` cannot be re-added with --login-shell: without Slurm on PATH the hint is about PATH."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    p = run_cli("cluster", "test", "local", home=chainrun_home, env={"PATH": str(empty)})
+    assert p.returncode == 8, p.stderr
+    errors = no_traceback(p)
+    assert len(errors) == 1 and "Slurm commands not found" in errors[0] and "PATH" in errors[0], p.stderr
+    assert "re-add" not in errors[0], errors[0]
