@@ -210,7 +210,26 @@ def remove(name: Annotated[str, typer.Argument(help="The cluster to remove.")], 
     if cfg.default == name:
         cfg.default = None
     clusters.save(cfg)
-    typer.echo(envelope("cluster remove", {"removed": name}) if json_out else f"cluster {name} removed")
+    left = _active_chains(name)
+    typer.echo(envelope("cluster remove", {"removed": name, "active_chains": left}) if json_out
+               else f"cluster {name} removed")
+    if left:  # their jobs run on: no tick moves them and `cancel` cannot reach them until the cluster is back
+        typer.echo(f"warning: {len(left)} active chain(s) on {name} ({', '.join(left)}): their jobs keep running, "
+                   f"and no tick or `chainrun cancel` reaches them until you `chainrun cluster add {name} ...` again",
+                   err=True)
+
+
+def _active_chains(name: str) -> list[str]:
+    from chainrun import paths
+    from chainrun.state.store import Store
+
+    if not paths.state_db().exists():
+        return []
+    store = Store(paths.state_db())
+    try:
+        return [c.id for c in store.chains(active_only=True) if c.cluster == name]
+    finally:
+        store.close()
 
 
 @cluster_app.command("default", help="Set the cluster used when --cluster is not given.")

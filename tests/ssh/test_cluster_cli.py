@@ -137,6 +137,12 @@ def test_submit_uploads_into_the_chain_folder_and_cancel_reaches_the_cluster(ssh
     st = run_cli("status", "--cluster", "lo", "--json", home=ssh_home)
     assert [c["id"] for c in json.loads(st.stdout)["data"]] == [d["chain"]]
     assert json.loads(run_cli("status", "--cluster", "local", "--json", home=ssh_home).stdout)["data"] == []
+    # removing the cluster under an active chain says the chain's jobs are left running, out of reach
+    cfg = (ssh_home / "config.toml").read_text()
+    rm = run_cli("cluster", "remove", "lo", "--json", home=ssh_home)
+    (ssh_home / "config.toml").write_text(cfg)  # the cluster back (as `cluster add` would put it), so cancel reaches it
+    assert rm.returncode == 0 and json.loads(rm.stdout)["data"]["active_chains"] == [d["chain"]], rm.stderr
+    assert d["chain"] in rm.stderr and "keep running" in rm.stderr and len(rm.stderr.strip().splitlines()) == 1
     c = run_cli("cancel", d["chain"], "--json", home=ssh_home)  # no --cluster: the chain's own cluster
     assert c.returncode == 0, c.stderr
     assert json.loads(c.stdout)["data"]["cancelled_jobs"] == [d["first_job"]]
