@@ -50,6 +50,10 @@ def add(
         if given:
             raise UsageError(f"{', '.join(given)} cannot go with --ssh",
                              hint=f"put User, Port, IdentityFile or ProxyJump in the `Host {ssh}` block of ~/.ssh/config")
+    if key and not key.startswith(("/", "~")):  # relative to here: ticks run from other folders (cron, scrontab)
+        import os
+
+        key = os.path.abspath(key)
     spec = clusters.Cluster(name=name, host=host or ssh, user=user, port=port, key=key, proxy_jump=proxy_jump,
                             login_shell=login_shell, workdir=workdir, transport=clusters.OPENSSH if ssh else None)
     if no_check and accept_new_host_key:

@@ -178,3 +178,17 @@ def test_no_key_to_offer_says_so_for_the_cluster_and_for_a_bastion(tmp_path, ssh
     p = run_cli(*_args(ssh_server, **{"--proxy-jump": jump}), home=home, env=bare)
     line = _refused(p, home, f"no key to offer to {jump}", "IdentityFile", "~/.ssh/config")
     assert p.returncode == 8 and "SSH server?" not in line, line
+
+
+def test_a_relative_key_path_is_stored_absolute(tmp_path, ssh_server):
+    """`--key id_hpc` checked from one folder must work from any other (cron, another terminal)."""
+    home = _trusted_home(tmp_path, ssh_server)
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "id_hpc").write_bytes(open(ssh_server.key, "rb").read())
+    (keys / "id_hpc").chmod(0o600)
+    p = run_cli(*_args(ssh_server, **{"--key": "id_hpc"}), home=home, cwd=keys)
+    assert p.returncode == 0, p.stderr
+    assert f'key = "{keys / "id_hpc"}"' in (home / "config.toml").read_text()
+    t = run_cli("cluster", "test", "hpc", home=home, cwd=tmp_path)
+    assert t.returncode == 0, t.stderr
