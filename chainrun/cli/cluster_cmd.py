@@ -208,6 +208,11 @@ def list_(json_out: JsonOpt = False) -> None:
 def remove(name: Annotated[str, typer.Argument(help="The cluster to remove.")], json_out: JsonOpt = False) -> None:
     from chainrun import clusters
 
+    if name == clusters.LOCAL:
+        from chainrun.errors import UsageError
+
+        raise UsageError("local is this machine's own cluster: it cannot be removed",
+                         hint="`chainrun cluster default NAME` makes another cluster the default")
     cfg = clusters.load()
     clusters.get(name, cfg)
     del cfg.clusters[name]
