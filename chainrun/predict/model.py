@@ -142,15 +142,17 @@ class Predictor:
         return d
 
 
-def load_predictor(directory: str | Path) -> Predictor:
-    """Load a saved predictor; refuses a model built for another feature list."""
+def load_predictor(directory: str | Path, cluster: str | None = None) -> Predictor:
+    """Load a saved predictor; refuses a model built for another feature list. ``cluster`` names
+    the cluster in the hint (a bare `model refresh` refreshes local's model, not this one)."""
     import lightgbm as lgb
 
     d = Path(directory)
     try:
         meta = json.loads((d / "meta.json").read_text())
     except FileNotFoundError:
-        raise ModelError(f"no queue-delay model in {d}", hint="run: chainrun model refresh") from None
+        raise ModelError(f"no queue-delay model in {d}",
+                         hint="run: chainrun model refresh" + (f" --cluster {cluster}" if cluster else "")) from None
     except (OSError, ValueError) as e:
         raise ModelError(f"unreadable model metadata {d / 'meta.json'}: {e}", hint="run: chainrun model refresh") from None
     if meta.get("format") != FORMAT:

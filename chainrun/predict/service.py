@@ -151,7 +151,7 @@ def predict_now(runner: "Runner", *, cluster: str, nodes: int, gpus: int, cpus: 
 
     if nodes < 1 or gpus < 0 or cpus < 0 or timelimit_s <= 0:
         raise UsageError("--nodes must be >= 1, --gpus and --cpus >= 0, --time > 0")
-    predictor = load_predictor(model_dir(cluster))
+    predictor = load_predictor(model_dir(cluster), cluster)
     history, info = ingest.load_cache(cluster)
     now = time.time()
     req = WaitRequest(user=user or getpass.getuser(), nodes=nodes, gpus=gpus, cpus=cpus,

@@ -112,3 +112,13 @@ def test_cluster_test_local_without_slurm_on_path_names_path_not_login_shell(cha
     errors = no_traceback(p)
     assert len(errors) == 1 and "Slurm commands not found" in errors[0] and "PATH" in errors[0], p.stderr
     assert "re-add" not in errors[0], errors[0]
+
+
+def test_predict_without_a_model_names_the_cluster_to_refresh(chainrun_home):
+    """The hint is a command that works: `model refresh` alone would refresh local, not this cluster."""
+    p = run_cli("cluster", "add", "far", "--host", "far.invalid", "--user", "u", "--no-check", home=chainrun_home)
+    assert p.returncode == 0, p.stderr
+    p = run_cli("predict", "--cluster", "far", "--time", "1h", home=chainrun_home)
+    assert p.returncode == 7, p.stderr
+    errors = no_traceback(p)
+    assert len(errors) == 1 and "chainrun model refresh --cluster far" in errors[0], p.stderr
