@@ -92,7 +92,7 @@ class MultiEngine:
             except LeaseLost:  # this watcher no longer acts: no other cluster may move either
                 raise
             except ChainrunError as e:  # cluster gone from the config, or a refused host key
-                log.warning("%s%s", label, e)
+                log.info("%s%s", label, e)  # the file; the screen gets it once, as the tick's warning
                 total.warnings.append(f"{label}{e}")
                 total.chains += len([c for c in self.store.chains(active_only=True) if c.cluster == name])
                 failed += 1

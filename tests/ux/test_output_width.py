@@ -210,7 +210,8 @@ def test_cluster_list(home, mode):
 
 @pytest.mark.parametrize("mode", ["pipe-80", "pipe-200", "pipe-default"])
 def test_watch_plain_once_warnings(tmp_path, mode):
-    """Chains on clusters missing from the configuration: the tick warns about each, on stderr."""
+    """Chains on clusters missing from the configuration: the tick warns about each, on stderr, once
+    (the log handler's unwrapped `chainrun: WARNING:` copy of the same line went to the log file only)."""
     home = tmp_path / "home"
     _populate(home, {"bert-large-pretrain-9c1d": CHAINS["bert-large-pretrain-9c1d"],
                      "another-active-chain-with-a-long-name-77aa": ("hpc2-removed-from-config-long-name", "ACTIVE", 3)})
@@ -219,6 +220,9 @@ def test_watch_plain_once_warnings(tmp_path, mode):
     assert_fits("\n".join(ln for ln in out.splitlines() if not ln.startswith("chainrun: ")), width)
     assert_whole(out, ["gpu-cluster-west-datacenter-01", "hpc2-removed-from-config-long-name"])
     assert "warning" in out
+    assert "chainrun: WARNING" not in out, out
+    warned = [ln.split(" warning: ", 1)[1].split(":")[0] for ln in out.splitlines() if " warning: " in ln]
+    assert sorted(warned) == ["gpu-cluster-west-datacenter-01", "hpc2-removed-from-config-long-name"], out
 
 
 @pytest.mark.parametrize("cols", [80, 200])
