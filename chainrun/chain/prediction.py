@@ -95,7 +95,10 @@ def _shape_waits(model, history, chain: "Chain", seg: "Segment", rows: "list[Que
     return {n: float(p.p50) for n, p in zip(shapes, model.predict_many(reqs, snapshot, history))}
 
 
-def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]") -> WaitEstimate:
+def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueRow]", slurm=None) -> WaitEstimate:
+    """The watcher's wait estimate for the chain's next segment. ``slurm`` (a SlurmView, or a
+    callable giving one when the model is out of its depth) replaces the view of the queue ahead
+    that ``rows`` give: the replay passes its backfill plan (chainrun/sim/adapter.py)."""
     from chainrun.predict.model import WaitRequest
     from chainrun.predict.snapshot import snapshot_from_rows
 
@@ -110,9 +113,10 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
     # it is out of its depth (chainrun/predict/doubt.py); no extra Slurm call: the tick's rows
     from chainrun.predict.doubt import SlurmView, answer, queue_ahead
 
-    jobs, nodes, latest = queue_ahead(others, chain.partition, req.submit)
-    a = answer(model, req, snapshot_from_rows(others), history,
-               SlurmView(ahead_jobs=jobs, ahead_nodes=nodes, ahead_start_s=latest))
+    if slurm is None:
+        jobs, nodes, latest = queue_ahead(others, chain.partition, req.submit)
+        slurm = SlurmView(ahead_jobs=jobs, ahead_nodes=nodes, ahead_start_s=latest)
+    a = answer(model, req, snapshot_from_rows(others), history, slurm)
     if a.reasons:
         log.info("chain %s: queue-delay model not sure (%s)%s", chain.id, "; ".join(a.reasons),
                  f"; leaning on Slurm's estimate {a.slurm.wait_s:.0f}s" if a.leaned and a.slurm else "")

@@ -193,6 +193,12 @@ def features_at(predictor: "Predictor", now: float, requests: "list[WaitRequest]
 def predict_at(predictor: "Predictor", now: float, requests: "list[WaitRequest]", u: Universe,
                names: Names) -> "list[Prediction]":
     """``Predictor.predict_many`` of requests asked at ``now`` on the universe ``u``."""
+    return [p for p, _ in predict_with_features_at(predictor, now, requests, u, names)]
+
+
+def predict_with_features_at(predictor: "Predictor", now: float, requests: "list[WaitRequest]", u: Universe,
+                             names: Names) -> "list[tuple[Prediction, np.ndarray]]":
+    """``Predictor.predict_with_features`` of each request (chainrun.predict.doubt reads the row)."""
     from chainrun.predict.distribution import QUANTILES, Prediction
 
     X = features_at(predictor, now, requests, u, names)
@@ -202,4 +208,4 @@ def predict_at(predictor: "Predictor", now: float, requests: "list[WaitRequest]"
         vals = tuple(float(10**v) for v in row)
         by = dict(zip(QUANTILES, vals))
         out.append(Prediction(by[0.1], by[0.5], by[0.9], name, tuple(QUANTILES), vals))
-    return out
+    return list(zip(out, X))

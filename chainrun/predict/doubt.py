@@ -34,7 +34,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from chainrun.predict.distribution import TAIL_SLOPE, Prediction
 
@@ -230,8 +230,12 @@ class Answer:
         }
 
 
-def assess(model_only: Prediction, support: Support, slurm: SlurmView | None) -> Answer:
-    """Rules 1 and 2 of the module doc applied to one answer."""
+def assess(model_only: Prediction, support: Support, slurm: "SlurmView | Callable[[], SlurmView] | None") -> Answer:
+    """Rules 1 and 2 of the module doc applied to one answer. ``slurm`` may be a callable giving
+    the view: it is asked only when the model is out of its depth (the replay's view is a backfill
+    plan of the whole queue, too dear to draw on every ask)."""
+    if callable(slurm):
+        slurm = slurm() if support.out_of_depth else None
     p = widen(model_only, support.rows)
     reasons = []
     if support.short:
@@ -254,15 +258,16 @@ def assess(model_only: Prediction, support: Support, slurm: SlurmView | None) ->
 
 
 def answer(predictor, request, snapshot: "pd.DataFrame | None", history: "pd.DataFrame | None",
-           slurm: SlurmView | None) -> Answer:
+           slurm: "SlurmView | Callable[[], SlurmView] | None") -> Answer:
     """The model's answer to ``request`` (a :class:`chainrun.predict.model.WaitRequest`), assessed.
 
-    A predictor without ``predict_with_features`` (the replay's stand-ins and its caching wrapper,
-    chainrun/sim/adapter.py) answers alone: no meta to measure its support against."""
+    A predictor without ``predict_with_features`` (the replay's stand-in where no chainrun model
+    could be fit, chainrun/sim/knowledge.py) answers alone: no meta to measure its support against."""
     from chainrun.predict.features import FEATURES
 
     if not hasattr(predictor, "predict_with_features"):
         p = predictor.predict(request, snapshot, history)
-        return Answer(prediction=p, model_only=p, support=Support(rows=0, short=False), slurm=slurm, leaned=False)
+        return Answer(prediction=p, model_only=p, support=Support(rows=0, short=False),
+                      slurm=None if callable(slurm) else slurm, leaned=False)
     p, x = predictor.predict_with_features(request, snapshot, history)
     return assess(p, support_of(predictor.meta, x, FEATURES), slurm)

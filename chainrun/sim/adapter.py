@@ -109,7 +109,7 @@ class _Cached:
     from ``answer`` (the columnar path: requests -> predictions) when given."""
 
     def __init__(self, model, cache: dict, key, answer=None) -> None:
-        self.model, self.cache, self.key, self.last, self.answer = model, cache, key, None, answer
+        self.model, self.cache, self.key, self.answer = model, cache, key, answer
 
     def predict(self, req, snapshot, history):
         if self.key in self.cache:
@@ -119,8 +119,31 @@ class _Cached:
         else:
             p = self.answer([req])[0] if self.answer is not None else self.model.predict(req, snapshot, history)
             self.cache[self.key] = p
-        self.last = p
         return p
+
+
+class _CachedAssessed(_Cached):
+    """``_Cached`` for the chainrun model: answers with its feature row and meta, so that
+    ``_estimate`` widens and leans exactly as the watcher does (chainrun.predict.doubt); the cache
+    holds (prediction, row)."""
+
+    @property
+    def meta(self) -> dict:
+        return self.model.meta
+
+    def predict_with_features(self, req, snapshot, history):
+        if self.key in self.cache:
+            px = self.cache[self.key]
+            if px is None:
+                raise ValueError("the model failed on this state before")
+        else:
+            px = self.answer([req], features=True)[0] if self.answer is not None else \
+                self.model.predict_with_features(req, snapshot, history)
+            self.cache[self.key] = px
+        return px
+
+    def predict(self, req, snapshot, history):
+        return self.predict_with_features(req, snapshot, history)[0]
 
 
 class _Columnar:
@@ -280,16 +303,17 @@ class SimWatcher:
             self._within.clear()
         predictor = self.k.predictor(now)
         answer = None if hit else self._columnar(predictor, sim, now, segs, nodes)
-        model = _Cached(predictor, self._cache, key, answer)
+        assessed = hasattr(predictor, "predict_with_features")  # the chainrun model; a stand-in answers alone
+        model = (_CachedAssessed if assessed else _Cached)(predictor, self._cache, key, answer)
         if hit or answer is not None:  # the frames are not read: only the chain's own row, for the request
             rows, history = self.queue_rows(sim, now, seg, cur, nodes, only_own=True), None
         else:
             rows, history = self.queue_rows(sim, now, seg, cur, nodes), self.history(now, segs, nodes)
         try:
             with _sim_time(now):
-                est = _estimate(model, history, chain, seg, rows)
-            if target is not None and model.last is not None:
-                est = replace(est, target=target, seconds=float(model.last.quantile(target)))
+                est = _estimate(model, history, chain, seg, rows, slurm=lambda: self.slurm_view(sim, now, key))
+            if target is not None and est.quantile is not None:  # the same (widened, leaned) distribution
+                est = replace(est, target=target, seconds=float(est.quantile(target)))
             if est.prob_within is not None:  # the same distribution for every ask of this state
                 est = replace(est, prob_within=self._remembered(key, est.prob_within))
         except (ChainrunError, ValueError):
@@ -314,8 +338,8 @@ class SimWatcher:
         if not self.fast or not isinstance(model, Predictor):
             return None
 
-        def answer(requests):
-            from chainrun.predict.columnar import predict_at, universe_at
+        def answer(requests, features: bool = False):
+            from chainrun.predict.columnar import predict_at, predict_with_features_at, universe_at
 
             names = self._columns()["names"]
             snap, hist = self.snapshot_columns(sim), self.history_columns(now, segs, nodes)
@@ -325,11 +349,30 @@ class SimWatcher:
                 groups.setdefault((r.user, now if r.submit is None else float(r.submit)), []).append(i)
             for (user, t), idx in groups.items():
                 u = universe_at(t, names.user(user), snap, hist)
-                for i, p in zip(idx, predict_at(model, t, [requests[i] for i in idx], u, names)):
+                ask = predict_with_features_at if features else predict_at
+                for i, p in zip(idx, ask(model, t, [requests[i] for i in idx], u, names)):
                     out[i] = p
             return out
 
         return answer
+
+    def slurm_view(self, sim, now: float, key):
+        """What the watcher's squeue rows say of the queue ahead (``doubt.queue_ahead``): the trace's
+        pending jobs, and the latest start Slurm's backfill plans for them (``squeue --start``; the
+        replay's rows carry no start of their own). Asked only when the model is out of its depth."""
+        from chainrun.predict.doubt import SlurmView
+
+        vkey = ("slurm",) + key
+        view = self._cache.get(vkey)
+        if view is None:
+            pending, _ = sim.queue_view()
+            trace = [j for j in pending if 0 <= j < self.n]
+            latest = sim.latest_expected_start(lambda j: 0 <= j < self.n)
+            view = self._cache[vkey] = SlurmView(
+                ahead_jobs=len(trace), ahead_nodes=sum(max(1, int(self._nodes[j] or 1)) for j in trace),
+                ahead_start_s=None if latest is None else max(0.0, latest - now))
+            self.cost["slurm_plans"] = self.cost.get("slurm_plans", 0) + 1
+        return view
 
     def _columns(self) -> dict:
         import numpy as np

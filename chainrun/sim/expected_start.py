@@ -13,7 +13,7 @@ jobs ending before their limits make starts earlier. Pure: it reads the partitio
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 
 def expected_start(now: float, total_nodes: int, running: Iterable[tuple[float, int]],
@@ -25,6 +25,29 @@ def expected_start(now: float, total_nodes: int, running: Iterable[tuple[float, 
     priority order (the job's dependency-held peers are not pending: Slurm plans no held job);
     ``depth``: how many pending jobs the backfill plans (bf_max_job_test), None for all. None when
     ``jid`` is not pending, lies beyond ``depth``, or can never fit (Slurm shows no start: N/A)."""
+    for j, start in plan(now, total_nodes, running, pending, depth=depth, open_at=open_at):
+        if j == jid:
+            return start
+    return None
+
+
+def latest_planned_start(now: float, total_nodes: int, running: Iterable[tuple[float, int]],
+                         pending: Sequence[tuple[int, int, float]], *, depth: int | None = None,
+                         open_at: float = float("-inf"), counted=lambda jid: True) -> float | None:
+    """The latest start ``squeue --start`` shows among the pending jobs ``counted`` keeps (what the
+    watcher reads as Slurm's view of the queue ahead: chainrun.predict.doubt.queue_ahead), or None
+    when none of them has a plan. One pass over the whole plan."""
+    latest = None
+    for j, start in plan(now, total_nodes, running, pending, depth=depth, open_at=open_at):
+        if start is not None and counted(j):
+            latest = start if latest is None else max(latest, start)
+    return latest
+
+
+def plan(now: float, total_nodes: int, running: Iterable[tuple[float, int]],
+         pending: Sequence[tuple[int, int, float]], *, depth: int | None = None,
+         open_at: float = float("-inf")) -> Iterator[tuple[int, float | None]]:
+    """(jid, planned start or None) for the pending jobs in priority order, up to ``depth``."""
     earliest = max(now, open_at)
     ends = sorted((max(float(e), earliest), int(n)) for e, n in running)
     free = int(total_nodes) - sum(n for _, n in ends)
@@ -39,16 +62,13 @@ def expected_start(now: float, total_nodes: int, running: Iterable[tuple[float, 
             fr.append(free)
     for k, (j, nodes, limit) in enumerate(pending):
         if depth is not None and k >= depth:
-            return None
+            return
         if nodes > total_nodes:  # never fits: Slurm plans no start for it (nor reserves anything)
-            if j == jid:
-                return None
+            yield j, None
             continue
         i = _earliest_fit(ts, fr, nodes, float(limit))
-        if j == jid:
-            return ts[i]
+        yield j, ts[i]
         _reserve(ts, fr, i, ts[i] + float(limit), nodes)
-    return None
 
 
 def _earliest_fit(ts: list[float], fr: list[int], nodes: int, limit: float) -> int:

@@ -288,3 +288,13 @@ class Scheduler:
             return None
         return expected_start(self.now, self.total, ((e[0], e[2]) for e in self.limits), ahead, jid,
                               depth=self.bf_depth + 1, open_at=self.open_at)
+
+    def latest_expected_start(self, counted) -> float | None:
+        """The latest ``squeue --start`` among the pending jobs ``counted(jid)`` keeps (the watcher's
+        view of the queue ahead, chainrun.predict.doubt.queue_ahead): Slurm's plan of every pending job
+        in priority order within the backfill's depth; None when none of them has a plan."""
+        from chainrun.sim.expected_start import latest_planned_start
+
+        return latest_planned_start(self.now, self.total, ((e[0], e[2]) for e in self.limits),
+                                    [(p[2], p[3], p[4]) for p in self.pending], depth=self.bf_depth + 1,
+                                    open_at=self.open_at, counted=counted)
