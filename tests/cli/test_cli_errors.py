@@ -24,6 +24,7 @@ def no_traceback(p):
         (["submit", str(REPO), "--total", "1h"], 2, "is a folder"),
         (["status", "no-such-chain"], 3, "no chain"),
         (["cancel", "no-such-chain"], 3, "no chain"),
+        (["cluster", "remove", "local"], 2, "`local` is this machine: it is always there"),  # not "no cluster 'local'"
     ],
 )
 def test_bad_input_one_line(args, code, fragment, chainrun_home):
