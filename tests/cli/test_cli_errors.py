@@ -101,3 +101,19 @@ def test_model_status_in_a_pipe_is_plain_lines(chainrun_home):
     assert p.returncode == 0, p.stderr
     # "files:" alone: a long tmp path wraps onto the next line (the plain lines keep the terminal's width)
     assert not any(c in p.stdout for c in "┃┏━│─╭") and "trained: " in p.stdout and "\nfiles:" in p.stdout
+
+
+def test_exit_codes_md_examples_are_what_chainrun_prints(chainrun_home):
+    """docs/exit-codes.md's error line and its runnable examples (no Slurm needed) against the product."""
+    import re
+
+    doc = (REPO / "docs" / "exit-codes.md").read_text()
+    line = re.search(r"a bad option: ``(chainrun: error: .*?)``", doc).group(1)
+    p = run_cli("status", "--bogus", home=chainrun_home)
+    assert p.stderr.strip() == line, (p.stderr, line)
+    rows = {int(m[1]): m[2] for m in re.finditer(r"^\| *(\d+) \|[^|]*\|(.*)\|$", doc, re.M)}
+    for code, cmd in [(3, "chainrun status no-such-chain"), (3, "chainrun model status"),
+                      (7, "chainrun predict --time 1h")]:
+        assert f"`{cmd}`" in rows[code], (code, cmd)
+        p = run_cli(*cmd.split()[1:], home=chainrun_home)
+        assert p.returncode == code and len(no_traceback(p)) == 1, (cmd, p.returncode, p.stderr)
