@@ -94,7 +94,7 @@ def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
         # a figure legend outside every axis: one anchored to the bars' axes covered the steps/s axis's ticks
         fig.legend(handles=handles, fontsize=7, loc="outside right upper", frameon=False)
         path = Path(path)
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, format="png")  # a PNG whatever the name: `--png t.txt` was an internal error
         width, height = (int(round(v)) for v in fig.get_size_inches() * dpi)
     finally:
         plt.close(fig)

@@ -151,3 +151,13 @@ def test_png_legend_clears_the_throughput_axis(store, tmp_path):
     (legend,) = fig.legends
     assert legend.get_window_extent(renderer).x0 >= twin.get_tightbbox(renderer).x1
     assert legend.get_window_extent(renderer).x1 <= fig.bbox.x1  # and is still in the picture
+
+
+def test_png_to_a_file_named_otherwise_is_still_a_png(store, chainrun_home, tmp_path):
+    """`report --png x.txt` was an internal error (exit 70): matplotlib took the format from the name."""
+    pytest.importorskip("matplotlib")
+    store.close()
+    out = tmp_path / "timeline.txt"
+    p = run_cli("report", "train", "--png", str(out), home=chainrun_home)
+    assert p.returncode == 0, p.stderr
+    assert png_size(out)[0] > 0 and not list(tmp_path.glob(".*.tmp*"))
