@@ -207,9 +207,12 @@ def _segment_length(req: SubmitRequest, info: PartitionInfo, signal_lead: int) -
     # --total counts training: a single segment needs the total plus the signal lead
     segment = min(segment, req.total_s + signal_lead)
     if signal_lead >= segment:
+        # the example must fit this segment (a fixed USR2@60 told a 30 s segment to take a longer lead)
+        longer = ", or a longer --segment" if req.segment_s and (not max_s or req.segment_s < max_s) else ""
         raise UsageError(
             f"the signal comes {signal_lead}s before the limit, but a segment lasts only {segment}s",
-            hint="use a smaller --signal time, e.g. USR2@60",
+            hint=f"use a --signal time below {segment}s, e.g. {parse_signal(req.signal)[0]}@{max(1, segment // 4)}"
+                 f"{longer}",
         )
 
     if req.time_min_s is not None:

@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from chainrun.chain import outcomes, placement, settle, spread
-from chainrun.chain.pace import segment_rate
+from chainrun.chain.pace import segment_rate, total_tolerance
 from chainrun.errors import SlurmError
 from chainrun.slurm.parsers import AcctRow
 from chainrun.state.records import (
@@ -55,6 +55,9 @@ def ended(t: TickContext, c: Chain, segs: list[Segment], s: Segment, row: AcctRo
     s.extra["rate"] = segment_rate(c, s, segs, final=True)
     s.extra["work_s"] = result.credit_s * s.extra["rate"]
     c.credited_s += s.extra["work_s"]
+    if result.outcome == CONTINUE and c.total_s - c.credited_s < total_tolerance(c):
+        # it stopped (Slurm's signal, its limit) with --total reached before a tick told it to: no next segment
+        events[0] = (s.idx, CONTINUE, result.message.replace("; next segment continues", "; --total reached"))
     if result.outcome not in (UNSTARTED, SKIPPED):
         events += placement.after_segment(c, segs, s)
         events += placement.interference(c, s, lambda: exclusive_cost(t, c, s))

@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from chainrun.cli.render import envelope
-from chainrun.errors import RemoteError
+from chainrun.errors import RemoteError, UsageError
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON (a versioned envelope) instead of text.")]
 cluster_app = typer.Typer(help="Remote clusters reached over SSH (`local` is always there).", no_args_is_help=True)
@@ -208,10 +208,8 @@ def list_(json_out: JsonOpt = False) -> None:
 def remove(name: Annotated[str, typer.Argument(help="The cluster to remove.")], json_out: JsonOpt = False) -> None:
     from chainrun import clusters
 
-    if name == clusters.LOCAL:
-        from chainrun.errors import UsageError
-
-        raise UsageError("local is this machine's own cluster: it cannot be removed",
+    if name == clusters.LOCAL:  # clusters.get would say "no cluster 'local' (clusters: local; ...)"
+        raise UsageError("`local` is this machine: it is always there and cannot be removed",
                          hint="`chainrun cluster default NAME` makes another cluster the default")
     cfg = clusters.load()
     clusters.get(name, cfg)
@@ -256,7 +254,8 @@ def set_default(name: Annotated[str, typer.Argument(help="A cluster name, or loc
 @cluster_app.command("test", help="Connect; show the Slurm version, partitions and limits, and whether other users' jobs are "
                                   "visible. With --probe, also run a 1-minute job that checks a compute node sees the run folder.")
 def test(
-    name: Annotated[str, typer.Argument(help="The cluster to test (or local).")],
+    name: Annotated[str | None, typer.Argument(help="The cluster to test (default: the default cluster, as for "
+                                                    "submit).")] = None,
     probe: Annotated[bool, typer.Option("--probe", help="Submit a 1-minute job: does a compute node see a token written "
                                                         "here in --folder, and on what filesystem type?")] = False,
     folder: Annotated[str | None, typer.Option("--folder", help="The folder to probe (default: where `submit` puts run "
@@ -267,9 +266,12 @@ def test(
 ) -> None:
     import time
 
+    from chainrun import clusters
     from chainrun.context import open_runner
     from chainrun.slurm.client import SlurmClient
 
+    # optional: submit's warnings say `chainrun cluster test --probe` about the cluster it submitted to
+    name = name or clusters.default_name()
     runner, _spec = open_runner(name)
     try:
         t0 = time.monotonic()

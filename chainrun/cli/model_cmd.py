@@ -352,6 +352,9 @@ def predict(
         note = service.time_limit_note(runner, timelimit_s=limit, partition=partition)
     finally:
         runner.close()
+    if a.slurm is not None and a.slurm.refused:
+        note = "; ".join(filter(None, [note, f"Slurm would not run this job as asked (sbatch --test-only: "
+                                              f"{a.slurm.refused}): the wait below is the model's alone"]))
     p = a.prediction
     within = {h: p.prob_within(s) for h, s in (("10m", 600), ("1h", 3600), ("6h", 21600), ("24h", 86400))}
     if json_out:

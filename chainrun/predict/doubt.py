@@ -150,6 +150,7 @@ class SlurmView:
     ahead_jobs: int = 0  # jobs pending for the queue itself in the request's partition
     ahead_nodes: int = 0
     ahead_start_s: float | None = None  # the latest squeue --start among them
+    refused: str = ""  # sbatch --test-only refused the request (its error line): Slurm would not run it as asked
 
     @property
     def wait_s(self) -> float | None:
@@ -225,7 +226,7 @@ class Answer:
             "leaned_on_slurm": self.leaned, "reasons": list(self.reasons),
             "slurm": None if s is None else {"wait_s": s.wait_s, "source": s.source, "test_only_s": s.test_only_s,
                                              "ahead_jobs": s.ahead_jobs, "ahead_nodes": s.ahead_nodes,
-                                             "ahead_start_s": s.ahead_start_s},
+                                             "ahead_start_s": s.ahead_start_s, "refused": s.refused},
             "model_only": self.model_only.as_dict(),
         }
 

@@ -224,7 +224,15 @@ def slurm_view(runner: "Runner", rows: list, *, cluster: str, now: float, nodes:
     if res is not None and not res.ok and "invalid partition" in (res.stderr + res.stdout).lower():
         # the partitions were unreadable (check_request passed), but Slurm itself names it: no answer
         raise UsageError(f"no partition {partition!r} on this cluster (sbatch --test-only: {res.first_error_line()})")
-    return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start)
+    # another refusal (no node with 99 GPUs, an unknown QOS) leaves the model to answer alone, but is said:
+    # a 2 s wait for a job Slurm will never run misled; a timeout or a dropped connection is no refusal
+    text = "" if res is None or res.ok else res.stderr + "\n" + res.stdout
+    refused = next((ln.strip() for ln in text.splitlines() if "submission failed" in ln.lower()
+                    or "allocation failure" in ln.lower()), "")
+    if refused and any(w in refused.lower() for w in ("timed out", "timeout", "try again", "unable to contact")):
+        refused = ""
+    return SlurmView(test_only_s=test_only, ahead_jobs=jobs, ahead_nodes=ahead_nodes, ahead_start_s=ahead_start,
+                     refused=refused)
 
 
 def sharing_partitions(runner: "Runner", partition: str = "") -> set[str]:

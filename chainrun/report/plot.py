@@ -44,7 +44,7 @@ def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
     x = lambda t: (t - tl.t0) / unit  # noqa: E731
     rows = sorted({b.idx for b in tl.bars} | {w.idx for w in tl.waits} | {s.idx for s in tl.spans}) or [0]
     ypos = {idx: i for i, idx in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.45 * len(rows)), dpi=dpi)
+    fig, ax = plt.subplots(figsize=(10, 1.8 + 0.45 * len(rows)), dpi=dpi, layout="constrained")
     drawn: dict[str, list] = {"bars": [], "waits": [], "gaps": [], "overlaps": [], "predicted": [], "labels": []}
     try:
         for w in tl.waits:
@@ -91,10 +91,10 @@ def render_png(tl: Timeline, path: str | Path, *, dpi: int = 100) -> dict:
             handles.append(Line2D([], [], color=THROUGHPUT_COLOUR, label="steps/s"))
         if drawn["predicted"]:
             handles.append(Line2D([], [], marker="D", color=PREDICTED_COLOUR, linestyle="none", label="predicted start"))
-        ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-        fig.tight_layout()
+        # a figure legend outside every axis: one anchored to the bars' axes covered the steps/s axis's ticks
+        fig.legend(handles=handles, fontsize=7, loc="outside right upper", frameon=False)
         path = Path(path)
-        fig.savefig(path, dpi=dpi)
+        fig.savefig(path, dpi=dpi, format="png")  # a PNG whatever the name: `--png t.txt` was an internal error
         width, height = (int(round(v)) for v in fig.get_size_inches() * dpi)
     finally:
         plt.close(fig)

@@ -97,3 +97,20 @@ def test_the_same_option_after_dashdash_is_still_refused(slurm_cluster, chainrun
     script.write_text("#!/bin/bash\nsleep 1\n")
     p = run_cli("submit", str(script), "--total", "2m", "--", "--time=5", home=chainrun_home, cwd=tmp_path)
     assert p.returncode == 2 and "set by chainrun" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("segment_s,signal,hint", [
+    (30, "USR2@30", "use a --signal time below 30s, e.g. USR2@7, or a longer --segment"),
+    (None, "USR1", "use a --signal time below 120s, e.g. USR1@30)"),  # USR1 = USR1@300 > the partition's 2m
+])
+def test_a_signal_lead_longer_than_the_segment_suggests_one_that_fits(segment_s, signal, hint):
+    """The hint was always `USR2@60`: for a 30 s segment a longer lead than the one refused."""
+    from chainrun.chain.create import SubmitRequest, _segment_length
+    from chainrun.errors import UsageError
+    from chainrun.slurm.parsers import PartitionInfo
+
+    req = SubmitRequest(script="/s.sh", script_text="", total_s=180, workdir="/w", segment_s=segment_s, signal=signal)
+    part = PartitionInfo(name="short", max_time_s=120, default_time_s=None, is_default=True, state="UP", total_nodes=4)
+    with pytest.raises(UsageError) as err:
+        _segment_length(req, part, int(signal.partition("@")[2] or 300))
+    assert hint in str(err.value)

@@ -27,8 +27,10 @@ def test_probe_proves_a_node_sees_the_folder(slurm_cluster, chainrun_home, tmp_p
     assert got["node_mount"].split(" ")[0].startswith("/") and got["node_fstype"]  # what the node itself said
     assert f"compute node {got['node']} sees {tmp_path}" in got["verdict"]
     assert not list(tmp_path.iterdir())  # the probe's own folder is removed
-    text = run_cli("cluster", "test", "local", "--probe", "--folder", str(tmp_path), home=chainrun_home, timeout=300)
-    assert text.returncode == 0 and "probe (job " in text.stdout and "the node's mount: " in text.stdout
+    # no NAME: the default cluster, as submit's /tmp warning (`chainrun cluster test --probe`) tells a user to run it
+    text = run_cli("cluster", "test", "--probe", "--folder", str(tmp_path), home=chainrun_home, timeout=300)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("local: connected") and "probe (job " in text.stdout and "the node's mount: " in text.stdout
 
 
 class _TokenLost(LocalRunner):

@@ -75,6 +75,9 @@ def test_node_local_folders_are_warned_about(monkeypatch):
     assert got[0].startswith("the run folder /tmp/x/run is under /tmp, which each compute node usually has")
     assert "under /local/job" in got[1] and "cluster test --probe" in got[1] and "/dev/shm" in got[2]
     assert node_local_warnings(LocalRunner(), {"run folder": "/tmpfoo/run"}) == []
+    monkeypatch.setenv("CHAINRUN_NODE_LOCAL_OK", "1")  # one host: every "node" sees /tmp (docs/cli.md says how)
+    assert node_local_warnings(LocalRunner(), {"run folder": "/tmp/x/run"}) == []
+    assert "`CHAINRUN_NODE_LOCAL_OK=1`" in (REPO / "docs" / "cli.md").read_text()
 
 
 @pytest.mark.slurm

@@ -142,3 +142,18 @@ def test_no_successor_is_asked_for_once_the_trainer_was_told_to_stop(tmp_path):
         fake.now += 10
         eng.tick()
     assert len(fake.jobs) == asked and len(fake.signals) == 1
+
+
+def test_a_segment_that_stops_on_its_own_signal_at_total_says_total_reached(tmp_path):
+    """Slurm's signal (or the trainer) ended the segment that reached --total before a tick could: its event
+    said "next segment continues", followed by "completed: total time reached" (a real chain, 3 min total)."""
+    fake, store, eng, c, slurm = _world(tmp_path)
+    job = _submit(fake, store, slurm, c, 0)
+    fake.start(job.id)
+    fake.now += 300
+    eng.tick()
+    fake.now += 310  # 10 min 10 s trained, no tick since: nobody told it to stop
+    _ends_checkpointed(fake, eng, c, job)
+    assert store.chain(c.id).status == COMPLETED and fake.signals == []
+    ended = [e.message for _, e in store.events(c.id) if e.kind == "continue"]
+    assert len(ended) == 1 and ended[0].endswith("of training; --total reached"), ended

@@ -24,7 +24,7 @@ def no_traceback(p):
         (["submit", str(REPO), "--total", "1h"], 2, "is a folder"),
         (["status", "no-such-chain"], 3, "no chain"),
         (["cancel", "no-such-chain"], 3, "no chain"),
-        (["cluster", "remove", "local"], 2, "cannot be removed"),  # not "no cluster 'local' (clusters: local)"
+        (["cluster", "remove", "local"], 2, "`local` is this machine: it is always there"),  # not "no cluster 'local'"
     ],
 )
 def test_bad_input_one_line(args, code, fragment, chainrun_home):
@@ -122,3 +122,19 @@ def test_predict_without_a_model_names_the_cluster_to_refresh(chainrun_home):
     assert p.returncode == 7, p.stderr
     errors = no_traceback(p)
     assert len(errors) == 1 and "chainrun model refresh --cluster far" in errors[0], p.stderr
+
+
+def test_exit_codes_md_examples_are_what_chainrun_prints(chainrun_home):
+    """docs/exit-codes.md's error line and its runnable examples (no Slurm needed) against the product."""
+    import re
+
+    doc = (REPO / "docs" / "exit-codes.md").read_text()
+    line = re.search(r"a bad option: ``(chainrun: error: .*?)``", doc).group(1)
+    p = run_cli("status", "--bogus", home=chainrun_home)
+    assert p.stderr.strip() == line, (p.stderr, line)
+    rows = {int(m[1]): m[2] for m in re.finditer(r"^\| *(\d+) \|[^|]*\|(.*)\|$", doc, re.M)}
+    for code, cmd in [(3, "chainrun status no-such-chain"), (3, "chainrun model status"),
+                      (7, "chainrun predict --time 1h")]:
+        assert f"`{cmd}`" in rows[code], (code, cmd)
+        p = run_cli(*cmd.split()[1:], home=chainrun_home)
+        assert p.returncode == code and len(no_traceback(p)) == 1, (cmd, p.returncode, p.stderr)

@@ -52,3 +52,12 @@ def test_test_only_naming_the_partition_invalid_is_refused():
     v = service.slurm_view(Slurm(None, other), [], cluster="t", now=0.0, nodes=1, gpus=0, cpus=0,
                            timelimit_s=60.0, partition="gpu")
     assert v.test_only_s is None
+    assert v.refused == "allocation failure: Requested node configuration is not available"  # said, not hidden
+
+
+def test_a_test_only_that_could_not_ask_is_no_refusal():
+    slow = (1, "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation")
+    v = service.slurm_view(Slurm(None, slow), [], cluster="t", now=0.0, nodes=1, gpus=0, cpus=0, timelimit_s=60.0)
+    assert v.test_only_s is None and v.refused == ""
+    ok = service.slurm_view(Slurm(None), [], cluster="t", now=0.0, nodes=1, gpus=0, cpus=0, timelimit_s=60.0)
+    assert ok.refused == ""  # a job Slurm would start

@@ -124,3 +124,11 @@ def test_every_option_is_in_its_command_section_of_cli_md():
         if gone := [o for o in opts if not re.search(rf"{re.escape(o)}(?![\w-])", body)]:
             missing[name] = gone
     assert not missing, f"options docs/cli.md does not name in their command's section: {missing}"
+
+
+def test_troubleshooting_quotes_the_status_word_status_prints(chainrun_home):
+    """troubleshooting.md said `chainrun status` shows `ACTIVE` chains; it prints `active` (JSON: "ACTIVE")."""
+    make_chain(chainrun_home, "live-0001", status="ACTIVE").close()
+    p = run_cli("status", home=chainrun_home)  # a pipe: the plain lines
+    word = re.search(r"`chainrun status` shows `(\w+)` chains", (REPO / "docs" / "troubleshooting.md").read_text())[1]
+    assert p.returncode == 0 and p.stdout.startswith(f"live-0001  {word}  "), (word, p.stdout)

@@ -132,3 +132,32 @@ def test_png_without_matplotlib_is_a_usage_error_and_html_still_works(store, cha
     assert not (tmp_path / "t.png").exists()
     p = run_cli("report", "train", "--html", str(tmp_path / "t.html"), home=chainrun_home, env=env)
     assert p.returncode == 0 and (tmp_path / "t.html").exists()
+
+
+def test_png_legend_clears_the_throughput_axis(store, tmp_path):
+    """The legend sat at the axes' right edge, over the steps/s axis's ticks and label (a real chain's report)."""
+    pytest.importorskip("matplotlib")
+    from chainrun.report.plot import render_png
+    from chainrun.report.timeline import Rate
+
+    tl = build_timeline(view(store), now=T0 + 10_000)
+    tl.rates += [Rate(b.idx, b.start, b.end, 2.0, None, 100) for b in tl.bars]
+    meta = render_png(tl, tmp_path / "t.png")
+    twin = meta["artists"]["throughput"][0].axes
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = twin.figure
+    renderer = FigureCanvasAgg(fig).get_renderer()  # closed after saving: measure it again as it was drawn
+    (legend,) = fig.legends
+    assert legend.get_window_extent(renderer).x0 >= twin.get_tightbbox(renderer).x1
+    assert legend.get_window_extent(renderer).x1 <= fig.bbox.x1  # and is still in the picture
+
+
+def test_png_to_a_file_named_otherwise_is_still_a_png(store, chainrun_home, tmp_path):
+    """`report --png x.txt` was an internal error (exit 70): matplotlib took the format from the name."""
+    pytest.importorskip("matplotlib")
+    store.close()
+    out = tmp_path / "timeline.txt"
+    p = run_cli("report", "train", "--png", str(out), home=chainrun_home)
+    assert p.returncode == 0, p.stderr
+    assert png_size(out)[0] > 0 and not list(tmp_path.glob(".*.tmp*"))
