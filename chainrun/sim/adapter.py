@@ -111,15 +111,19 @@ class _Cached:
     def __init__(self, model, cache: dict, key, answer=None) -> None:
         self.model, self.cache, self.key, self.answer = model, cache, key, answer
 
-    def predict(self, req, snapshot, history):
+    def _cached(self, compute):
+        """The state's cached answer, else ``compute()``'s, kept (None marks a state the model failed on)."""
         if self.key in self.cache:
-            p = self.cache[self.key]
-            if p is None:
+            got = self.cache[self.key]
+            if got is None:
                 raise ValueError("the model failed on this state before")
-        else:
-            p = self.answer([req])[0] if self.answer is not None else self.model.predict(req, snapshot, history)
-            self.cache[self.key] = p
-        return p
+            return got
+        got = self.cache[self.key] = compute()
+        return got
+
+    def predict(self, req, snapshot, history):
+        return self._cached(lambda: self.answer([req])[0] if self.answer is not None
+                            else self.model.predict(req, snapshot, history))
 
 
 class _CachedAssessed(_Cached):
@@ -132,15 +136,8 @@ class _CachedAssessed(_Cached):
         return self.model.meta
 
     def predict_with_features(self, req, snapshot, history):
-        if self.key in self.cache:
-            px = self.cache[self.key]
-            if px is None:
-                raise ValueError("the model failed on this state before")
-        else:
-            px = self.answer([req], features=True)[0] if self.answer is not None else \
-                self.model.predict_with_features(req, snapshot, history)
-            self.cache[self.key] = px
-        return px
+        return self._cached(lambda: self.answer([req], features=True)[0] if self.answer is not None
+                            else self.model.predict_with_features(req, snapshot, history))
 
     def predict(self, req, snapshot, history):
         return self.predict_with_features(req, snapshot, history)[0]
