@@ -167,6 +167,10 @@ class WaitEstimate:
     # the distribution's quantile function, when known: a policy that acts on another quantile (its
     # boundary cost in force) reads ``seconds`` there, so what is stored and scored is what it acted on
     quantile: Callable[[float], float] | None = field(default=None, compare=False, repr=False)
+    # the model's own median before it leaned on Slurm's plan of the queue ahead (chainrun/predict/doubt.py);
+    # None when it did not lean. What caps Slurm's plan for a pending job (site_plan.pending_wait_s):
+    # a median leaned on a plan cannot bound a plan
+    model_p50: float | None = None
 
 
 @dataclass(frozen=True)

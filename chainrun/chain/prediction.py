@@ -124,4 +124,5 @@ def _estimate(model, history, chain: "Chain", seg: "Segment", rows: "list[QueueR
     q = predict_quantile(chain.segment_s)
     name = f"{p.model}, leaning on Slurm's squeue --start" if a.leaned else p.model  # named in the decision
     return WaitEstimate(seconds=p.quantile(q), model=name, p10=p.p10, p50=p.p50, p90=p.p90, target=q,
+                        model_p50=a.model_only.p50 if a.leaned else None,
                         prob_within=p.prob_within, quantile=p.quantile)

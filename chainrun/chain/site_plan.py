@@ -152,6 +152,14 @@ def median_s(est: WaitEstimate) -> float:
     return est.p50 if est.p50 is not None else est.seconds
 
 
+def own_median_s(est: WaitEstimate) -> float:
+    """The median the site's model gives on its own, before leaning on Slurm's plan of the queue ahead
+    (chainrun/predict/doubt.py): what caps Slurm's plan for a pending job (``pending_wait_s``). The
+    lean lifts a median to the latest planned start of the jobs ahead, itself a plan with every running
+    job at its limit, so a leaned median caps nothing."""
+    return est.model_p50 if est.model_p50 is not None else median_s(est)
+
+
 def wait_sources(waits: dict[str, WaitEstimate | None]) -> dict[str, dict]:
     """What a site decision records per site (``status --json``: ``site_choice.waits``): the median wait
     the rule read and where it came from (a model's name, or ``slurm --test-only``)."""
@@ -376,10 +384,12 @@ def weigh_pending(current: site_choice.SiteOption, others: list[site_choice.Site
 def pending_wait_s(planned_start: float, now: float, fresh_s: float | None = None) -> float:
     """A pending job's wait: Slurm's plan for it (squeue's expected start, from now, never negative),
     no longer than ``fresh_s``, the median wait of the same request submitted there now (the site's
-    model, as every other site is read; not ``sbatch --test-only``, which ignores the jobs queued ahead). Slurm plans with every running job taking its whole time
+    model on its own, ``own_median_s``: not leaned on Slurm's plan, and not ``sbatch --test-only``,
+    which ignores the jobs queued ahead). Slurm plans with every running job taking its whole time
     limit, so its plan is an upper bound that real ends beat; read alone against the other sites'
     medians it made a successor pending behind long-limit jobs look days late and moved chains to a
-    cluster 40 % slower (the replay, --pace 0.6). A job already queued is no later than a new one."""
+    cluster 40 % slower (the replay, --pace 0.6), and so did a cap leaned on the same plan. A job
+    already queued is no later than a new one."""
     w = max(0.0, planned_start - now)
     return w if fresh_s is None else min(w, max(0.0, fresh_s))
 
@@ -426,8 +436,9 @@ def reconsider(t: TickContext, c: Chain, segs: list[Segment], now: float) -> boo
     own = next((s for s in sites if s.cluster == c.cluster), None)
     # the model's answer only: `sbatch --test-only` sees free nodes, not the jobs queued ahead (the plan does)
     fresh = None if own is None else wait_estimate(t, c, own, succ, now, bounded=False, model_only=True)
-    here = pending_wait_s(row.start, now, None if fresh is None else median_s(fresh))
-    said = SQUEUE_START if fresh is None or here < median_s(fresh) else f"{fresh.model}, within Slurm's plan"
+    cap = None if fresh is None else own_median_s(fresh)
+    here = pending_wait_s(row.start, now, cap)
+    said = SQUEUE_START if cap is None or here < cap else f"{fresh.model} (its own median), within Slurm's plan"
     ests = {c.cluster: WaitEstimate(seconds=here, model=said, p50=here)}
     others = []
     left_out: dict[str, str] = {}

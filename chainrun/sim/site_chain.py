@@ -206,7 +206,8 @@ class _SiteChain:
 
     def reconsider(self, seg: Seg, cur: Seg, h: float, left_after: float) -> SiteChoice | None:
         """site_plan.reconsider on ``seg``, pending on ``cur``'s site: Slurm's expected start for it (no
-        later than the site's median for the same request now) against the other sites' medians now. None when Slurm has no plan for it (nothing to weigh)."""
+        later than the site model's own median for the same request now) against the other sites' medians now.
+        None when Slurm has no plan for it (nothing to weigh)."""
         here = self.site_of[seg.jid]
         planned = self.sim(here).expected_start(seg.jid)
         if planned is None:
@@ -222,7 +223,7 @@ class _SiteChain:
                                          self.sites[name].pace))
         fresh = self.estimate(here, cur)  # the same request there now (site_plan.reconsider's bounded=False)
         current = SiteOption(here, {0.5: site_plan.pending_wait_s(planned, self.now, None if fresh is None else
-                                                                  site_plan.median_s(fresh))}, 0.0, w.restart_s,
+                                                                  site_plan.own_median_s(fresh))}, 0.0, w.restart_s,
                              self.sites[here].pace)
         # the work left once cur trains to its hand-over point (site_plan.work_after_running); once cur
         # has ended, left_after is what is left after it too

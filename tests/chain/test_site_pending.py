@@ -63,3 +63,22 @@ def test_a_pending_jobs_wait_is_slurms_plan_no_longer_than_the_sites_median_now(
     assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0, fresh_s=5 * H) == 2 * H  # Slurm knows better
     assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0) == 2 * H  # no model there: the plan
     assert site_plan.pending_wait_s(1000.0 + 2 * H, 1000.0, fresh_s=-5.0) == 0.0
+
+
+def test_a_pending_jobs_wait_is_capped_by_the_models_own_median_not_one_leaned_on_slurm():
+    # a model out of its depth leans its median on the latest planned start of the jobs ahead
+    # (chainrun/predict/doubt.py): a plan with every running job at its limit, like the pending job's
+    # own. As the cap it capped nothing, and the chain moved to a cluster 40 % slower (the --pace 0.6
+    # replay: 9.9 h against 5.4 h at heavy load); the model's own median (an hour) caps the plan
+    from chainrun.chain.policies import WaitEstimate
+
+    leaned = WaitEstimate(seconds=40 * H, model="m, leaning on Slurm's squeue --start", p50=30 * H, model_p50=H)
+    assert site_plan.own_median_s(leaned) == H and site_plan.median_s(leaned) == 30 * H
+    assert site_plan.own_median_s(WaitEstimate(seconds=3 * H, model="m", p50=2 * H)) == 2 * H  # not leaned
+    here = SiteOption("a", {0.5: site_plan.pending_wait_s(1000.0 + 30 * H, 1000.0, site_plan.own_median_s(leaned))})
+    other = SiteOption("b", {0.5: 10 * H}, transfer_s=900.0, pace=0.6)
+    c = site_plan.weigh_pending(here, [other], remaining_s=20 * H, margin_s=H, ready_in_s=0.0, segment_s=10 * H, boundary_s=600.0)
+    assert not c.move and c.site == "a"
+    capped_by_lean = SiteOption("a", {0.5: site_plan.pending_wait_s(1000.0 + 30 * H, 1000.0, site_plan.median_s(leaned))})
+    assert site_plan.weigh_pending(capped_by_lean, [other], remaining_s=20 * H, margin_s=H, ready_in_s=0.0, segment_s=10 * H,
+                                   boundary_s=600.0).move  # what the leaned median did

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from chainrun.chain import site_plan
+
 from chainrun.predict.doubt import SlurmView, Support, assess
 from chainrun.predict.distribution import Prediction
 from chainrun.predict.training import fit_predictor
@@ -91,5 +93,9 @@ def test_the_replays_estimate_leans_on_the_backfill_plan_where_the_watcher_would
     plain, leaned = out[True], out[False]
     assert "leaning on Slurm's squeue --start" in leaned.model and "leaning" not in plain.model
     assert leaned.p50 >= 30 * H > plain.p50 and leaned.seconds > plain.seconds
+    # the model's own median travels with the leaned answer: what caps Slurm's plan for a pending
+    # successor in placement (a median leaned on a plan caps nothing: site_plan.own_median_s)
+    assert leaned.model_p50 == plain.p50 and plain.model_p50 is None
+    assert site_plan.own_median_s(leaned) == plain.p50 and site_plan.own_median_s(plain) == plain.p50
     # the same distribution answers a tuning candidate's other level
     assert leaned.quantile(0.9) >= leaned.p50
