@@ -214,10 +214,16 @@ def _read_script(script: Path) -> str:
 
 def _print_submitted(res, json_out: bool) -> None:
     ch = res.chain
-    for w in res.warnings:  # e.g. #SBATCH lines chainrun overrides: on stderr, with or without --json
-        typer.echo(f"chainrun: warning: {w}", err=True)
+    # segment 0's sbatch failed without a refusal (chain/create.py): still exit 0, since the chain exists and the
+    # watcher settles segment 0 (adopts the job or submits it again); a non-zero exit would invite a second
+    # `submit`, a second chain, and two jobs for one training run. The warning goes on stderr; --json has
+    # first_job null and "unconfirmed"
+    unconfirmed = getattr(res, "unconfirmed", None)
+    for w in res.warnings + ((unconfirmed,) if unconfirmed else ()):  # e.g. #SBATCH lines chainrun overrides
+        typer.echo(f"chainrun: warning: {w}", err=True)  # on stderr, with or without --json
     if json_out:
-        typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
+        typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "unconfirmed": unconfirmed,
+                                       "segment_s": ch.segment_s,
                                        "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
                                        "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
                                        "shapes": ch.extra.get("shapes") or [],
@@ -242,9 +248,13 @@ def _print_submitted(res, json_out: bool) -> None:
     sites = getattr(res, "sites", ())  # a chain spanning clusters (chain/sites.py)
     race = ch.extra.get("race")
     if race:  # --race: segment 0 pends on every site (chain/site_race.py)
-        jobs = [f"job {r['job_id']} on {n}" for n, r in (race.get("racers") or {}).items() if r.get("job_id")]
+        jobs = [f"job {r['job_id']} on {n}" if r.get("job_id") else f"not confirmed on {n} (sbatch did not answer: "
+                "the watcher adopts the job if Slurm created it, else gives that racer up)"
+                for n, r in (race.get("racers") or {}).items() if r.get("job_id") or r.get("phase") == "SUBMITTING"]
         typer.echo(f"segment 0 raced: {', '.join(jobs)}; gated, each trains only once the watcher keeps it: the "
                    "first to start is kept, the others are cancelled")
+    elif unconfirmed:  # said on stderr above; stdout must not claim a job
+        typer.echo("segment 0 not confirmed: `chainrun watch` adopts its job or submits it again")
     else:
         typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if sites else ""))
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
