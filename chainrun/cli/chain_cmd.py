@@ -12,7 +12,7 @@ import typer
 
 from chainrun.cli.render import clock, console, envelope, role_line
 from chainrun.durations import DURATION_HELP, format_duration, parse_duration
-from chainrun.errors import UsageError
+from chainrun.errors import ChainrunError, UsageError
 
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: the configured default, else local).")]
 # status, watch and cancel read --cluster otherwise: a filter, or a check (the chain runs on its own cluster)
@@ -440,7 +440,7 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
         if json_out:
             typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,
-                                          "warnings": report.warnings, "acting": acting,
+                                          "warnings": report.warnings, "failed": report.failed, "acting": acting,
                                           "acting_holder": None if acting or holder is None else holder.label}))
             return
         for eid, ev in store.events(after_id=last_event):
@@ -452,8 +452,15 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
             say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
     try:
-        run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done, lease=lease,
-                  on_role=log_role)
+        report = run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done,
+                           lease=lease, on_role=log_role)
+        # cron sees only the exit code: a tick that worked on no cluster must not look like success (its
+        # warnings are printed above). Some clusters working is a success with warnings
+        if once and report.failed:
+            from chainrun.chain.multi import tick_failed
+
+            # MultiEngine's cause is one TickFailed naming every cluster; a bare Engine's, its Slurm error
+            raise report.cause if isinstance(report.cause, ChainrunError) else tick_failed([])
     finally:  # sends still going out get a last chance; what is left is logged (notify.py)
         for msg, target, ok in (notifier.close() if notifier is not None else []):
             if not json_out:
