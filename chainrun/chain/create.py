@@ -171,7 +171,8 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         from chainrun.chain import site_race
 
         first = site_race.start(store, chain, sites, site_clients, time_min_s=req.time_min_s)
-        return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))
+        return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites),
+                            unconfirmed=None if first.job_id else FIRST_UNCONFIRMED)  # no racer confirmed
     first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s,
                           site=chain.cluster if sites else None)
     return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites),

@@ -74,3 +74,42 @@ def test_segment_0_placed_on_a_second_cluster_is_adopted_there(tmp_path):
     assert first.cluster == "b" and store.chain(c.id).status == ACTIVE
     eng.tick()
     assert store.segments(c.id)[0].job_id == "100"
+
+
+def test_a_race_whose_every_sbatch_timed_out_keeps_the_chain_and_its_racers(tmp_path, capsys):
+    """--race: each racer's intent is recorded before its sbatch; no racer confirmed is not a refusal."""
+    from chainrun.chain import site_race
+    from chainrun.state.records import ChainSite
+
+    fakes = {n: FakeSlurm(now=time.time(), fail={"sbatch": [TIMEOUT]}, land_late=(n == "a")) for n in "ab"}
+    store = Store(tmp_path / "state.db")
+    c = Chain(id="race-0001", name="race", cluster="a", script="/s", workdir="/a", run_dir="/a/run",
+              checkpoint_dir="/a/ck", total_s=600, segment_s=1200, policy="reactive", lead_s=60, signal="USR2",
+              signal_lead_s=30, retries=1, sbatch_args=[], partition="short", created=time.time())
+    sites = [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", "/s", [], {"segment_s": 1200})
+             for i, n in enumerate("ab")]
+    store.add_chain(c, sites)
+    first = site_race.start(store, c, sites, lambda n: (SlurmClient(fakes[n]), fakes[n]))
+    assert first.job_id is None and store.chain(c.id).status == ACTIVE
+    racers = store.chain(c.id).extra["race"]["racers"]
+    assert {n: r["phase"] for n, r in racers.items()} == {"a": SUBMITTING, "b": SUBMITTING}
+    assert [j.name for j in fakes["a"].jobs.values()] == [f"cr.{c.id}.0"]  # made on a despite the timeout
+    from chainrun.cli.chain_cmd import _print_submitted
+
+    res = create.SubmitResult(store.chain(c.id), first, 1200, sites=tuple(sites), unconfirmed=create.FIRST_UNCONFIRMED)
+    _print_submitted(res, json_out=False)
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"chainrun: warning: {create.FIRST_UNCONFIRMED}"]
+    assert "segment 0 raced: not confirmed on a (sbatch did not answer" in out and "not confirmed on b" in out
+    assert "job None" not in out
+
+
+def test_submit_says_segment_0_is_not_confirmed_and_claims_no_job(tmp_path, capsys):
+    from chainrun.cli.chain_cmd import _print_submitted
+
+    fake, store, eng, c, first = world(tmp_path, TIMEOUT, lands=False)
+    _print_submitted(create.SubmitResult(c, first, 1200, unconfirmed=create.FIRST_UNCONFIRMED), json_out=False)
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"chainrun: warning: {create.FIRST_UNCONFIRMED}"]
+    assert "segment 0 not confirmed: `chainrun watch` adopts its job or submits it again" in out
+    assert "submitted as job" not in out
