@@ -89,6 +89,7 @@ def test_a_lost_reply_is_adopted_by_the_next_tick(slurm_cluster, chainrun_home, 
     from chainrun.state.records import ACTIVE, PENDING, RUNNING, SUBMITTING
 
     runner = LostReply(create=True)
+    store = None
     try:
         store, res = _submit(runner, tmp_path)
         c = res.chain
@@ -108,6 +109,8 @@ def test_a_lost_reply_is_adopted_by_the_next_tick(slurm_cluster, chainrun_home, 
         assert _jobs_named(f"cr.{c.id}.0") == [runner.created]  # adopted, not submitted twice
     finally:
         _cleanup(chainrun_home, runner.job_name.split(".")[1])
+        if store is not None:
+            store.close()
 
 
 def test_a_job_never_created_is_submitted_again(slurm_cluster, chainrun_home, tmp_path, monkeypatch):
@@ -115,6 +118,7 @@ def test_a_job_never_created_is_submitted_again(slurm_cluster, chainrun_home, tm
     from chainrun.state.records import ACTIVE, CANCELLED_OUT, ENDED, PENDING, RUNNING
 
     runner = LostReply(create=False)
+    store = None
     try:
         store, res = _submit(runner, tmp_path)
         c = res.chain
@@ -142,6 +146,8 @@ def test_a_job_never_created_is_submitted_again(slurm_cluster, chainrun_home, tm
         assert store.chain(c.id).status == ACTIVE
     finally:
         _cleanup(chainrun_home, runner.job_name.split(".")[1])
+        if store is not None:
+            store.close()
 
 
 def test_submit_cli_exits_0_with_one_warning_and_watch_adopts(slurm_cluster, chainrun_home, tmp_path):
