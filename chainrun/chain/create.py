@@ -19,7 +19,7 @@ from chainrun.clusters import run_mode, site_options
 from chainrun.durations import format_duration, to_slurm_time
 from chainrun.errors import SlurmError, UsageError
 from chainrun.runner.base import Runner
-from chainrun.slurm.client import SlurmClient
+from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import PartitionInfo
 from chainrun.state.records import FAILED, Chain, ChainSite, Segment
 from chainrun.state.store import Store
@@ -64,6 +64,7 @@ class SubmitResult:
     warnings: tuple[str, ...] = ()  # e.g. #SBATCH lines chainrun overrides; the CLI prints them on stderr
     policy_note: str | None = None  # how the default policy was chosen, when it was (default_policy)
     sites: tuple[ChainSite, ...] = ()  # a chain spanning clusters: every site, the first where it starts
+    unconfirmed: str | None = None  # segment 0's sbatch failed without a refusal: what happens now (the CLI warns)
 
 
 def parse_signal(text: str) -> tuple[str, int]:
@@ -170,10 +171,12 @@ def create_chain(store: Store, slurm: SlurmClient, runner: Runner, req: SubmitRe
         from chainrun.chain import site_race
 
         first = site_race.start(store, chain, sites, site_clients, time_min_s=req.time_min_s)
-        return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))
+        return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites),
+                            unconfirmed=None if first.job_id else FIRST_UNCONFIRMED)  # no racer confirmed
     first = _submit_first(store, slurm, runner, chain, time_min_s=req.time_min_s,
                           site=chain.cluster if sites else None)
-    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites))
+    return SubmitResult(chain, first, max_s, tuple(warnings), policy_note, tuple(sites),
+                        unconfirmed=None if first.job_id else FIRST_UNCONFIRMED)
 
 
 def _partition(slurm: SlurmClient, user_args: list[str], script_opts: list[str]) -> PartitionInfo:
@@ -228,7 +231,8 @@ def _segment_length(req: SubmitRequest, info: PartitionInfo, signal_lead: int) -
 def _submit_first(store: Store, slurm: SlurmClient, runner: Runner, chain: Chain, *,
                   time_min_s: int | None, site: str | None = None) -> Segment:
     """Segment 0: its shape (--shapes), --time-min, a maintenance cut, then sbatch. A refusal fails
-    the chain (recorded) and raises."""
+    the chain (recorded) and raises; any other sbatch failure leaves segment 0 SUBMITTING (the
+    returned segment has no job id) for the watcher to settle."""
     first = Segment(chain_id=chain.id, idx=0, time_limit_s=chain.segment_s, cluster=site)
     shape_event = ""
     if chain.extra.get("shapes"):  # the reference shape, or a filler while it queues (docs/elastic.md);
@@ -243,13 +247,24 @@ def _submit_first(store: Store, slurm: SlurmClient, runner: Runner, chain: Chain
     try:
         submit_segment(store, slurm, chain, first, note="first segment" + (
             f"; {first.extra['plan_note']}" if first.extra.get("plan_note") else ""))
-    except SlurmError as e:
+    except SlurmRefused as e:  # Slurm answered no: nothing was created, the same request would fail again
         chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
+    except SlurmError as e:
+        # a timeout or an error we do not know may still have created the job (segments.py): failing the
+        # chain would leave such a job running unwatched, with no successor. The chain stays active with
+        # segment 0 SUBMITTING; the watcher adopts the job by name, or plans segment 0 again once sacct
+        # says there is none (engine.py, ADOPT_AFTER_S)
+        store.save(chain, events=[(0, "warning", f"{FIRST_UNCONFIRMED} ({e})")])
     if shape_event:
         store.add_event(chain.id, 0, "shape", shape_event)
     return first
+
+
+# segment 0's sbatch failed without a refusal (_submit_first): an event, and the line `submit` prints
+FIRST_UNCONFIRMED = ("sbatch did not answer for segment 0: the watcher will adopt the job if Slurm created it, "
+                     "else submit it again")
 
 
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")  # plus $TMPDIR: a folder only the node that writes it sees

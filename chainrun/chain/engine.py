@@ -46,11 +46,11 @@ class Engine(TickContext):
                     self._tick(chains, report)
                 retry_cancels(self.store, self.slurm, stuck)
             except TransientSlurmError as e:
-                report.failed = True
+                report.failed, report.cause = True, e
                 report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
                 log.warning("tick skipped: %s", e)
             except SlurmError as e:  # unreadable output or an error we do not know: Slurm's state, not the chains'
-                report.failed = True
+                report.failed, report.cause = True, e
                 report.warnings.append(f"Slurm query failed ({e}); nothing changed, trying again next tick")
                 log.info("tick skipped: %s", e, exc_info=True)  # the traceback: log file always, screen with -v
         report.slurm_calls = {k: v - before.get(k, 0) for k, v in self.slurm.calls.items() if v - before.get(k, 0)}

@@ -37,6 +37,35 @@ def needs_human(e: Exception) -> bool:
     return isinstance(e, (LoginRequired, HostKeyError))
 
 
+class TickFailed(ChainrunError):
+    """No cluster's tick worked (`watch --once` exits with this): the exit code of the first cluster's
+    failure (by name): 5 Slurm did not answer, 8 a remote cluster unreachable, 4 Slurm failed in a way
+    chainrun does not recognise, 3 a cluster gone from the config (docs/exit-codes.md)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def tick_failed(causes: list[tuple[str, Exception | None]]) -> TickFailed:
+    """One line for a tick where every cluster failed: each cluster and why."""
+    from chainrun.errors import TransientSlurmError
+    from chainrun.runner.base import RemoteUnreachable
+
+    def why(e: Exception | None) -> str:  # short where the tick's warning, printed just before, has the words
+        if isinstance(e, TransientSlurmError):
+            return "Slurm did not answer"
+        if isinstance(e, RemoteUnreachable):
+            return "cannot be reached"
+        return str(e) if e is not None else "the tick failed"
+
+    first = causes[0][1] if causes else None
+    code = first.exit_code if isinstance(first, ChainrunError) else TransientSlurmError.exit_code
+    each = "; ".join(f"{name}: {why(e)}" for name, e in causes)
+    where = {0: "", 1: f" on the only cluster with chains ({each})"}.get(len(causes), f" on every cluster ({each})")
+    return TickFailed(f"the tick failed{where}; nothing changed, the next tick tries again", code)
+
+
 class ClusterStore:
     """The store as one cluster's Engine sees it: only that cluster's chains."""
 
@@ -85,6 +114,7 @@ class MultiEngine:
         self.sites.new_tick()
         names = sorted({c.cluster for c in self.store.chains() if needs_tick(c)})
         failed = 0
+        causes: list[tuple[str, Exception | None]] = []  # (cluster, why its tick failed)
         for name in names:
             label = "" if name == LOCAL else f"{name}: "
             try:
@@ -96,9 +126,12 @@ class MultiEngine:
                 total.warnings.append(f"{label}{e}")
                 total.chains += len([c for c in self.store.chains(active_only=True) if c.cluster == name])
                 failed += 1
+                causes.append((name, e))
                 untended.record(self.base_store, name, ok=False, error=str(e), needs_human=needs_human(e))
                 continue
-            failed += bool(getattr(report, "failed", False))
+            if getattr(report, "failed", False):
+                failed += 1
+                causes.append((name, getattr(report, "cause", None)))
             untended.record(self.base_store, name, ok=not getattr(report, "failed", False),
                             error="; ".join(report.warnings))
             total.chains += report.chains
@@ -116,6 +149,7 @@ class MultiEngine:
         # the loop backs off only when nothing worked; one unreachable cluster must not slow the others
         if names and failed == len(names) and hasattr(total, "failed"):
             total.failed = True
+            total.cause = tick_failed(causes)
         return total
 
     def close(self) -> None:

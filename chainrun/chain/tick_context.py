@@ -39,6 +39,7 @@ class TickReport:
     slurm_calls: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     failed: bool = False  # Slurm could not be queried (or answered with nonsense): nothing changed
+    cause: Exception | None = None  # why it failed (a ChainrunError): `watch --once` exits with its code
 
 
 class TickContext:

@@ -12,7 +12,7 @@ import typer
 
 from chainrun.cli.render import clock, console, envelope, role_line
 from chainrun.durations import DURATION_HELP, format_duration, parse_duration
-from chainrun.errors import UsageError
+from chainrun.errors import ChainrunError, UsageError
 
 ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", "-c", help="Cluster name (default: the configured default, else local).")]
 # status, watch and cancel read --cluster otherwise: a filter, or a check (the chain runs on its own cluster)
@@ -214,10 +214,16 @@ def _read_script(script: Path) -> str:
 
 def _print_submitted(res, json_out: bool) -> None:
     ch = res.chain
-    for w in res.warnings:  # e.g. #SBATCH lines chainrun overrides: on stderr, with or without --json
-        typer.echo(f"chainrun: warning: {w}", err=True)
+    # segment 0's sbatch failed without a refusal (chain/create.py): still exit 0, since the chain exists and the
+    # watcher settles segment 0 (adopts the job or submits it again); a non-zero exit would invite a second
+    # `submit`, a second chain, and two jobs for one training run. The warning goes on stderr; --json has
+    # first_job null and "unconfirmed"
+    unconfirmed = getattr(res, "unconfirmed", None)
+    for w in res.warnings + ((unconfirmed,) if unconfirmed else ()):  # e.g. #SBATCH lines chainrun overrides
+        typer.echo(f"chainrun: warning: {w}", err=True)  # on stderr, with or without --json
     if json_out:
-        typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "segment_s": ch.segment_s,
+        typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "unconfirmed": unconfirmed,
+                                       "segment_s": ch.segment_s,
                                        "total_s": ch.total_s, "policy": ch.policy, "run_dir": ch.run_dir,
                                        "checkpoint_dir": ch.checkpoint_dir, "cluster": ch.cluster,
                                        "shapes": ch.extra.get("shapes") or [],
@@ -242,9 +248,13 @@ def _print_submitted(res, json_out: bool) -> None:
     sites = getattr(res, "sites", ())  # a chain spanning clusters (chain/sites.py)
     race = ch.extra.get("race")
     if race:  # --race: segment 0 pends on every site (chain/site_race.py)
-        jobs = [f"job {r['job_id']} on {n}" for n, r in (race.get("racers") or {}).items() if r.get("job_id")]
+        jobs = [f"job {r['job_id']} on {n}" if r.get("job_id") else f"not confirmed on {n} (sbatch did not answer: "
+                "the watcher adopts the job if Slurm created it, else gives that racer up)"
+                for n, r in (race.get("racers") or {}).items() if r.get("job_id") or r.get("phase") == "SUBMITTING"]
         typer.echo(f"segment 0 raced: {', '.join(jobs)}; gated, each trains only once the watcher keeps it: the "
                    "first to start is kept, the others are cancelled")
+    elif unconfirmed:  # said on stderr above; stdout must not claim a job
+        typer.echo("segment 0 not confirmed: `chainrun watch` adopts its job or submits it again")
     else:
         typer.echo(f"segment 0 submitted as job {res.first.job_id}" + (f" on {ch.cluster}" if sites else ""))
     typer.echo(f"checkpoints: {ch.checkpoint_dir}")
@@ -430,7 +440,7 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
         if json_out:
             typer.echo(envelope("watch", {"chains": report.chains, "submitted": report.submitted,
                                           "ended": report.ended, "slurm_calls": report.slurm_calls,
-                                          "warnings": report.warnings, "acting": acting,
+                                          "warnings": report.warnings, "failed": report.failed, "acting": acting,
                                           "acting_holder": None if acting or holder is None else holder.label}))
             return
         for eid, ev in store.events(after_id=last_event):
@@ -442,8 +452,15 @@ def _plain_watch(store, engine, *, interval: float, once: bool, until_done: bool
             say(f"{clock(time.time())} {msg.chain_id} notified {target}: {msg.kind}" + ("" if ok else " (failed)"))
 
     try:
-        run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done, lease=lease,
-                  on_role=log_role)
+        report = run_watch(engine, interval=interval, once=once, on_tick=log_tick, stop_when_idle=until_done,
+                           lease=lease, on_role=log_role)
+        # cron sees only the exit code: a tick that worked on no cluster must not look like success (its
+        # warnings are printed above). Some clusters working is a success with warnings
+        if once and report.failed:
+            from chainrun.chain.multi import tick_failed
+
+            # MultiEngine's cause is one TickFailed naming every cluster; a bare Engine's, its Slurm error
+            raise report.cause if isinstance(report.cause, ChainrunError) else tick_failed([])
     finally:  # sends still going out get a last chance; what is left is logged (notify.py)
         for msg, target, ok in (notifier.close() if notifier is not None else []):
             if not json_out:

@@ -119,7 +119,9 @@ def test_login_once_then_ticks_never_prompt_and_a_closed_master_fails_in_one_lin
         assert closed.returncode == 0 and "closed" in closed.stdout
         for _ in range(2):  # the first tick meets the site, the next one only the missing local socket
             shown, rc, prompts = in_pty(["watch", "--once", "--plain"], home)
-            assert rc == 0 and prompts == 0, shown
+            # the only cluster with chains could not be ticked: cron must see it (exit 8, docs/exit-codes.md)
+            assert rc == 8 and prompts == 0, shown
+            assert "error: the tick failed on the only cluster with chains (mfa: " in shown, shown
             # the tick's one warning for that cluster (the log handler keeps its copy for the log file)
             lines = [ln for ln in shown.splitlines() if " warning: mfa: " in ln]
             assert len(lines) == 1 and "log in again: `chainrun cluster login mfa`" in lines[0], shown

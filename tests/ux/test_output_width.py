@@ -215,7 +215,14 @@ def test_watch_plain_once_warnings(tmp_path, mode):
     home = tmp_path / "home"
     _populate(home, {"bert-large-pretrain-9c1d": CHAINS["bert-large-pretrain-9c1d"],
                      "another-active-chain-with-a-long-name-77aa": ("hpc2-removed-from-config-long-name", "ACTIVE", 3)})
-    out, width = run(home, mode, "watch", "--once", "--plain")
+    cols = mode.partition("-")[2]
+    width = int(cols) if cols != "default" else 80
+    p = piped(home, None if cols == "default" else width, "watch", "--once", "--plain")
+    # no cluster's tick worked: cron must see it; the first cluster's failure (not in the config) gives the code
+    assert p.returncode == 3, p.stderr
+    out = p.stdout + p.stderr
+    [err] = [ln for ln in out.splitlines() if ln.startswith("chainrun: error: ")]  # one line, never wrapped
+    assert err.startswith("chainrun: error: the tick failed on every cluster (gpu-cluster-west-datacenter-01: "), err
     # "chainrun: WARNING: ..." lines are the log handler's (logsetup.py), not the watch output
     assert_fits("\n".join(ln for ln in out.splitlines() if not ln.startswith("chainrun: ")), width)
     assert_whole(out, ["gpu-cluster-west-datacenter-01", "hpc2-removed-from-config-long-name"])
