@@ -17,7 +17,7 @@ from chainrun.chain.request import merge_site_options
 from chainrun.chain.segments import submit_segment, wrapper_path
 from chainrun.clusters import run_mode, site_options
 from chainrun.durations import format_duration, to_slurm_time
-from chainrun.errors import SlurmError, UsageError
+from chainrun.errors import RemoteError, SlurmError, UsageError
 from chainrun.runner.base import Runner
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.slurm.parsers import PartitionInfo
@@ -251,11 +251,12 @@ def _submit_first(store: Store, slurm: SlurmClient, runner: Runner, chain: Chain
         chain.status, chain.reason, chain.finished = FAILED, f"first segment refused: {e}", time.time()
         store.save(chain, [], [(0, "failed", chain.reason)])
         raise
-    except SlurmError as e:
-        # a timeout or an error we do not know may still have created the job (segments.py): failing the
-        # chain would leave such a job running unwatched, with no successor. The chain stays active with
-        # segment 0 SUBMITTING; the watcher adopts the job by name, or plans segment 0 again once sacct
-        # says there is none (engine.py, ADOPT_AFTER_S)
+    except (SlurmError, RemoteError) as e:
+        # a timeout, an error we do not know, or a connection to a remote cluster lost while sbatch ran may
+        # still have created the job (segments.py): failing the chain (or exiting non-zero, which invites a
+        # second `submit`) would leave such a job running unwatched, with no successor. The chain stays
+        # active with segment 0 SUBMITTING; the watcher adopts the job by name, or plans segment 0 again
+        # once sacct says there is none (engine.py, ADOPT_AFTER_S)
         store.save(chain, events=[(0, "warning", f"{FIRST_UNCONFIRMED} ({e})")])
     if shape_event:
         store.add_event(chain.id, 0, "shape", shape_event)

@@ -35,7 +35,7 @@ from chainrun.chain import span
 from chainrun.chain.maintenance import fit_maintenance, read_reservations
 from chainrun.chain.request import describe
 from chainrun.chain.segments import sbatch_args, wrapper_path
-from chainrun.errors import SlurmError
+from chainrun.errors import RemoteError, SlurmError
 from chainrun.slurm.client import SlurmClient, SlurmRefused
 from chainrun.state.records import (CANCELLED_OUT, ENDED, FAILED, LIVE_PHASES, PENDING, RUNNING, SUBMITTING, Chain,
                                     ChainSite, Segment)
@@ -186,7 +186,11 @@ def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of:
         slurm = slurm_of(site.cluster)
         view = span.site_view(chain, site)
         seg = seg_for(view, site)
-        fit_maintenance(view, seg, read_reservations(slurm), time.time())
+        try:
+            reservations = read_reservations(slurm)
+        except RemoteError:  # the sbatch below says what became of this racer; the others race on
+            reservations = []
+        fit_maintenance(view, seg, reservations, time.time())
         args = sbatch_args(view, seg)
         racer = race["racers"][site.cluster] = {"phase": SUBMITTING, "intent_at": time.time(),
                                                 "time_limit_s": seg.time_limit_s, "request": describe(args)}
@@ -198,7 +202,9 @@ def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of:
             refusals.append(f"{site.cluster}: {e}")
             store.save(chain, events=[(i, "race", f"segment {i} not raced on {site.cluster}: sbatch refused ({e})")])
             continue
-        except SlurmError as e:  # may have made the job: the watcher adopts it by name, or gives it up
+        except (SlurmError, RemoteError) as e:  # may have made the job (a timeout, a connection lost while
+            # sbatch ran): the watcher adopts it by name, or gives it up; raising here would leave the racers
+            # already submitted unreported and invite a second `submit`
             store.save(chain, events=[(i, "warning", f"sbatch for segment {i} on {site.cluster} did not answer "
                                                      f"({e}); the watcher looks for the job")])
             continue

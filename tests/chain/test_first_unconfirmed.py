@@ -113,3 +113,80 @@ def test_submit_says_segment_0_is_not_confirmed_and_claims_no_job(tmp_path, caps
     assert err.splitlines() == [f"chainrun: warning: {create.FIRST_UNCONFIRMED}"]
     assert "segment 0 not confirmed: `chainrun watch` adopts its job or submits it again" in out
     assert "submitted as job" not in out
+
+
+class DropsOnSbatch:
+    """A remote cluster's runner whose connection drops while sbatch runs: ``lands`` says whether the
+    sbatch ran on the cluster before the drop (the job exists) or not."""
+
+    def __init__(self, fake: FakeSlurm, lands: bool) -> None:
+        self.fake, self.lands = fake, lands
+
+    def run(self, argv, timeout=60.0, **kw):
+        from chainrun.runner.base import RemoteUnreachable
+
+        if str(argv[0]).endswith("sbatch"):
+            if self.lands:
+                self.fake.run(argv, timeout, **kw)
+            raise RemoteUnreachable("hpc: connection lost (Connection reset by peer)")
+        return self.fake.run(argv, timeout, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+
+@pytest.mark.parametrize("lands", [True, False], ids=["job-made", "no-job"])
+def test_a_connection_lost_while_sbatch_ran_keeps_the_chain_for_the_watcher(tmp_path, lands):
+    """The same class as a timeout: a remote cluster's connection lost during segment 0's sbatch may have
+    made the job. Raising (exit 8) left the chain active but told the user it failed, inviting a second
+    `submit`, so two jobs for one run; now it is unconfirmed, and the watcher settles it once it reaches
+    the cluster again."""
+    fake = FakeSlurm(now=time.time())
+    store = Store(tmp_path / "state.db")
+    c = Chain(id="drop-0001", name="drop", cluster="hpc", script="/s", workdir="/w", run_dir="/r",
+              checkpoint_dir="/c", total_s=600, segment_s=1200, policy="reactive", lead_s=60, signal="USR2",
+              signal_lead_s=30, retries=1, sbatch_args=[], partition="short", created=time.time())
+    store.add_chain(c)
+    first = create._submit_first(store, SlurmClient(DropsOnSbatch(fake, lands)), fake, c, time_min_s=None)
+    assert first.phase == SUBMITTING and first.job_id is None and store.chain(c.id).status == ACTIVE
+    assert any(ev.message.startswith(create.FIRST_UNCONFIRMED) and "connection lost" in ev.message
+               for _, ev in store.events(c.id))
+    eng = Engine(store, SlurmClient(fake), fake, clock=lambda: fake.now, user="root")  # reachable again
+    if not lands:
+        fake.now += ADOPT_AFTER_S + 1
+    eng.tick()
+    names = [j.name for j in fake.jobs.values()]
+    if lands:
+        assert store.segments(c.id)[0].job_id == "100" and names == [f"cr.{c.id}.0"]  # adopted, not twice
+    else:
+        s0, s1 = store.segments(c.id)
+        assert s0.outcome == CANCELLED_OUT and s1.phase == PENDING and names == [f"cr.{c.id}.1"]
+
+
+def test_a_race_whose_second_cluster_drops_keeps_the_first_racer(tmp_path):
+    """--race on a,b: a's racer submitted, then b's connection drops (reservations, then sbatch). Raising
+    left a's job racing while `submit` said it failed; now b's racer waits to be settled and a races on."""
+    from chainrun.chain import site_race
+    from chainrun.state.records import ChainSite
+
+    fakes = {n: FakeSlurm(now=time.time()) for n in "ab"}
+
+    class Down(DropsOnSbatch):
+        def run(self, argv, timeout=60.0, **kw):
+            from chainrun.runner.base import RemoteUnreachable
+
+            raise RemoteUnreachable("b: connection lost")
+
+    runners = {"a": fakes["a"], "b": Down(fakes["b"], False)}
+    store = Store(tmp_path / "state.db")
+    c = Chain(id="race-0002", name="race", cluster="a", script="/s", workdir="/a", run_dir="/a/run",
+              checkpoint_dir="/a/ck", total_s=600, segment_s=1200, policy="reactive", lead_s=60, signal="USR2",
+              signal_lead_s=30, retries=1, sbatch_args=[], partition="short", created=time.time())
+    sites = [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", "/s", [], {"segment_s": 1200})
+             for i, n in enumerate("ab")]
+    store.add_chain(c, sites)
+    first = site_race.start(store, c, sites, lambda n: (SlurmClient(runners[n]), runners[n]))
+    assert first.job_id == "100" and first.cluster == "a" and store.chain(c.id).status == ACTIVE
+    racers = store.chain(c.id).extra["race"]["racers"]
+    assert racers["a"]["phase"] == PENDING and racers["b"]["phase"] == SUBMITTING
+    assert not fakes["b"].jobs
