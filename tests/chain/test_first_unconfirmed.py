@@ -76,20 +76,27 @@ def test_segment_0_placed_on_a_second_cluster_is_adopted_there(tmp_path):
     assert store.segments(c.id)[0].job_id == "100"
 
 
-def test_a_race_whose_every_sbatch_timed_out_keeps_the_chain_and_its_racers(tmp_path, capsys):
-    """--race: each racer's intent is recorded before its sbatch; no racer confirmed is not a refusal."""
+def race(tmp_path, chain_id: str, runners: dict):
+    """--race on clusters a,b, each reached through ``runners[name]``: (store, chain, segment 0, sites)."""
     from chainrun.chain import site_race
     from chainrun.state.records import ChainSite
 
-    fakes = {n: FakeSlurm(now=time.time(), fail={"sbatch": [TIMEOUT]}, land_late=(n == "a")) for n in "ab"}
     store = Store(tmp_path / "state.db")
-    c = Chain(id="race-0001", name="race", cluster="a", script="/s", workdir="/a", run_dir="/a/run",
+    c = Chain(id=chain_id, name="race", cluster="a", script="/s", workdir="/a", run_dir="/a/run",
               checkpoint_dir="/a/ck", total_s=600, segment_s=1200, policy="reactive", lead_s=60, signal="USR2",
               signal_lead_s=30, retries=1, sbatch_args=[], partition="short", created=time.time())
     sites = [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", "/s", [], {"segment_s": 1200})
              for i, n in enumerate("ab")]
     store.add_chain(c, sites)
-    first = site_race.start(store, c, sites, lambda n: (SlurmClient(fakes[n]), fakes[n]))
+    first = site_race.start(store, c, sites, lambda n: (SlurmClient(runners[n]), runners[n]))
+    return store, c, first, sites
+
+
+def test_a_race_whose_every_sbatch_timed_out_keeps_the_chain_and_its_racers(tmp_path, capsys):
+    """--race: each racer's intent is recorded before its sbatch; no racer confirmed is not a refusal."""
+
+    fakes = {n: FakeSlurm(now=time.time(), fail={"sbatch": [TIMEOUT]}, land_late=(n == "a")) for n in "ab"}
+    store, c, first, sites = race(tmp_path, "race-0001", fakes)
     assert first.job_id is None and store.chain(c.id).status == ACTIVE
     racers = store.chain(c.id).extra["race"]["racers"]
     assert {n: r["phase"] for n, r in racers.items()} == {"a": SUBMITTING, "b": SUBMITTING}
@@ -166,8 +173,6 @@ def test_a_connection_lost_while_sbatch_ran_keeps_the_chain_for_the_watcher(tmp_
 def test_a_race_whose_second_cluster_drops_keeps_the_first_racer(tmp_path):
     """--race on a,b: a's racer submitted, then b's connection drops (reservations, then sbatch). Raising
     left a's job racing while `submit` said it failed; now b's racer waits to be settled and a races on."""
-    from chainrun.chain import site_race
-    from chainrun.state.records import ChainSite
 
     fakes = {n: FakeSlurm(now=time.time()) for n in "ab"}
 
@@ -177,15 +182,7 @@ def test_a_race_whose_second_cluster_drops_keeps_the_first_racer(tmp_path):
 
             raise RemoteUnreachable("b: connection lost")
 
-    runners = {"a": fakes["a"], "b": Down(fakes["b"], False)}
-    store = Store(tmp_path / "state.db")
-    c = Chain(id="race-0002", name="race", cluster="a", script="/s", workdir="/a", run_dir="/a/run",
-              checkpoint_dir="/a/ck", total_s=600, segment_s=1200, policy="reactive", lead_s=60, signal="USR2",
-              signal_lead_s=30, retries=1, sbatch_args=[], partition="short", created=time.time())
-    sites = [ChainSite(c.id, n, i, f"/{n}", f"/{n}/run", f"/{n}/ck", "/s", [], {"segment_s": 1200})
-             for i, n in enumerate("ab")]
-    store.add_chain(c, sites)
-    first = site_race.start(store, c, sites, lambda n: (SlurmClient(runners[n]), runners[n]))
+    store, c, first, _ = race(tmp_path, "race-0002", {"a": fakes["a"], "b": Down(fakes["b"], False)})
     assert first.job_id == "100" and first.cluster == "a" and store.chain(c.id).status == ACTIVE
     racers = store.chain(c.id).extra["race"]["racers"]
     assert racers["a"]["phase"] == PENDING and racers["b"]["phase"] == SUBMITTING
