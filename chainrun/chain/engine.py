@@ -48,7 +48,7 @@ class Engine(TickContext):
             except TransientSlurmError as e:
                 report.failed, report.cause = True, e
                 report.warnings.append(f"Slurm did not answer ({e}); trying again next tick")
-                log.warning("tick skipped: %s", e)
+                log.info("tick skipped: %s", e)  # the file; the screen gets it once, as the tick's warning
             except SlurmError as e:  # unreadable output or an error we do not know: Slurm's state, not the chains'
                 report.failed, report.cause = True, e
                 report.warnings.append(f"Slurm query failed ({e}); nothing changed, trying again next tick")

@@ -87,6 +87,8 @@ def test_slurm_not_answering_exits_5_with_one_line(slurm_cluster, chainrun_home,
         assert w.returncode == 5, (w.stdout, w.stderr)
         assert re.search(r"warning: Slurm did not answer \(squeue failed: .*Unable to contact slurm controller",
                          w.stderr), w.stderr  # the tick's own warning, as before
+        # ...said once: the log handler's copy (`chainrun: WARNING: tick skipped: ...`) goes to the log file only
+        assert "tick skipped" not in w.stderr and w.stderr.count("Unable to contact slurm controller") == 1, w.stderr
         assert _error_lines(w.stderr) == ["chainrun: error: the tick failed on the only cluster with chains (local: "
                                           "Slurm did not answer); nothing changed, the next tick tries again"]
         j = run_cli("watch", "--once", "--json", home=chainrun_home, env=dead_controller, timeout=180)
