@@ -219,7 +219,7 @@ def _print_submitted(res, json_out: bool) -> None:
     # `submit`, a second chain, and two jobs for one training run. The warning goes on stderr; --json has
     # first_job null and "unconfirmed"
     unconfirmed = getattr(res, "unconfirmed", None)
-    for w in res.warnings + ((unconfirmed,) if unconfirmed else ()):  # e.g. #SBATCH lines chainrun overrides
+    for w in [*res.warnings, *([unconfirmed] if unconfirmed else [])]:  # e.g. #SBATCH lines chainrun overrides
         typer.echo(f"chainrun: warning: {w}", err=True)  # on stderr, with or without --json
     if json_out:
         typer.echo(envelope("submit", {"chain": ch.id, "first_job": res.first.job_id, "unconfirmed": unconfirmed,
