@@ -173,6 +173,27 @@ def choose_site(current: str | None, options: list[SiteOption] | tuple[SiteOptio
         f"not more than the margin {_h(margin_s)}"), ests, margin_s)
 
 
+def race_sites(choice: SiteChoice | None, names: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Which of ``names`` (in order of preference) a raced segment is submitted on, and why each other is not.
+
+    A racer elsewhere pays off only by starting sooner than the rule's site would; on a cluster where
+    the chain, even started this instant, is done later than on the rule's site after its median wait
+    (a slower pace, a transfer), it cannot win that way, and a race keeps whichever racer starts first.
+    So the race takes the rule's site, every site not weighed (its wait unknown: the race finds it out),
+    and every other site done no later when started now than the rule's site after its median wait.
+    Equal paces and no transfer (segment 0 on clusters alike): every site races. No choice: every site."""
+    pick = next((e for e in choice.estimates if e.name == choice.site), None) if choice is not None else None
+    if pick is None:
+        return list(names), {}
+    skipped = {}
+    for e in choice.estimates:
+        now_s = e.finish_s - e.wait_s  # done this long from now, started at once
+        if e.name != pick.name and now_s > pick.finish_s:
+            skipped[e.name] = (f"not raced on {e.name}: done in ~{_h(now_s)} even starting now, against "
+                               f"~{_h(pick.finish_s)} on {pick.name} ({_parts(pick)})")
+    return [n for n in names if n not in skipped], skipped
+
+
 def described(e: SiteEstimate) -> str:
     """``done in ~45.0 h (start ~0 min, ...)``: one site's numbers as every decision says them."""
     return f"done in ~{_h(e.finish_s)} ({_parts(e)})"

@@ -35,7 +35,8 @@ and watcher, chainrun/sim/two_sites.py), all on one clock:
   a successor then placed on another site is a move, charged as any.
 - **Race** (``MoveRules.race``, the row ``predicted_multi_race``): whenever nothing of the chain is
   live (its first segment, a successor submitted after its predecessor ended) the segment is submitted
-  on every site; the first to start is kept and the others are cancelled when the driver notices
+  on every site where it could win (``site_choice.race_sites``: not where the chain, even started at
+  once, is done later than on the rule's site after its median wait); the first to start is kept and the others are cancelled when the driver notices
   (``reactive_latency_s`` later): one that started meanwhile held its nodes until then, counted as
   GPU-hours held twice. Successors asked for while a segment runs are placed by the rule as above.
 """
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from chainrun.chain import site_plan, sizing
 from chainrun.chain.pace import total_tolerance, trained_so_far
 from chainrun.chain.policies import default_lead_s
-from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site
+from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site, race_sites
 from chainrun.sim import boundary
 from chainrun.sim.chains import ChainRun, ChainWork, PolicySpec, Seg, _next_ask, first_ask
 
@@ -273,8 +274,9 @@ class _SiteChain:
 
     def place(self, left_s: float, prev: Seg | None) -> list[Seg]:
         """A segment planned while nothing is live: on the rule's site, or raced on every site."""
-        if self.rules.race and len(self.order) > 1:
-            return [self.submit(left_s, site, prev=prev) for site in self.order]
+        if self.rules.race and len(self.order) > 1:  # not where it cannot win (site_choice.race_sites)
+            raced, _ = race_sites(self.where(prev, left_s, 0.0), self.order)
+            return [self.submit(left_s, site, prev=prev) for site in raced]
         return [self.submit(left_s, self.where(prev, left_s, 0.0).site, prev=prev)]
 
     def first_to_start(self, cands: list[Seg], horizon: float) -> tuple[Seg | None, float]:

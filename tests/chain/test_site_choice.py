@@ -3,7 +3,7 @@ driver share."""
 
 import pytest
 
-from chainrun.chain.site_choice import SiteOption, choose_site, quantile_fn, start_estimate
+from chainrun.chain.site_choice import SiteChoice, SiteOption, choose_site, quantile_fn, race_sites, start_estimate
 
 H = 3600.0
 
@@ -81,3 +81,24 @@ def test_wait_distributions_mapping_function_or_prediction():
 def test_bad_options_raise(options, fragment):
     with pytest.raises(ValueError, match=fragment):
         choose_site("a", options, remaining_s=H, margin_s=0)
+
+
+def test_a_race_skips_a_site_where_the_chain_started_at_once_is_done_later_than_on_the_rules_site():
+    # c runs at 0.6 of the pace: 100 h of work take it 167 h, later than a's 4 h wait plus 100 h
+    choice = choose_site(None, [opt("a", 4), opt("b", 6), opt("c", 0, pace=0.6)], remaining_s=100 * H, margin_s=0)
+    raced, skipped = race_sites(choice, ["a", "b", "c"])
+    assert choice.site == "a" and raced == ["a", "b"]  # b, like a, is done sooner if it starts sooner
+    assert list(skipped) == ["c"] and skipped["c"].startswith("not raced on c: done in ~166.8 h even starting now") and "on a" in skipped["c"]
+    # a queue on a long enough for the slower site to win by starting now: it races too
+    long = choose_site(None, [opt("a", 70), opt("c", 0, pace=0.6)], remaining_s=100 * H, margin_s=0)
+    assert race_sites(long, ["a", "c"]) == (["a", "c"], {})
+
+
+def test_a_race_takes_every_site_alike_and_every_site_not_weighed():
+    alike = choose_site(None, [opt("a", 0), opt("b", 3)], remaining_s=50 * H, margin_s=H)
+    assert race_sites(alike, ["a", "b"]) == (["a", "b"], {})  # equal pace, no transfer: b ties at best
+    moved = choose_site("a", [opt("a", 0.1), opt("b", 0, transfer_h=0.25)], remaining_s=50 * H, margin_s=0)
+    assert race_sites(moved, ["a", "b"])[0] == ["a"]  # b's copy alone takes longer than a's wait
+    assert race_sites(None, ["a", "b"]) == (["a", "b"], {})
+    unweighed = SiteChoice("a", False, "start on a, the first cluster: its wait is unknown", moved.estimates[1:])
+    assert race_sites(unweighed, ["a", "b"]) == (["a", "b"], {})  # the rule's own site has no estimate
