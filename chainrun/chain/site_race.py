@@ -1,7 +1,10 @@
 """Racing segments of a chain spanning clusters: ``chainrun submit --cluster a,b --race`` (issue 26).
 
 The replay (chainrun/sim/site_chain.py, row ``predicted_multi_race``) races a segment whenever nothing of
-the chain is live: it is submitted on every site, the first to start is kept, the others are cancelled.
+the chain is live: it is submitted on every site where it could win (not where the chain, even started at
+once, is done later than on the rule's site after its median wait: site_choice.race_sites, the skipped
+sites and why in ``race["skipped"]`` and the race's events), the first to start is kept, the others are
+cancelled.
 It takes the real first wait instead of the predicted one (docs/multi-cluster.md: the evidence). The
 product does the same, opt-in: segment 0 at submit (``start``), and a successor planned while nothing of
 the chain is live (planning's first step with a segment behind it: ``begin``). A successor asked for while
@@ -125,7 +128,9 @@ def start(store: Store, chain: Chain, sites: list[ChainSite],
             seg.extra["time_min_s"] = min(int(time_min_s), view.segment_s)
         return seg
 
-    chain.extra["race"] = {"idx": 0}
+    skipped = (chain.extra.get("race") or {}).get("skipped") or {}  # sites.py: where segment 0 cannot win
+    chain.extra["race"] = {"idx": 0, **({"skipped": skipped} if skipped else {})}
+    sites = [s for s in sites if s.cluster not in skipped] or sites
     first, refusals = _submit_racers(store, chain, sites, lambda n: clients(n)[0], seg_for)
     if len(refusals) == len(sites):
         chain.status, chain.reason, chain.finished = FAILED, "first segment refused: " + "; ".join(refusals), time.time()
@@ -165,6 +170,10 @@ def begin(t, c: Chain, segs: list[Segment], remaining_s: float) -> bool | None:
     c.extra["race"] = {"idx": idx, "pred": max((s.idx for s in segs if s.credit_s > 0 or s.outcome in (
         "continue", "handoff", "checkpoint-crash")), default=segs[-1].idx)}
     sites = t.store.sites(c.id)
+    skipped = _cannot_win(t, c, segs, sites, remaining_s)
+    if skipped:
+        c.extra["race"]["skipped"] = skipped
+        sites = [s for s in sites if s.cluster not in skipped]
     _, refusals = _submit_racers(t.store, c, sites, lambda n: t.slurm if n == c.cluster else t.sites.engine(n).slurm,
                                  seg_for)
     if len(refusals) == len(sites):
@@ -172,6 +181,15 @@ def begin(t, c: Chain, segs: list[Segment], remaining_s: float) -> bool | None:
         t.store.save(c)
         raise SlurmRefused(f"segment {idx} refused on every cluster: " + "; ".join(refusals))
     return True
+
+
+def _cannot_win(t, c: Chain, segs: list[Segment], sites: list[ChainSite], remaining_s: float) -> dict[str, str]:
+    """The sites a successor's race leaves out, and why: where the chain, even started at once, is done later
+    than on the rule's site after its median wait (site_choice.race_sites). No estimate: none left out."""
+    from chainrun.chain import site_choice, site_plan
+
+    got = site_plan.choose(t, c, segs[-1], remaining_s=remaining_s, handover_at=None, now=time.time())
+    return site_choice.race_sites(got[0] if got else None, [s.cluster for s in sites])[1]
 
 
 def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of: Callable[[str], SlurmClient],
@@ -216,5 +234,6 @@ def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of:
                             time_limit_s=seg.time_limit_s, cluster=site.cluster, submit=racer["submit"])
     if len(refusals) < len(sites):
         store.save(chain, events=[(i, "race", f"segment {i} raced on {', '.join(race['sites'])}: the first to "
-                                              "start trains, the others are cancelled")])
+                                              "start trains, the others are cancelled"),
+                                  *((i, "race", why) for why in (race.get("skipped") or {}).values())])
     return first, refusals

@@ -310,10 +310,14 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
                 for s in sites if s.settings.preflight]
         for name, note in preflight.run_all(jobs).items():
             next(s for s in sites if s.name == name).notes["preflight"] = note
-        if req.race:  # segment 0 is submitted on every site (chain/site_race.py): no site is chosen for it
-            chain.extra["race"] = {"phase": "preparing", "idx": 0, "sites": [s.name for s in sites], "racers": {}}
-        else:
-            _place_first(chain, sites, views, starts)  # after the preflight jobs: the queues as segment 0 meets them
+        # after the preflight jobs: the queues as segment 0 meets them
+        choice = _place_first(chain, sites, views, starts, race=req.race)
+        if req.race:  # segment 0 is submitted on every site where it could win (chain/site_race.py)
+            from chainrun.chain.site_choice import race_sites
+
+            raced, skipped = race_sites(choice, [s.name for s in sites])
+            chain.extra["race"] = {"phase": "preparing", "idx": 0, "sites": raced, "racers": {},
+                                   **({"skipped": skipped} if skipped else {})}
     except BaseException:
         for s in sites:
             if s.name in views:
@@ -331,12 +335,14 @@ def _prepare(chain: Chain, sites: list[Site], req: SubmitRequest, warnings: list
             for s in sites]
 
 
-def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], starts: dict[str, float | None]) -> None:
+def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], starts: dict[str, float | None], *,
+                 race: bool = False):
     """Where segment 0 starts: by the rule every next segment follows (site_plan.first_site), on each
     site's wait as the watcher would estimate it (its queue-delay model, else the start ``sbatch
     --test-only`` just gave: chain/first_wait.py). ``create_chain`` starts the chain there; the reason,
     where each wait came from and each site with none are kept (the site event, ``status`` and
-    ``status --json`` say them)."""
+    ``status --json`` say them). With ``race`` nothing is placed (the first racer to start is kept):
+    the choice is returned for site_choice.race_sites."""
     import time
 
     from chainrun.chain import first_wait
@@ -350,13 +356,14 @@ def _place_first(chain: Chain, sites: list[Site], views: dict[str, Chain], start
         if w is not None and w.model != TEST_ONLY:
             s.notes["wait"] = f"queue-delay model {w.model}: segment 0 would wait ~{format_duration(median_s(w))}"
     choice = first_site(chain, [s.name for s in sites], waits)
-    if choice is None:
-        return
+    if choice is None or race:
+        return choice
     placed = wait_sources(waits)
     chain.extra["site_choice"] = {**choice.as_dict(), "at": now, "for": 0, "waits": placed}
     said = first_wait.note(waits)  # empty when no site had a wait (the reason names each)
     chain.extra["first_placement"] = {"site": choice.site, "waits": placed,
                                       "reason": f"{choice.reason}; waits: {said}" if said else choice.reason}
+    return choice
 
 
 def _lay_out(s: Site, chain: Chain, req: SubmitRequest, warnings: list[str], *, made: dict, first: str) -> Chain:

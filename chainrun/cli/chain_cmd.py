@@ -59,7 +59,7 @@ def submit(
     gpu_mem: Annotated[Optional[str], typer.Option("--gpu-mem", metavar="SIZE", help="GPU memory the chain needs, e.g. 40G: checked at submit against each cluster's declared [clusters.NAME.gpu] memory.")] = None,
     dtype: Annotated[Optional[str], typer.Option("--dtype", help="A number format the GPUs must support, e.g. bf16: checked at submit against each cluster's declared [clusters.NAME.gpu] dtypes.")] = None,
     site_margin: Annotated[Optional[str], typer.Option("--site-margin", help=f"With several clusters: move the chain to another cluster only when it is expected to finish more than this much sooner there (default 1h); {DURATION_HELP}.")] = None,
-    race: Annotated[bool, typer.Option("--race", help="With several clusters: submit segment 0 on every cluster and keep the one that starts first, cancelling the others; so too a next segment planned while nothing of the chain runs (one asked for while a segment runs is placed by the rule; docs/multi-cluster.md).")] = False,
+    race: Annotated[bool, typer.Option("--race", help="With several clusters: submit segment 0 on every cluster where it could win and keep the one that starts first, cancelling the others; so too a next segment planned while nothing of the chain runs (one asked for while a segment runs is placed by the rule; docs/multi-cluster.md).")] = False,
     filler: Annotated[Optional[float], typer.Option("--filler", metavar="BOUNDARIES", help="With --shapes: while the reference shape only queues, run a segment on fewer nodes when it gains at least this many segment boundaries of work, e.g. 6 (default: no filler, the replay's pick; docs/elastic.md).")] = None,
 ) -> None:
     from chainrun.chain.create import SubmitRequest, create_chain

@@ -287,10 +287,19 @@ def _after_segment_0(race, outcome="continue"):
     return race.store.chain(race.id), race.store.segments(race.id)
 
 
-def _tick_context(race):
+def _tick_context(race, wait_h=None):
+    """The tick's view of both sites; each site's model answers ``wait_h[site]`` hours (default 2 h each)."""
+    from chainrun.chain.policies import WaitEstimate
+
+    wait_h = wait_h or {"a": 2.0, "b": 2.0}
+
+    def model(n):
+        return lambda view, probe, queue: WaitEstimate(seconds=wait_h[n] * 3600, model=f"m-{n}", p50=wait_h[n] * 3600)
+
     slurm_of = {n: SimpleNamespace(**{**vars(s.slurm)}) for n, s in race.sites.items()}
-    return SimpleNamespace(store=race.store, slurm=slurm_of["a"],
-                           sites=SimpleNamespace(engine=lambda n: SimpleNamespace(slurm=slurm_of[n])))
+    return SimpleNamespace(store=race.store, slurm=slurm_of["a"], predictor=model("a"), queue=[],
+                           sites=SimpleNamespace(engine=lambda n: SimpleNamespace(slurm=slurm_of[n], predictor=model(n)),
+                                                 queue=lambda n: []))
 
 
 def test_a_successor_planned_while_nothing_is_live_is_raced_on_every_site(race, monkeypatch):
@@ -310,6 +319,23 @@ def test_a_successor_planned_while_nothing_is_live_is_raced_on_every_site(race, 
     assert r["racers"]["a"]["time_limit_s"] < 3600  # sized for the work left, not a whole segment
     assert site_race.live(c) and race.store.segments(c.id) == segs  # no row for segment 1 until one is kept
     assert site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0) is None  # the race is open
+
+
+def test_a_successor_is_not_raced_where_its_checkpoint_copy_alone_takes_longer_than_the_wait_here(race, monkeypatch):
+    import chainrun.chain.site_plan as sp
+    import chainrun.chain.site_race as sr
+
+    monkeypatch.setattr(sr, "read_reservations", lambda slurm: [])
+    monkeypatch.setattr(sp, "declared_by_site", lambda names: {})
+    c, segs = _after_segment_0(race)
+    # a's model: 5 minutes; b: none at all, but the checkpoint's copy there takes 15 min (the default)
+    assert site_race.begin(_tick_context(race, {"a": 5 / 60, "b": 0.0}), c, segs, remaining_s=2000.0) is True
+    c = race.store.chain(race.id)
+    r = c.extra["race"]
+    assert r["sites"] == ["a"] and list(r["racers"]) == ["a"] and race.sites["b"].submitted == []
+    assert r["skipped"]["b"].startswith("not raced on b: done in ~")
+    said = [e.message for _, e in race.store.events(c.id, kind="race")]
+    assert r["skipped"]["b"] in said and "segment 1 raced on a: the first to start trains" in " ".join(said)
 
 
 def test_a_successor_kept_where_the_checkpoint_is_gets_the_next_generation(race, monkeypatch):
