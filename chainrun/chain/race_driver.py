@@ -221,6 +221,10 @@ class Race:
                       intent_at=float(r["intent_at"]), submit=r.get("submit"), start=r.get("start"), end=r.get("end"),
                       cluster=w, extra={"request": r.get("request", ""), "race": {"sites": race["sites"], "winner": w}})
         moving = i > 0 and w != c.cluster
+        # kept: the racer waits on for its go-ahead (a move's copy may take long) instead of giving its
+        # nodes back when not kept in time (templates/wrapper.sh, CHAINRUN_RACE_KEEP); before the go-ahead
+        self._site(w).runner.write_file(f"{site.run_dir}/control/kept.{r['job_id']}",
+                                        f"chain={c.id}\nseg={i}\ngen={g}\nat={self.clock():.0f}\n", 0o600)
         if moving:
             from chainrun.chain.move_steps import AHEAD
 

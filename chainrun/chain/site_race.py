@@ -214,7 +214,7 @@ def _submit_racers(store: Store, chain: Chain, sites: list[ChainSite], slurm_of:
                                                 "time_limit_s": seg.time_limit_s, "request": describe(args)}
         store.save(chain)  # the intent first: a job sbatch made but we did not record is adopted by name
         try:
-            job_id, cluster = slurm.submit(wrapper_path(view), args, script_args=[str(i), "gated"])
+            job_id, cluster = slurm.submit(wrapper_path(view), args, script_args=[str(i), "gated", "race"])
         except SlurmRefused as e:
             racer.update(phase=ENDED, reason=f"sbatch refused: {e}")
             refusals.append(f"{site.cluster}: {e}")

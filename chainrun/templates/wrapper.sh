@@ -48,6 +48,11 @@ CHAINRUN_SLURM_UNKNOWN_LIMIT=${CHAINRUN_SLURM_UNKNOWN_LIMIT:-600}  # Slurm canno
 # (or the word `gated` after the segment index: how the driver submits it, whatever the user's --export)
 [[ ${CHAINRUN_GATED:-0} == 1 || ${2:-} == gated ]] && CHAINRUN_GATED=1 || CHAINRUN_GATED=0
 CHAINRUN_GATE_POLL=${CHAINRUN_GATE_POLL:-10}  # seconds between looks for the go-ahead (a listing of control/)
+# a racer (`submit --race`: the word `race` after `gated`) that the watcher has not kept (control/kept.<job>)
+# within this many seconds of its start gives its nodes back, training nothing: with the watcher down it
+# would otherwise hold them, gated, to its limit (a kept racer waits on for its go-ahead: a move's copy)
+[[ ${3:-} == race ]] && CHAINRUN_RACER=1 || CHAINRUN_RACER=0
+CHAINRUN_RACE_KEEP=${CHAINRUN_RACE_KEEP:-1800}
 CHAINRUN_SEGMENT=${1:?chainrun wrapper: segment index argument missing}
 CHAINRUN_DONE_FILE=$CHAINRUN_CHECKPOINT_DIR/CHAINRUN_DONE
 # the shape of this segment and the chain's reference shape (the first of --shapes: docs/elastic.md);
@@ -355,6 +360,10 @@ gate_polls=0 gate_said=""
 gate_wait() {  # one look of a gated segment waiting for its go-ahead, then a sleep a signal cuts short
   local s
   handoff_mode=gated gate_polls=$((gate_polls + 1))
+  if ((CHAINRUN_RACER)) && [[ ! -e $CTL/kept.$JOB ]] && (($(now) - t0 >= CHAINRUN_RACE_KEEP)); then
+    end_unstarted "racer not kept within ${CHAINRUN_RACE_KEEP}s (is the watcher running?): giving its nodes back" \
+      "race_keep=$CHAINRUN_RACE_KEEP"
+  fi
   put "$ME.state" "phase=waiting" "mode=gated" "since=$t0" "polls=$gate_polls" "moved_gen=$moved_gen" \
     "go_gen=$go_gen" "note=$go_note"
   if [[ $gate_said != "$go_note" || $gate_polls == 1 ]]; then

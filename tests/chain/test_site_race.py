@@ -114,7 +114,8 @@ def test_the_racer_that_started_is_kept_on_its_site_and_the_pending_one_cancelle
     race.drv.tick()
     c = race.store.chain(race.id)
     assert c.extra["race"]["phase"] == site_race.WON and c.extra["race"]["winner"] == "b"
-    assert list(race.sites["b"].files) == ["/b/run/control/go.0"] and race.sites["a"].files == {}
+    # kept first (the racer no longer gives its nodes back when not kept in time), then its go-ahead
+    assert list(race.sites["b"].files) == ["/b/run/control/kept.21", "/b/run/control/go.0"] and race.sites["a"].files == {}
     assert "seg=0" in race.sites["b"].files["/b/run/control/go.0"]
     seg, = race.store.segments(c.id)
     assert (seg.idx, seg.job_id, seg.cluster, seg.phase, seg.start, seg.time_limit_s) == (0, "21", "b", RUNNING, 90.0, 3000)
@@ -133,7 +134,7 @@ def test_both_started_by_the_same_tick_the_preferred_is_kept_the_other_held_its_
     race.drv.tick()
     c = race.store.chain(race.id)
     assert c.extra["race"]["winner"] == "a" and c.cluster == "a"
-    assert list(race.sites["a"].files) == ["/a/run/control/go.0"] and race.sites["b"].files == {}
+    assert list(race.sites["a"].files) == ["/a/run/control/kept.11", "/a/run/control/go.0"] and race.sites["b"].files == {}
     assert race.sites["b"].cancelled == ["21"]
     assert c.extra["race"]["racers"]["b"]["held_s"] == 60.0 and c.extra["race"]["held_twice_s"] == 60.0
     assert any("held its nodes 60s" in e.message for _, e in race.store.events(c.id))
@@ -315,7 +316,7 @@ def test_a_successor_planned_while_nothing_is_live_is_raced_on_every_site(race, 
     assert c.extra["races_done"] == [{"idx": 0, "phase": site_race.WON, "winner": "a", "held_twice_s": 0.0}]
     for n in ("a", "b"):
         (args, script_args), = race.sites[n].submitted
-        assert script_args == ["1", "gated"] and f"--job-name=cr.{c.id}.1" in args, args
+        assert script_args == ["1", "gated", "race"] and f"--job-name=cr.{c.id}.1" in args, args
     assert r["racers"]["a"]["time_limit_s"] < 3600  # sized for the work left, not a whole segment
     assert site_race.live(c) and race.store.segments(c.id) == segs  # no row for segment 1 until one is kept
     assert site_race.begin(_tick_context(race), c, segs, remaining_s=2000.0) is None  # the race is open
@@ -368,7 +369,8 @@ def test_a_successor_kept_on_another_site_is_a_move_whose_driver_writes_the_go_a
     seg1 = [s for s in race.store.segments(c.id) if s.idx == 1][0]
     mv = seg1.extra["move"]
     assert (seg1.cluster, mv["from"], mv["to"], mv["gen"], mv["pred"], mv["phase"]) == ("b", "a", "b", 4, 0, "ahead")
-    assert race.sites["b"].files == {} and c.cluster == "a"  # no go-ahead before the copy; the row stays on a
+    # kept (it waits for its go-ahead), but no go-ahead before the copy; the row stays on a
+    assert list(race.sites["b"].files) == ["/b/run/control/kept.b1"] and c.cluster == "a"
     assert race.sites["a"].cancelled == ["a1"] and not site_race.open_racers(c)
 
 

@@ -309,3 +309,32 @@ def test_race_of_segment_0_only_the_racer_given_go_0_trains_and_a_withdrawn_go_0
     (_ctl(a) / "go.0").unlink()  # the driver withdraws it (race_driver.Race._withdraw)
     _train(a, 2, "402")
     assert _owners(a) == ["owner.0"] and _file(a, "owner.0")["job"] == "402"
+
+
+def test_a_racer_not_kept_in_time_gives_its_nodes_back_and_a_kept_one_waits_on(sites):
+    """--race with the watcher down: a racer (``gated race``) that no watcher kept (control/kept.<job>)
+    within CHAINRUN_RACE_KEEP of its start ends unstarted, training nothing, instead of holding its nodes
+    to its limit. A kept one waits on for its go-ahead (a move's copy may take long), and a gated segment
+    that is not a racer (a move's successor) never gives up this way."""
+    a, b = sites
+    race = {"CHAINRUN_GATE_POLL": "1", "CHAINRUN_RACE_KEEP": "3"}
+    t0 = time.time()
+    a.start(0, "600", args=("gated", "race"), **race)
+    b.start(0, "700", args=("gated", "race"), **race)
+    _write(b, "kept.700", "chain=c1\nseg=0\ngen=0\n")  # the watcher kept b's racer
+    mover = b.start(1, "701", args=("gated",), **race)  # a move's successor: gated, not a racer
+    assert a.finish("600") == 0 and time.time() - t0 >= 3
+    out = a.outcome(0)
+    assert out["outcome"] == "unstarted" and out["race_keep"] == "3" and out["handoff_mode"] == "gated", out
+    assert out["reason"] == "racer not kept within 3s (is the watcher running?): giving its nodes back", out
+    assert not _owners(a) and not a.steps()
+    b.wait_for(lambda: time.time() - t0 > 5, timeout=10, what="the keep bound to pass")
+    _wait_polls(b, 0)
+    _wait_polls(b, 1)
+    assert b.jobs["700"].poll() is None and mover.poll() is None and not b.training("700") and not _owners(b)
+    _go(b, 0, seg=0)
+    b.wait_for(lambda: b.training("700"), what="the kept racer to train after go.0")
+    assert _stop(b, "700") == 0 and b.outcome(0)["go"] == "0"
+    mover.send_signal(signal.SIGUSR2)
+    assert b.finish("701") == 0 and b.outcome(1)["outcome"] == "unstarted" and b.outcome(1)["stopped_by"] == "USR2"
+    _never_two_at_once(a, b)

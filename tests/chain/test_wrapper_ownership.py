@@ -85,14 +85,16 @@ class Chain:
                                                payload=str(payload), signal="USR2", script_text="#!/bin/bash\n"))
         self.jobs: dict[str, subprocess.Popen] = {}
 
-    def start(self, seg: int, job: str, cgroup: Path | None = None, **env: str) -> subprocess.Popen:
-        """Run the wrapper as job ``job``; with ``cgroup``, inside that cgroup (as proctrack/cgroup puts a job)."""
+    def start(self, seg: int, job: str, cgroup: Path | None = None, args: tuple[str, ...] = (),
+              **env: str) -> subprocess.Popen:
+        """Run the wrapper as job ``job`` (``args``: the words after the segment index, e.g. ``gated race``);
+        with ``cgroup``, inside that cgroup (as proctrack/cgroup puts a job)."""
         (self.queue / job).touch()
         full = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", "FAKE_SQUEUE": str(self.queue),
                 "SLURM_JOB_ID": job, **env}
         out = open(self.tmp / f"job-{job}.out", "w")
         enter = (lambda: (cgroup / "cgroup.procs").write_text(str(os.getpid()))) if cgroup else None
-        p = subprocess.Popen(["bash", str(self.wrapper), str(seg)], env=full, stdout=out, stderr=subprocess.STDOUT,
+        p = subprocess.Popen(["bash", str(self.wrapper), str(seg), *args], env=full, stdout=out, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, preexec_fn=enter)
         (self.queue / f"{job}.pid").write_text(str(p.pid))
         self.jobs[job] = p

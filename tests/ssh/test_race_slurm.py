@@ -203,3 +203,58 @@ def test_cancelling_a_chain_while_it_races_cancels_every_racer_on_its_own_cluste
     c, segs, events = read(env, chain)
     assert c.status == "CANCELLED" and segs == [] and not c.extra["race"].get("winner"), c.extra
     assert all(r["outcome"] == "cancelled" for r in c.extra["race"]["racers"].values()), c.extra["race"]
+
+
+def test_a_race_skips_a_cluster_where_the_chain_could_only_finish_later(env, tmp_path):
+    """b declared 20 times slower: 2 minutes of work take it 40 there even started at once, against local's
+    2 minutes after its wait (its node is free); so segment 0 races on local alone and an event says why."""
+    configure(env, SITES + "pace = 0.05\n")
+    script = tmp_path / "train.sh"
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "2m", "--signal", "USR2@40",
+                "--policy", "lead", "--json", "--", ONLY_N4, "--hold", home=env["home"], cwd=tmp_path, env=env["extra"],
+                timeout=600)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, jobs = data["chain"], data["race"]
+    try:
+        assert list(jobs) == ["local"] and _state_here(jobs["local"]) == "PENDING", data
+        c, segs, events = read(env, chain)
+        race = c.extra["race"]
+        assert race["sites"] == ["local"] and list(race["skipped"]) == ["b"], race
+        said = [e.message for e in events if e.kind == "race"]
+        assert any(m.startswith("not raced on b: done in ~") and "even starting now" in m for m in said), said
+        mine = env["server"].ssh("squeue -h -o %j").stdout
+        assert f"cr.{chain}." not in mine, mine  # nothing submitted on b
+    finally:
+        q = run_cli("cancel", chain, home=env["home"], env=env["extra"], timeout=300)
+        assert q.returncode == 0, q.stderr
+
+
+def test_a_racer_no_watcher_keeps_gives_its_nodes_back(env, tmp_path):
+    """No watcher runs: local's racer starts, waits gated, and after CHAINRUN_RACE_KEEP (20 s here, from the
+    submitting environment; 30 min by default) ends unstarted and leaves its node, long before its limit."""
+    configure(env, SITES)
+    script = tmp_path / "train.sh"
+    script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
+    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "5m", "--segment", "4m",
+                "--signal", "USR2@40", "--policy", "lead", "--json", "--", ONLY_N4, WHOLE, home=env["home"],
+                cwd=tmp_path, env={**env["extra"], "CHAINRUN_RACE_KEEP": "20"}, timeout=600)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)["data"]
+    chain, jobs = data["chain"], data["race"]
+    try:
+        c, _, _ = read(env, chain)
+        outcome = Path(c.run_dir) / "control" / "seg-0.outcome"
+        wait_for("local's racer to give up", lambda: outcome.exists() and _state_here(jobs["local"]) == "", 180)
+        text = outcome.read_text()
+        assert "outcome=unstarted" in text and "reason=racer not kept within 20s" in text, text
+        acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", jobs["local"], "-o", "State,ElapsedRaw"],
+                              capture_output=True, text=True).stdout.split()
+        state, elapsed = acct[0].split("|")
+        assert state == "COMPLETED" and int(elapsed) < 120, acct  # its limit is 4 minutes
+        steps = Path(c.checkpoint_dir) / "steps.log"
+        assert not steps.exists() or f" {jobs['local']} " not in steps.read_text()  # it trained nothing
+    finally:
+        q = run_cli("cancel", chain, home=env["home"], env=env["extra"], timeout=300)
+        assert q.returncode == 0, q.stderr
