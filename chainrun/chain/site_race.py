@@ -111,6 +111,7 @@ def summary(race: dict) -> str:
         else:
             what += f" ended ({r.get('reason') or r.get('slurm_state') or 'before starting'})"
         parts.append(what)
+    parts += [f"{n} not raced (cannot win there)" for n in race.get("skipped") or {}]  # the event says the numbers
     head = {RACING: f"racing segment {i}", WON: f"segment {i} raced", NONE_STARTED: f"segment {i} raced, none started"}
     return f"{head.get(race.get('phase'), 'race')} on {', '.join(race.get('sites') or [])}: " + "; ".join(parts)
 

@@ -335,6 +335,8 @@ def test_a_successor_is_not_raced_where_its_checkpoint_copy_alone_takes_longer_t
     r = c.extra["race"]
     assert r["sites"] == ["a"] and list(r["racers"]) == ["a"] and race.sites["b"].submitted == []
     assert r["skipped"]["b"].startswith("not raced on b: done in ~")
+    assert site_race.summary(r) == "racing segment 1 on a: a job a1 pending; b not raced (cannot win there)", \
+        site_race.summary(r)
     said = [e.message for _, e in race.store.events(c.id, kind="race")]
     assert r["skipped"]["b"] in said and "segment 1 raced on a: the first to start trains" in " ".join(said)
 
