@@ -72,10 +72,18 @@ for f in "${LANE_C[@]}"; do
 done
 B_DIR=${CHAINRUN_SLURM_B_DIR:-/tmp/chainrun-slurm-b}
 C_DIR=${CHAINRUN_SLURM_C_DIR:-/tmp/chainrun-slurm-c}
+# the lanes' clusters, and lane A's second cluster for the multi-cluster SSH tests (tests/ssh/test_sites_slurm.py
+# starts it with these settings if it is not up: ~1.5-4.5 min inside lane A otherwise), all at once: each has
+# its own folder, ports and daemons, and the packages were installed by the main cluster's start above
+starts=()
 CHAINRUN_SLURM_PORT_BASE=8817 CHAINRUN_SLURM_DB_PORT=3309 CHAINRUN_SLURM_ETC_LINK=0 \
-  bash scripts/start-cluster.sh "$B_DIR" >/dev/null
+  bash scripts/start-cluster.sh "$B_DIR" >/dev/null & starts+=($!)
 CHAINRUN_SLURM_PORT_BASE=8917 CHAINRUN_SLURM_DB_PORT=3310 CHAINRUN_SLURM_ETC_LINK=0 \
-  bash scripts/start-cluster.sh "$C_DIR" >/dev/null
+  bash scripts/start-cluster.sh "$C_DIR" >/dev/null & starts+=($!)
+CHAINRUN_SLURM_PORT_BASE=9017 CHAINRUN_SLURM_DB_PORT=3311 CHAINRUN_SLURM_ETC_LINK=0 CHAINRUN_SLURM_CLUSTER=crsites \
+  bash scripts/start-cluster.sh /tmp/chainrun-slurm-sites >/dev/null 2>&1 & sites_pid=$!
+for p in "${starts[@]}"; do wait "$p"; done  # a lane cluster that did not start stops the run here
+wait "$sites_pid" || echo "[test] the second cluster did not start ahead; tests/ssh/test_sites_slurm.py tries again" >&2
 b_log=$(mktemp /tmp/chainrun-lane-b.XXXXXX.log); c_log=$(mktemp /tmp/chainrun-lane-c.XXXXXX.log)
 echo "[test] lane B (${#lane_b[@]} modules) on $B_DIR, lane C (${#lane_c[@]} modules) on $C_DIR; their output follows lane A's" >&2
 SLURM_CONF=$B_DIR/etc/slurm.conf "${PYTEST[@]}" --durations=15 "${lane_b[@]}" >"$b_log" 2>&1 &

@@ -232,27 +232,27 @@ def test_a_race_skips_a_cluster_where_the_chain_could_only_finish_later(env, tmp
 
 
 def test_a_racer_no_watcher_keeps_gives_its_nodes_back(env, tmp_path):
-    """No watcher runs: local's racer starts, waits gated, and after CHAINRUN_RACE_KEEP (20 s here, from the
+    """No watcher runs: local's racer starts, waits gated, and after CHAINRUN_RACE_KEEP (5 s here, from the
     submitting environment; 30 min by default) ends unstarted and leaves its node, long before its limit."""
     configure(env, SITES)
     script = tmp_path / "train.sh"
     script.write_text((Path(__file__).parents[2] / "templates" / "toy_train.sh").read_text())
-    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "5m", "--segment", "4m",
+    p = run_cli("submit", str(script), "--cluster", "local,b", "--race", "--total", "3m", "--segment", "2m",
                 "--signal", "USR2@40", "--policy", "lead", "--json", "--", ONLY_N4, WHOLE, home=env["home"],
-                cwd=tmp_path, env={**env["extra"], "CHAINRUN_RACE_KEEP": "20"}, timeout=600)
+                cwd=tmp_path, env={**env["extra"], "CHAINRUN_RACE_KEEP": "5", "CHAINRUN_GATE_POLL": "2"}, timeout=600)
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)["data"]
     chain, jobs = data["chain"], data["race"]
     try:
         c, _, _ = read(env, chain)
         outcome = Path(c.run_dir) / "control" / "seg-0.outcome"
-        wait_for("local's racer to give up", lambda: outcome.exists() and _state_here(jobs["local"]) == "", 180)
+        wait_for("local's racer to give up", lambda: outcome.exists() and _state_here(jobs["local"]) == "", 100)
         text = outcome.read_text()
-        assert "outcome=unstarted" in text and "reason=racer not kept within 20s" in text, text
+        assert "outcome=unstarted" in text and "reason=racer not kept within 5s" in text, text
         acct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", jobs["local"], "-o", "State,ElapsedRaw"],
                               capture_output=True, text=True).stdout.split()
         state, elapsed = acct[0].split("|")
-        assert state == "COMPLETED" and int(elapsed) < 120, acct  # its limit is 4 minutes
+        assert state == "COMPLETED" and int(elapsed) < 60, acct  # its limit is 2 minutes
         steps = Path(c.checkpoint_dir) / "steps.log"
         assert not steps.exists() or f" {jobs['local']} " not in steps.read_text()  # it trained nothing
     finally:
