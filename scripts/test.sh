@@ -53,14 +53,16 @@ fi
 # trainer templates went to lane A and the busy-cluster doubt test to lane C: each ~21-23 min). Then the
 # multi-cluster tests (checkpoint copies, sites, the two-cluster move: ~7 min, all on the main cluster and
 # the SSH servers) joined lane A, and the UX test and the cross-site gate went to lane C; then (A 24, B 23,
-# C 27 min) the elastic filler (~1.5 min) went from C to B.
+# C 27 min) the elastic filler (~1.5 min) went from C to B; then (A 31.5, B 25.5, C 25.5 min, the second
+# cluster started ahead) the store's kill test (~1.5 min, no Slurm) went to B and the wrapper's gate (~1.5
+# min, bash without Slurm) to C.
 LANE_B=(tests/chain/test_handoff_slurm.py tests/chain/test_chain_slurm.py tests/chain/test_cluster_slurm.py
         tests/chain/test_elastic_slurm.py tests/chain/test_settle_slurm.py tests/chain/test_watch_lease_slurm.py
         tests/chain/test_requeue_slurm.py tests/install/test_login_node_install.py
-        tests/chain/test_elastic_filler_slurm.py)
+        tests/chain/test_elastic_filler_slurm.py tests/reliability/test_store_kill.py)
 LANE_C=(tests/chain/test_placement_slurm.py tests/reliability/test_faults_slurm.py tests/chain/test_template_saves.py
         tests/chain/test_wrapper_field_slurm.py tests/chain/test_schedule_slurm.py tests/predict/test_slurm_doubt.py
-        tests/chain/test_wrapper_gate_slurm.py tests/ux/test_slurm_ux.py)
+        tests/chain/test_wrapper_gate_slurm.py tests/ux/test_slurm_ux.py tests/chain/test_wrapper_gate.py)
 lane_b=(); lane_c=(); ignore=()
 for f in "${LANE_B[@]}"; do
   [[ -e $f ]] || continue
